@@ -1,0 +1,60 @@
+// Token streams for training, selected by one spec string everywhere (config `data`, --set data=):
+//   uniform      iid uniform token ids
+//   zipf:S       iid Zipf(S) over the vocabulary, rank -> id mapping shuffled by the seed
+//   text:PATH    a UTF-8 file or folder, tokenized with a BPE model trained at the run's vocab
+//   brown        the Brown corpus (fetched by scripts/setup.sh into data/brown)
+// Batches are a pure function of (seed, step): identical on every backend and thread count, and
+// a resumed run sees exactly the batches it would have seen.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace divlab {
+
+struct DatasetInfo {
+  std::string spec;
+  std::string kind;  // uniform | zipf | text
+  int vocab = 0;
+  std::string corpus_sha256;  // text only
+  int64_t corpus_tokens = 0;  // text only: tokens in the training split
+  double zipf_exponent = 0;  // fitted (text, zipf) or 0 (uniform)
+  std::string tokenizer_model;  // serialized sentencepiece model bytes (text only)
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // Fills inputs[B*T] and targets[B*T] (targets = inputs shifted by one position).
+  virtual void batch(int64_t step, int B, int T, TokenId* inputs, TokenId* targets) const = 0;
+  // Held-out batches: for text, from the validation tail; for synthetic data, a separate stream.
+  virtual void validation_batch(int64_t index, int B, int T, TokenId* inputs,
+                                TokenId* targets) const = 0;
+  const DatasetInfo& info() const { return info_; }
+
+ protected:
+  DatasetInfo info_;
+};
+
+struct DatasetOptions {
+  int vocab = 256;
+  uint64_t seed = 0;
+  std::string cache_dir;  // tokenizer cache (text); empty: data/cache under the working dir
+  bool verbose = true;  // log tokenizer training / cache reuse to stderr
+};
+
+// Throws InputError naming the spec or path on bad input.
+std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt);
+
+// Per-batch frequency statistics: the dose behind a result.
+struct BatchStats {
+  int64_t max_row_contributions = 0;  // most occurrences of one id in the batch
+  double top1_share = 0;  // that count / batch tokens
+};
+BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts);
+
+}  // namespace divlab

@@ -1,0 +1,326 @@
+#include "experiments/config.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "kernels/registry.h"
+
+namespace divlab {
+namespace {
+
+enum class Type { Int, Float, Bool, String, List };
+enum class Range { Any, Positive, NonNegative, UnitOpen, UnitClosed };
+
+struct KeySpec {
+  std::string key;
+  Type type;
+  std::string fallback;  // default, as text
+  std::string doc;
+  Range range = Range::Any;
+  std::vector<std::string> choices = {};
+};
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> keys = {
+      {"backend", Type::String, "cpu", "where the run executes", Range::Any, {"cpu", "cuda"}},
+      {"data", Type::String, "uniform", "dataset spec: uniform | zipf:S | text:PATH | brown"},
+      {"model.vocab", Type::Int, "256", "vocabulary size V", Range::Positive},
+      {"model.d_model", Type::Int, "64", "residual width C", Range::Positive},
+      {"model.n_layers", Type::Int, "2", "transformer blocks", Range::Positive},
+      {"model.n_heads", Type::Int, "4", "attention heads (must divide d_model)", Range::Positive},
+      {"model.seq_len", Type::Int, "32", "context length T", Range::Positive},
+      {"model.norm_eps", Type::Float, "1e-5", "RMSNorm epsilon", Range::Positive},
+      {"model.init_std", Type::Float, "0.02", "std of the normal weight init", Range::Positive},
+      {"train.batch", Type::Int, "8", "sequences per step B", Range::Positive},
+      {"train.steps", Type::Int, "100", "optimizer steps", Range::NonNegative},
+      {"train.lr", Type::Float, "0.1", "peak learning rate", Range::Positive},
+      {"train.optimizer", Type::String, "sgd", "optimizer", Range::Any, {"sgd", "adamw"}},
+      {"train.seed", Type::Int, "0", "seed for init and data", Range::NonNegative},
+      {"train.momentum", Type::Float, "0", "SGD momentum", Range::UnitOpen},
+      {"train.nesterov", Type::Bool, "false", "SGD Nesterov momentum"},
+      {"train.weight_decay", Type::Float, "0", "L2 (SGD) / decoupled (AdamW) decay",
+       Range::NonNegative},
+      {"train.beta1", Type::Float, "0.9", "AdamW beta1", Range::UnitOpen},
+      {"train.beta2", Type::Float, "0.999", "AdamW beta2", Range::UnitOpen},
+      {"train.eps", Type::Float, "1e-8", "AdamW epsilon", Range::Positive},
+      {"train.grad_clip", Type::Float, "0", "global grad-norm clip (0 = off)", Range::NonNegative},
+      {"train.warmup_steps", Type::Int, "0", "linear LR warmup steps", Range::NonNegative},
+      {"train.schedule", Type::String, "constant", "LR after warmup", Range::Any,
+       {"constant", "cosine"}},
+      {"train.min_lr_ratio", Type::Float, "0.1", "cosine floor as a fraction of lr",
+       Range::UnitClosed},
+      {"train.precision", Type::String, "fp32", "CPU working precision", Range::Any,
+       {"fp32", "fp64"}},
+      {"train.threads", Type::Int, "0", "CPU threads (0 = all cores)", Range::NonNegative},
+      {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)",
+       Range::NonNegative},
+      {"eval.batches", Type::Int, "4", "validation batches per evaluation", Range::Positive},
+      {"shadow.every", Type::Int, "0", "shadow-evaluate variants every K steps (0 = off)",
+       Range::NonNegative},
+      {"shadow.variants", Type::List, "", "op=variant entries to shadow"},
+      {"trace.flush_steps", Type::Int, "10", "flush the trace at least every K steps",
+       Range::Positive},
+      {"trace.flush_seconds", Type::Float, "2", "... and at least every S seconds",
+       Range::Positive},
+  };
+  return keys;
+}
+
+const std::string kKernelsPrefix = "kernels.";
+
+std::string type_name(Type t) {
+  switch (t) {
+    case Type::Int: return "integer";
+    case Type::Float: return "number";
+    case Type::Bool: return "boolean";
+    case Type::String: return "string";
+    case Type::List: return "list";
+  }
+  return "?";
+}
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+std::string unquote(std::string s) {
+  s = trim(s);
+  if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
+    return s.substr(1, s.size() - 2);
+  return s;
+}
+
+// Levenshtein distance, for "did you mean" hints.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const KeySpec* find_spec(const std::string& key) {
+  for (const auto& s : schema())
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
+  std::string best;
+  size_t best_d = 4;
+  for (const auto& s : schema()) {
+    const size_t d = edit_distance(key, s.key);
+    if (d < best_d) best_d = d, best = s.key;
+  }
+  throw InputError("unknown config key '" + key + "'" + where +
+                   (best.empty() ? "" : "; did you mean '" + best + "'?") +
+                   " (divlab train --help-config lists every key)");
+}
+
+// Raw values: key -> list of value texts. Lists have any count; scalars exactly one.
+using RawValues = std::map<std::string, std::vector<std::string>>;
+
+void put(RawValues& raw, const std::string& key, std::vector<std::string> values,
+         const std::string& where) {
+  const KeySpec* spec = find_spec(key);
+  const bool kernel_key = key.rfind(kKernelsPrefix, 0) == 0 && key.size() > kKernelsPrefix.size();
+  if (!spec && !kernel_key) unknown_key(key, where);
+  const bool is_list = spec && spec->type == Type::List;
+  if (!is_list && values.size() != 1)
+    throw InputError("config key '" + key + "'" + where + ": expected one " +
+                     type_name(spec ? spec->type : Type::String) + ", got " +
+                     std::to_string(values.size()) + " values");
+  raw[key] = std::move(values);
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::string s = trim(text);
+  if (s.size() < 2 || s.front() != '[' || s.back() != ']') return {unquote(s)};
+  std::vector<std::string> out;
+  std::stringstream ss(s.substr(1, s.size() - 2));
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!trim(item).empty()) out.push_back(unquote(item));
+  return out;
+}
+
+long long parse_int(const std::string& key, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError("config key '" + key + "': expected an integer, got '" + v + "'");
+}
+
+double parse_float(const std::string& key, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError("config key '" + key + "': expected a finite number, got '" + v + "'");
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "true") return true;
+  if (v == "false") return false;
+  throw InputError("config key '" + key + "': expected true or false, got '" + v + "'");
+}
+
+void check_range(const KeySpec& s, double x, const std::string& text) {
+  const char* need = nullptr;
+  switch (s.range) {
+    case Range::Any: return;
+    case Range::Positive: need = x > 0 ? nullptr : "> 0"; break;
+    case Range::NonNegative: need = x >= 0 ? nullptr : ">= 0"; break;
+    case Range::UnitOpen: need = x >= 0 && x < 1 ? nullptr : "in [0, 1)"; break;
+    case Range::UnitClosed: need = x >= 0 && x <= 1 ? nullptr : "in [0, 1]"; break;
+  }
+  if (need) throw InputError("config key '" + s.key + "' = " + text + ": must be " + need);
+}
+
+// Checks a raw value against its spec and returns its TOML text.
+std::string normalise(const KeySpec& s, const std::vector<std::string>& values) {
+  if (s.type == Type::List) {
+    std::string out = "[";
+    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", \"" : "\"") + values[i] + "\"";
+    return out + "]";
+  }
+  const std::string& v = values.at(0);
+  switch (s.type) {
+    case Type::Int: check_range(s, double(parse_int(s.key, v)), v); return v;
+    case Type::Float: check_range(s, parse_float(s.key, v), v); return v;
+    case Type::Bool: parse_bool(s.key, v); return v;
+    default: break;
+  }
+  if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end()) {
+    std::string valid;
+    for (const auto& c : s.choices) valid += (valid.empty() ? "" : ", ") + c;
+    throw InputError("config key '" + s.key + "' = '" + v + "': must be one of " + valid);
+  }
+  if (v.empty()) throw InputError("config key '" + s.key + "': must not be empty");
+  return "\"" + v + "\"";
+}
+
+}  // namespace
+
+std::string describe_config_keys() {
+  std::ostringstream out;
+  for (const auto& s : schema())
+    out << "  " << s.key << " (" << type_name(s.type) << ", default "
+        << (s.fallback.empty() ? "[]" : s.fallback) << "): " << s.doc << "\n";
+  out << "  kernels.<op> (string, default reference): variant for that op (divlab kernels)\n";
+  return out.str();
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  RawValues raw;
+  if (!path.empty()) {
+    std::ifstream probe(path);
+    if (!probe) throw InputError("config file '" + path + "': cannot be read");
+    std::vector<CLI::ConfigItem> items;
+    try {
+      items = CLI::ConfigTOML().from_file(path);
+    } catch (const std::exception& e) {
+      throw InputError("config file '" + path + "': " + e.what());
+    }
+    for (const auto& item : items) {
+      if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
+      put(raw, item.fullname(), item.inputs, " in " + path);
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InputError("--set '" + o + "': expected key=value");
+    put(raw, trim(o.substr(0, eq)), split_list(o.substr(eq + 1)), " (from --set)");
+  }
+
+  RunConfig cfg;
+  std::map<std::string, std::string> text;  // key -> validated TOML text
+  for (const auto& s : schema()) {
+    const auto it = raw.find(s.key);
+    const std::vector<std::string> values =
+        it != raw.end() ? it->second
+        : s.type == Type::List ? std::vector<std::string>{}
+                               : std::vector<std::string>{s.fallback};
+    text[s.key] = normalise(s, values);
+    cfg.resolved.emplace_back(s.key, text[s.key]);
+  }
+  for (const auto& [key, values] : raw)
+    if (key.rfind(kKernelsPrefix, 0) == 0) {
+      cfg.kernels[key.substr(kKernelsPrefix.size())] = values.at(0);
+      cfg.resolved.emplace_back(key, "\"" + values.at(0) + "\"");
+    }
+
+  auto str = [&](const std::string& k) { return raw.count(k) ? raw[k][0] : find_spec(k)->fallback; };
+  auto i64 = [&](const std::string& k) { return parse_int(k, str(k)); };
+  auto f64 = [&](const std::string& k) { return parse_float(k, str(k)); };
+  cfg.backend = str("backend");
+  cfg.data = str("data");
+  ModelConfig& m = cfg.model;
+  m.vocab = int(i64("model.vocab")), m.d_model = int(i64("model.d_model"));
+  m.n_layers = int(i64("model.n_layers")), m.n_heads = int(i64("model.n_heads"));
+  m.seq_len = int(i64("model.seq_len")), m.norm_eps = f64("model.norm_eps");
+  m.init_std = f64("model.init_std");
+  OptimConfig& o = cfg.optim;
+  o.kind = str("train.optimizer"), o.lr = f64("train.lr"), o.momentum = f64("train.momentum");
+  o.nesterov = str("train.nesterov") == "true", o.weight_decay = f64("train.weight_decay");
+  o.beta1 = f64("train.beta1"), o.beta2 = f64("train.beta2"), o.eps = f64("train.eps");
+  o.grad_clip = f64("train.grad_clip"), o.warmup_steps = i64("train.warmup_steps");
+  o.schedule = str("train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
+  cfg.batch = int(i64("train.batch")), cfg.steps = i64("train.steps");
+  o.total_steps = cfg.steps;
+  cfg.seed = uint64_t(i64("train.seed")), cfg.precision = str("train.precision");
+  cfg.threads = int(i64("train.threads"));
+  cfg.eval_every = i64("eval.every"), cfg.eval_batches = int(i64("eval.batches"));
+  cfg.shadow_every = i64("shadow.every");
+  if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
+  cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
+
+  // Cross-key rules.
+  if (m.vocab < 2) throw InputError("config key 'model.vocab' = " + str("model.vocab") + ": must be >= 2");
+  if (m.d_model % m.n_heads != 0)
+    throw InputError("config key 'model.d_model' = " + std::to_string(m.d_model) +
+                     " is not divisible by 'model.n_heads' = " + std::to_string(m.n_heads));
+  if (o.nesterov && o.momentum == 0)
+    throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");
+  const int64_t tokens = int64_t(cfg.batch) * m.seq_len;
+  if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
+    throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
+                     " positions is too large for model.vocab and model.d_model (2^31 elements)");
+  try {
+    cpu_catalogue<float>().select(cfg.kernels);
+  } catch (const UnknownKernel& e) {
+    throw InputError(std::string("config key ") + e.what());
+  }
+  return cfg;
+}
+
+std::string RunConfig::to_toml() const {
+  std::ostringstream out;
+  std::string section;
+  for (const auto& [key, value] : resolved) {
+    const auto dot = key.find('.');
+    const std::string sec = dot == std::string::npos ? "" : key.substr(0, dot);
+    if (sec != section) out << "\n[" << sec << "]\n", section = sec;
+    out << (dot == std::string::npos ? key : key.substr(dot + 1)) << " = " << value << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace divlab

@@ -1,0 +1,50 @@
+// Run configuration: one schema of dotted keys, read from TOML (CLI11's reader), overridden by
+// `--set key=value`, validated with a message that names the key, and printed back as TOML.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/optimizer.h"
+#include "model/transformer.h"
+
+namespace divlab {
+
+// Bad input from the user: the CLI prints what() and exits with code 2, having written nothing.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct RunConfig {
+  std::string backend = "cpu";
+  std::string data = "uniform";
+  ModelConfig model;
+  OptimConfig optim;
+  int batch = 8;
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  std::string precision = "fp32";  // fp32 | fp64 (CPU)
+  int threads = 0;  // 0: all cores
+  int64_t eval_every = 0;  // 0: no evaluation
+  int eval_batches = 4;
+  std::map<std::string, std::string> kernels;  // op -> variant
+  int64_t shadow_every = 0;
+  std::vector<std::string> shadow_variants;
+  int64_t flush_steps = 10;
+  double flush_seconds = 2.0;
+
+  // Every key with its resolved value, as TOML value text (strings quoted), in schema order.
+  std::vector<std::pair<std::string, std::string>> resolved;
+  std::string to_toml() const;
+};
+
+// Documentation of every key: name, type, default, meaning (for `divlab train --help-config`).
+std::string describe_config_keys();
+
+// Reads `path` (may be empty: defaults only), applies `overrides` ("key=value", value may be a
+// TOML-like list "[a, b]"), validates. Throws InputError naming the key, value or path.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace divlab

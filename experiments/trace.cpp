@@ -1,0 +1,321 @@
+#include "experiments/trace.h"
+
+#include <H5Cpp.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "experiments/config.h"
+
+namespace divlab {
+
+namespace {
+constexpr hsize_t kChunk = 256;     // steps per chunk of a series
+constexpr size_t kStatusBytes = 16;  // room for any status word, rewritten in place
+
+H5::PredType h5_type(TraceWriter::Kind k) {
+  return k == TraceWriter::Kind::Int64 ? H5::PredType::NATIVE_INT64 : H5::PredType::NATIVE_DOUBLE;
+}
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+std::string leaf_of(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
+}  // namespace
+
+struct TraceWriter::Impl {
+  H5::H5File file;
+  struct Series {
+    H5::DataSet ds;
+    Kind kind;
+    std::vector<double> f;
+    std::vector<int64_t> i;
+    hsize_t written = 0;
+  };
+  std::map<std::string, Series> series;
+  bool started = false, finished = false;
+
+  H5::Group group(const std::string& path) {  // opens or creates, with parents
+    if (path == "/") return file.openGroup("/");
+    H5::Group parent = group(parent_of(path));
+    if (H5Lexists(parent.getId(), leaf_of(path).c_str(), H5P_DEFAULT) > 0)
+      return parent.openGroup(leaf_of(path));
+    return parent.createGroup(leaf_of(path));
+  }
+  H5::H5Object* object(const std::string& path, H5::Group& g, H5::DataSet& d) {
+    if (path == "/" || file.childObjType(path) == H5O_TYPE_GROUP) {
+      g = group(path);
+      return &g;
+    }
+    d = file.openDataSet(path);
+    return &d;
+  }
+};
+
+TraceWriter::TraceWriter(const std::string& path, bool overwrite)
+    : impl_(std::make_unique<Impl>()), path_(path) {
+  H5::Exception::dontPrint();
+  try {
+    H5::FileAccPropList fapl;
+    fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);  // required by SWMR
+    impl_->file = H5::H5File(path, overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,
+                             H5::FileCreatPropList::DEFAULT, fapl);
+  } catch (const H5::Exception&) {
+    throw InputError("trace '" + path + "': cannot create the file");
+  }
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+TraceWriter::~TraceWriter() {
+  // A writer destroyed without finish() (an exception unwinding) still flushes what it has;
+  // the status stays "running", which readers treat as not completed.
+  if (impl_ && impl_->started && !impl_->finished) {
+    try {
+      flush();
+    } catch (...) {
+    }
+  }
+}
+
+void TraceWriter::attr(const std::string& object, const std::string& name,
+                       const std::string& value) {
+  H5::Group g;
+  H5::DataSet d;
+  H5::H5Object* o = impl_->object(object, g, d);
+  H5::StrType type(H5::PredType::C_S1, std::max<size_t>(1, value.size()));
+  o->createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
+}
+
+void TraceWriter::attr(const std::string& object, const std::string& name, double value) {
+  H5::Group g;
+  H5::DataSet d;
+  impl_->object(object, g, d)
+      ->createAttribute(name, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR))
+      .write(H5::PredType::NATIVE_DOUBLE, &value);
+}
+
+void TraceWriter::attr(const std::string& object, const std::string& name, int64_t value) {
+  H5::Group g;
+  H5::DataSet d;
+  impl_->object(object, g, d)
+      ->createAttribute(name, H5::PredType::NATIVE_INT64, H5::DataSpace(H5S_SCALAR))
+      .write(H5::PredType::NATIVE_INT64, &value);
+}
+
+void TraceWriter::status_attr(const std::string& status) {
+  H5::StrType type(H5::PredType::C_S1, kStatusBytes);
+  std::string padded = status;
+  padded.resize(kStatusBytes, '\0');
+  impl_->file.openGroup("/")
+      .createAttribute("status", type, H5::DataSpace(H5S_SCALAR))
+      .write(type, padded.data());
+}
+
+void TraceWriter::series(const std::string& path, Kind kind) {
+  H5::Group parent = impl_->group(parent_of(path));
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+  H5::DSetCreatPropList dcpl;
+  dcpl.setChunk(1, &kChunk);
+  H5::DataSet ds = parent.createDataSet(leaf_of(path), h5_type(kind),
+                                        H5::DataSpace(1, &zero, &unlimited), dcpl);
+  impl_->series[path] = {ds, kind, {}, {}, 0};
+}
+
+void TraceWriter::array(const std::string& path, Kind kind, int64_t size) {
+  H5::Group parent = impl_->group(parent_of(path));
+  const hsize_t n = hsize_t(size);
+  H5::DSetCreatPropList dcpl;
+  const int64_t zero = 0;
+  dcpl.setFillValue(h5_type(kind), &zero);
+  parent.createDataSet(leaf_of(path), h5_type(kind), H5::DataSpace(1, &n), dcpl);
+}
+
+void TraceWriter::bytes(const std::string& path, const std::string& data) {
+  H5::Group parent = impl_->group(parent_of(path));
+  const hsize_t n = data.size();
+  H5::DataSet ds = parent.createDataSet(leaf_of(path), H5::PredType::NATIVE_UINT8,
+                                        H5::DataSpace(1, &n));
+  if (n) ds.write(data.data(), H5::PredType::NATIVE_UINT8);
+}
+
+void TraceWriter::start() {
+  impl_->file.flush(H5F_SCOPE_GLOBAL);
+  if (H5Fstart_swmr_write(impl_->file.getId()) < 0)
+    throw std::runtime_error("trace '" + path_ + "': cannot start SWMR writing");
+  impl_->started = true;
+}
+
+void TraceWriter::append(const std::string& name, double value) {
+  auto& s = impl_->series.at(name);
+  if (s.kind == Kind::Int64)
+    s.i.push_back(int64_t(value));
+  else
+    s.f.push_back(value);
+  ++appends_since_flush_;
+}
+
+void TraceWriter::append(const std::string& name, int64_t value) {
+  auto& s = impl_->series.at(name);
+  if (s.kind == Kind::Int64)
+    s.i.push_back(value);
+  else
+    s.f.push_back(double(value));
+  ++appends_since_flush_;
+}
+
+void TraceWriter::write_array(const std::string& path, const std::vector<double>& values) {
+  impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_DOUBLE);
+}
+void TraceWriter::write_array(const std::string& path, const std::vector<int64_t>& values) {
+  impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_INT64);
+}
+
+void TraceWriter::maybe_flush(int64_t flush_steps, double flush_seconds) {
+  const double since =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_flush_).count();
+  // Each step appends to every series; count steps by the loss series' pending length.
+  size_t pending = 0;
+  for (const auto& [name, s] : impl_->series) pending = std::max(pending, s.f.size() + s.i.size());
+  if (int64_t(pending) >= flush_steps || since >= flush_seconds) flush();
+}
+
+void TraceWriter::flush() {
+  for (auto& [name, s] : impl_->series) {
+    const hsize_t n = s.kind == Kind::Int64 ? s.i.size() : s.f.size();
+    if (n == 0) continue;
+    const hsize_t total = s.written + n;
+    s.ds.extend(&total);
+    H5::DataSpace file_space = s.ds.getSpace();
+    file_space.selectHyperslab(H5S_SELECT_SET, &n, &s.written);
+    H5::DataSpace mem_space(1, &n);
+    if (s.kind == Kind::Int64)
+      s.ds.write(s.i.data(), H5::PredType::NATIVE_INT64, mem_space, file_space);
+    else
+      s.ds.write(s.f.data(), H5::PredType::NATIVE_DOUBLE, mem_space, file_space);
+    s.written = total;
+    s.f.clear(), s.i.clear();
+  }
+  impl_->file.flush(H5F_SCOPE_GLOBAL);
+  appends_since_flush_ = 0;
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+void TraceWriter::finish(const std::string& status) {
+  flush();
+  impl_->series.clear();
+  impl_->file.close();
+  impl_->finished = true;
+  // SWMR forbids changing attributes' meaning mid-run; reopen alone to record the outcome.
+  H5::H5File f(path_, H5F_ACC_RDWR);
+  H5::StrType type(H5::PredType::C_S1, kStatusBytes);
+  std::string padded = status;
+  padded.resize(kStatusBytes, '\0');
+  f.openGroup("/").openAttribute("status").write(type, padded.data());
+  f.close();
+}
+
+// ------------------------------------------------------------------------------------------
+struct TraceReader::Impl {
+  H5::H5File file;
+};
+
+TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
+  H5::Exception::dontPrint();
+  if (access(path.c_str(), R_OK) != 0) throw InputError("trace '" + path + "': cannot be read");
+  try {
+    impl_->file = H5::H5File(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ);
+  } catch (const H5::Exception&) {
+    try {  // a file written without SWMR (e.g. by h5py) opens the ordinary way
+      impl_->file = H5::H5File(path, H5F_ACC_RDONLY);
+    } catch (const H5::Exception&) {
+      throw InputError("trace '" + path + "': not a readable HDF5 file (truncated or corrupt?)");
+    }
+  }
+}
+TraceReader::~TraceReader() = default;
+
+bool TraceReader::exists(const std::string& path) const {
+  // Walk the path one link at a time: H5Lexists needs every parent to exist.
+  std::string sofar;
+  size_t pos = 1;
+  while (pos <= path.size()) {
+    const size_t next = std::min(path.find('/', pos), path.size());
+    sofar = path.substr(0, next);
+    if (H5Lexists(impl_->file.getId(), sofar.c_str(), H5P_DEFAULT) <= 0) return false;
+    pos = next + 1;
+  }
+  return true;
+}
+
+namespace {
+H5::Attribute open_attr(H5::H5File& f, const std::string& object, const std::string& name) {
+  if (object == "/" || f.childObjType(object) == H5O_TYPE_GROUP)
+    return f.openGroup(object).openAttribute(name);
+  return f.openDataSet(object).openAttribute(name);
+}
+}  // namespace
+
+std::string TraceReader::string_attr(const std::string& object, const std::string& name) const {
+  try {
+    H5::Attribute a = open_attr(impl_->file, object, name);
+    H5::StrType type = a.getStrType();
+    std::string buf(type.getSize(), '\0');
+    a.read(type, buf.data());
+    return std::string(buf.c_str());  // drop fixed-length padding
+  } catch (const H5::Exception&) {
+    throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);
+  }
+}
+
+double TraceReader::number_attr(const std::string& object, const std::string& name) const {
+  try {
+    double v = 0;
+    open_attr(impl_->file, object, name).read(H5::PredType::NATIVE_DOUBLE, &v);
+    return v;
+  } catch (const H5::Exception&) {
+    throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);
+  }
+}
+
+namespace {
+template <class V>
+std::vector<V> read_1d(H5::H5File& f, const std::string& path, const std::string& file,
+                       const H5::PredType& type) {
+  try {
+    H5::DataSet ds = f.openDataSet(path);
+    hsize_t n = 0;
+    ds.getSpace().getSimpleExtentDims(&n);
+    std::vector<V> out(n);
+    if (n) ds.read(out.data(), type);
+    return out;
+  } catch (const H5::Exception&) {
+    throw InputError("trace '" + file + "': cannot read dataset " + path);
+  }
+}
+}  // namespace
+
+std::vector<double> TraceReader::floats(const std::string& path) const {
+  return read_1d<double>(impl_->file, path, path_, H5::PredType::NATIVE_DOUBLE);
+}
+std::vector<int64_t> TraceReader::ints(const std::string& path) const {
+  return read_1d<int64_t>(impl_->file, path, path_, H5::PredType::NATIVE_INT64);
+}
+std::string TraceReader::blob(const std::string& path) const {
+  const auto v = read_1d<uint8_t>(impl_->file, path, path_, H5::PredType::NATIVE_UINT8);
+  return std::string(v.begin(), v.end());
+}
+
+std::vector<std::string> TraceReader::children(const std::string& group) const {
+  std::vector<std::string> out;
+  try {
+    H5::Group g = impl_->file.openGroup(group);
+    for (hsize_t i = 0; i < g.getNumObjs(); ++i) out.push_back(g.getObjnameByIdx(i));
+  } catch (const H5::Exception&) {
+    throw InputError("trace '" + path_ + "': no group " + group);
+  }
+  return out;
+}
+
+}  // namespace divlab

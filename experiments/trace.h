@@ -1,0 +1,79 @@
+// One HDF5 file per run (layout: docs/trace-format.md).
+//
+// Crash safety comes from HDF5's SWMR mode: every object is created first, then SWMR writing
+// starts, after which the writer only appends to 1-D series and overwrites fixed-size arrays.
+// Appends are buffered and written in blocks at each flush; a killed writer leaves a file that
+// SWMR readers (h5py: File(path, "r", swmr=True)) read up to the last flush.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace divlab {
+
+class TraceWriter {
+ public:
+  // Creates the file (truncating only when `overwrite`); throws InputError if it cannot.
+  TraceWriter(const std::string& path, bool overwrite);
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // --- Before start(): layout. Paths are absolute ("/metrics/loss"); groups are made as needed.
+  void attr(const std::string& object, const std::string& name, const std::string& value);
+  void attr(const std::string& object, const std::string& name, double value);
+  void attr(const std::string& object, const std::string& name, int64_t value);
+  // Root "status": fixed 16-byte string, so it can be rewritten in place later.
+  void status_attr(const std::string& status);
+  enum class Kind { Float64, Int64 };
+  void series(const std::string& path, Kind kind);  // extendible 1-D, chunked along steps
+  void array(const std::string& path, Kind kind, int64_t size);  // fixed-size 1-D, zeros
+  void bytes(const std::string& path, const std::string& data);  // opaque blob (uint8[])
+  // Starts SWMR writing; no objects can be created after this.
+  void start();
+
+  // --- After start().
+  void append(const std::string& series, double value);
+  void append(const std::string& series, int64_t value);
+  void write_array(const std::string& path, const std::vector<double>& values);
+  void write_array(const std::string& path, const std::vector<int64_t>& values);
+  // Writes buffered appends when `steps_since_flush` or the wall-clock interval is due.
+  void maybe_flush(int64_t flush_steps, double flush_seconds);
+  void flush();
+  // Flushes, closes, and records the final status (completed | nan | failed | interrupted).
+  void finish(const std::string& status);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  int64_t appends_since_flush_ = 0;
+  std::chrono::steady_clock::time_point last_flush_;
+};
+
+// Read access (SWMR read, so a trace still being written, or left by a killed run, opens too).
+class TraceReader {
+ public:
+  explicit TraceReader(const std::string& path);  // throws InputError if not a readable trace
+  ~TraceReader();
+  bool exists(const std::string& path) const;
+  std::string string_attr(const std::string& object, const std::string& name) const;
+  double number_attr(const std::string& object, const std::string& name) const;
+  std::vector<double> floats(const std::string& dataset) const;
+  std::vector<int64_t> ints(const std::string& dataset) const;
+  std::string blob(const std::string& dataset) const;
+  std::vector<std::string> children(const std::string& group) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+};
+
+}  // namespace divlab

@@ -1,0 +1,199 @@
+#include "experiments/train.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <Eigen/Core>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "datasets/dataset.h"
+#include "experiments/trace.h"
+#include "experiments/version.h"
+#include "model/optimizer.h"
+#include "model/transformer.h"
+
+namespace divlab {
+
+void check_output_path(const std::string& path, bool force) {
+  if (path.empty()) throw InputError("--out: an output path is required");
+  if (access(path.c_str(), F_OK) == 0) {
+    if (!force) throw InputError("output '" + path + "' already exists (use --force to overwrite)");
+    if (access(path.c_str(), W_OK) != 0)
+      throw InputError("output '" + path + "' exists and is not writable");
+  }
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  if (access(dir.c_str(), W_OK) != 0)
+    throw InputError("output '" + path + "': directory '" + dir + "' does not exist or is not "
+                     "writable");
+}
+
+namespace {
+
+std::string utc_now() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Root attributes, the resolved config, the dataset description, and every series.
+void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data,
+                   const std::vector<ParamInfo>& layout, int threads) {
+  w.attr("/", "divlab_version", std::string(kDivlabVersion));
+  w.attr("/", "git_commit", std::string(kGitCommit));
+  w.attr("/", "start_utc", utc_now());
+  w.attr("/", "host", hostname());
+  w.attr("/", "backend", cfg.backend);
+  w.attr("/", "precision", cfg.precision);
+  w.attr("/", "threads", int64_t(threads));
+  w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
+  w.status_attr("running");
+  w.attr("/", "config_toml", cfg.to_toml());
+  for (const auto& [key, value] : cfg.resolved) {
+    // Numbers stay numbers (easy for pandas); strings, booleans and lists keep their TOML text.
+    char* end = nullptr;
+    const double x = std::strtod(value.c_str(), &end);
+    const bool numeric = end && *end == '\0' && !value.empty() && value[0] != '"';
+    if (numeric && value.find_first_of(".eE") == std::string::npos)
+      w.attr("/config", key, int64_t(std::stoll(value)));
+    else if (numeric)
+      w.attr("/config", key, x);
+    else
+      w.attr("/config", key, value.front() == '"' ? value.substr(1, value.size() - 2) : value);
+  }
+  w.attr("/dataset", "spec", data.spec);
+  w.attr("/dataset", "kind", data.kind);
+  w.attr("/dataset", "vocab", int64_t(data.vocab));
+  w.attr("/dataset", "corpus_sha256", data.corpus_sha256);
+  w.attr("/dataset", "zipf_exponent", data.zipf_exponent);
+  w.array("/dataset/token_counts", TraceWriter::Kind::Int64, data.vocab);
+  if (!data.tokenizer_model.empty()) w.bytes("/dataset/tokenizer_model", data.tokenizer_model);
+  using K = TraceWriter::Kind;
+  for (const char* s : {"/metrics/loss", "/metrics/grad_norm", "/metrics/lr", "/metrics/wall_s",
+                        "/metrics/top1_share"})
+    w.series(s, K::Float64);
+  for (const char* s : {"/metrics/step", "/metrics/tokens", "/metrics/max_row_contributions"})
+    w.series(s, K::Int64);
+  for (const auto& p : layout) w.series("/metrics/grad_norm_by_param/" + p.name, K::Float64);
+  if (cfg.eval_every > 0) {
+    w.series("/eval/step", K::Int64);
+    w.series("/eval/val_loss", K::Float64);
+  }
+}
+
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO)) {}
+  void update(int64_t step, int64_t steps, double loss, double tokens_per_s, double elapsed) {
+    if (!enabled_) return;
+    const double eta = step > 0 ? elapsed / double(step) * double(steps - step) : 0.0;
+    std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", (long long)step,
+                 (long long)steps, loss, tokens_per_s, eta);
+  }
+  void done() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+};
+
+template <class T>
+TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
+                       int threads) {
+  const ModelConfig& m = cfg.model;
+  const int B = cfg.batch, Tn = m.seq_len;
+  const int64_t N = int64_t(B) * Tn;
+  const KernelSet<T> kernels = cpu_catalogue<T>().select(cfg.kernels);
+  const KernelSet<T> reference = cpu_catalogue<T>().select({});
+  Transformer<T> model(m, kernels, B);
+  model.init(cfg.seed);
+  Optimizer<T> optim(cfg.optim, model.layout());
+
+  TraceWriter trace(opt.out, opt.force);
+  lay_out_trace(trace, cfg, data.info(), model.layout(), threads);
+  trace.start();
+
+  std::vector<TokenId> in(N), tgt(N);
+  std::vector<int64_t> token_counts(m.vocab, 0);
+  Progress progress(opt.progress);
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainResult result{"completed", 0, 0.0};
+  for (int64_t step = 0; step < cfg.steps; ++step) {
+    data.batch(step, B, Tn, in.data(), tgt.data());
+    const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
+    const T loss = model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    const StepStats st = optim.step(model, step);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    trace.append("/metrics/step", step);
+    trace.append("/metrics/loss", double(loss));
+    trace.append("/metrics/grad_norm", st.grad_norm);
+    trace.append("/metrics/lr", st.lr);
+    trace.append("/metrics/tokens", (step + 1) * N);
+    trace.append("/metrics/wall_s", wall);
+    trace.append("/metrics/max_row_contributions", bs.max_row_contributions);
+    trace.append("/metrics/top1_share", bs.top1_share);
+    for (size_t i = 0; i < model.layout().size(); ++i)
+      trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name,
+                   st.param_grad_norms[i]);
+    result.steps = step + 1;
+    result.final_loss = double(loss);
+
+    if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
+      // Validation always runs the reference kernels: a candidate that only corrupts its own
+      // forward (e.g. a leaky mask) must not grade itself.
+      model.set_kernels(reference);
+      double val = 0;
+      for (int i = 0; i < cfg.eval_batches; ++i) {
+        data.validation_batch(i, B, Tn, in.data(), tgt.data());
+        val += double(model.forward(in.data(), tgt.data(), false));
+      }
+      model.set_kernels(kernels);
+      trace.append("/eval/step", step);
+      trace.append("/eval/val_loss", val / cfg.eval_batches);
+    }
+    trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
+    progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
+    if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
+      result.status = "nan";
+      break;
+    }
+  }
+  progress.done();
+  trace.write_array("/dataset/token_counts", token_counts);
+  trace.finish(result.status);
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
+  check_output_path(opt.out, opt.force);
+  if (cfg.backend != "cpu")
+    throw InputError("backend = '" + cfg.backend + "': this build has no CUDA backend yet; use "
+                     "backend = \"cpu\"");
+  const int threads = cfg.threads > 0 ? cfg.threads : omp_get_num_procs();
+  omp_set_num_threads(threads);
+  Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself
+  DatasetOptions dopt;
+  dopt.vocab = cfg.model.vocab;
+  dopt.seed = cfg.seed;
+  const auto data = make_dataset(cfg.data, dopt);
+  return cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads)
+                                 : train_impl<float>(cfg, opt, *data, threads);
+}
+
+}  // namespace divlab

@@ -1,0 +1,28 @@
+// `divlab train`: one run from a resolved config to a trace.
+#pragma once
+
+#include <string>
+
+#include "experiments/config.h"
+
+namespace divlab {
+
+struct TrainOptions {
+  std::string out;      // trace path
+  bool force = false;   // overwrite an existing trace
+  bool progress = true; // progress line on stderr when it is a terminal
+};
+
+struct TrainResult {
+  std::string status;  // completed | nan
+  int64_t steps = 0;
+  double final_loss = 0;
+};
+
+// Validates the output path before anything is written (InputError if unusable), then trains.
+TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
+
+// The checks train() makes on its output path, for other commands that write files.
+void check_output_path(const std::string& path, bool force);
+
+}  // namespace divlab

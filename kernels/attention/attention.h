@@ -1,0 +1,13 @@
+// Causal multi-head self-attention on a packed qkv[N, 3C] tensor, softmax(q k^T / sqrt(hs)) v.
+#pragma once
+#include "kernels/registry.h"
+
+namespace divlab {
+template <class T>
+void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
+template <class T>
+void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att, int B,
+                                  int T_, int C, int NH);
+template <class T>
+void register_attention(Catalogue<T>& cat);
+}  // namespace divlab

@@ -1,0 +1,74 @@
+#include <sstream>
+
+#include "kernels/attention/attention.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/optimizer/optimizer.h"
+#include "kernels/registry.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+
+namespace divlab {
+
+namespace {
+template <class T>
+Catalogue<T> build_cpu_catalogue() {
+  Catalogue<T> cat;
+  register_embedding(cat);
+  register_rmsnorm(cat);
+  register_linear(cat);
+  register_attention(cat);
+  register_elementwise(cat);
+  register_cross_entropy(cat);
+  register_embed_rmsnorm_backward(cat);
+  register_optimizer(cat);
+  return cat;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+}  // namespace
+
+template <class T>
+const Catalogue<T>& cpu_catalogue() {
+  static const Catalogue<T> cat = build_cpu_catalogue<T>();
+  return cat;
+}
+
+template <class T>
+KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choice) const {
+  for (const auto& [op, variant] : choice) {
+    bool known = false;
+    for_each_op([&](const auto& ops, auto) { known = known || ops.op == op; });
+    if (!known)
+      throw UnknownKernel("kernels." + op + ": unknown op; valid ops: " + join(op_names()));
+  }
+  KernelSet<T> set;
+  for_each_op([&](const auto& ops, auto member) {
+    const auto it = choice.find(ops.op);
+    const std::string name = it == choice.end() ? "reference" : it->second;
+    const auto* entry = ops.find(name);
+    if (!entry)
+      throw UnknownKernel("kernels." + ops.op + " = '" + name +
+                          "': unknown variant; valid: " + join(ops.names()));
+    set.*member = entry->fn;
+  });
+  return set;
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) { names.push_back(ops.op); });
+  return names;
+}
+
+template struct Catalogue<float>;
+template struct Catalogue<double>;
+template const Catalogue<float>& cpu_catalogue<float>();
+template const Catalogue<double>& cpu_catalogue<double>();
+}  // namespace divlab

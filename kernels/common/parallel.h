@@ -1,0 +1,42 @@
+// Deterministic parallel loops for the CPU kernels.
+//
+// Work is split into chunks whose size is fixed by the caller, never by the thread count. Each
+// chunk is computed by one thread in a fixed order, so any sum inside a chunk has the same order
+// on 1 thread or 16: results are bitwise identical for every OMP_NUM_THREADS.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <Eigen/Dense>
+
+namespace divlab {
+
+template <class F>
+void parallel_chunks(int64_t n, int64_t chunk, F&& body) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
+}
+
+template <class T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MatrixMap = Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using ConstMatrixMap = Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
+
+// A rows x cols row-major view whose consecutive rows are `stride` elements apart.
+template <class T>
+MatrixMap<T> matrix(T* p, int64_t rows, int64_t cols, int64_t stride) {
+  return MatrixMap<T>(p, rows, cols, Eigen::OuterStride<>(stride));
+}
+template <class T>
+ConstMatrixMap<T> matrix(const T* p, int64_t rows, int64_t cols, int64_t stride) {
+  return ConstMatrixMap<T>(p, rows, cols, Eigen::OuterStride<>(stride));
+}
+
+// Rows per chunk for row-parallel kernels: big enough for GEMM efficiency, small enough to spread.
+constexpr int64_t kRowChunk = 64;
+
+}  // namespace divlab

@@ -1,0 +1,72 @@
+// The op boundary between the model and the kernels.
+//
+// Every op the transformer uses is one function-pointer type below. The model calls ops only
+// through a KernelSet, so a backend or a candidate variant swaps in without the model knowing.
+// Layout conventions (all row-major, contiguous):
+//   activations  [N, C] with N = B * T rows (batch-major, then position)
+//   linear W     [out, in] (PyTorch's nn.Linear layout), y = x W^T, no bias
+//   qkv          [N, 3C] as q | k | v, each split into NH heads of C / NH channels
+//   att          [B, NH, T, T] softmax probabilities saved for the backward
+// Gradient conventions: a backward ADDS into parameter gradients (they are zeroed once per step)
+// and into `dresid` residual-stream gradients; it OVERWRITES plain activation gradients (`dx`).
+#pragma once
+
+#include <cstdint>
+
+namespace divlab {
+
+using TokenId = int32_t;
+
+template <class T>
+struct OpSignatures {
+  // x[n] = wte[tokens[n]] + wpe[n % T]
+  using EmbeddingForward = void (*)(T* x, const TokenId* tokens, const T* wte, const T* wpe, int B,
+                                    int T_, int C);
+  // y = x / sqrt(mean(x^2) + eps) * w; rstd[n] saved for the backward.
+  using RmsnormForward = void (*)(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps);
+  // dresid += d(rmsnorm)/dx^T dy; dw += sum_n dy * x * rstd
+  using RmsnormBackward = void (*)(T* dresid, T* dw, const T* dy, const T* x, const T* w,
+                                   const T* rstd, int N, int C);
+  // y[N, out] = x[N, in] W[out, in]^T
+  using LinearForward = void (*)(T* y, const T* x, const T* W, int N, int in, int out);
+  // dx = dy W (overwrite); dW += dy^T x
+  using LinearBackward = void (*)(T* dx, T* dW, const T* dy, const T* x, const T* W, int N, int in,
+                                  int out);
+  // Causal multi-head attention: out[N, C] from qkv[N, 3C]; att[B, NH, T, T] saved.
+  using AttentionForward = void (*)(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
+  // dqkv = d(attention)/dqkv^T dout (overwrite)
+  using AttentionBackward = void (*)(T* dqkv, const T* dout, const T* qkv, const T* att, int B,
+                                     int T_, int C, int NH);
+  // Tanh-approximated GELU, elementwise over n values.
+  using GeluForward = void (*)(T* y, const T* x, int64_t n);
+  // dx = gelu'(x) * dy (overwrite)
+  using GeluBackward = void (*)(T* dx, const T* dy, const T* x, int64_t n);
+  // y = a + b elementwise (the residual connection).
+  using Add = void (*)(T* y, const T* a, const T* b, int64_t n);
+  // Fused softmax + cross-entropy. losses[n] = -log softmax(logits[n])[targets[n]].
+  // If dlogits is non-null: dlogits = (softmax - onehot) * dloss (dloss = 1/N for a mean loss).
+  using CrossEntropy = void (*)(T* losses, T* dlogits, const T* logits, const TokenId* targets,
+                                int N, int V, T dloss);
+  // The fused op the candidate kernels replace: backward of the first block's RMSNorm, the
+  // residual gradient, and the embedding scatter, in one kernel.
+  //   dx0[n]     = dresid[n] + rmsnorm_backward(dy_norm[n])      (per row)
+  //   dw_norm   += sum_n dy_norm[n] * x0[n] * rstd[n]
+  //   dwte[tok] += dx0[n]  for every n with tokens[n] == tok   (the frequent-row accumulation)
+  //   dwpe[t]   += sum_b dx0[b, t]
+  using EmbedRmsnormBackward = void (*)(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm,
+                                        const T* dresid, const T* x0, const T* w_norm,
+                                        const T* rstd, const TokenId* tokens, int B, int T_, int C,
+                                        int V);
+  // sum of g^2 over n values, accumulated in double in a fixed order (for the global grad norm).
+  using SumSquares = double (*)(const T* g, int64_t n);
+  // SGD with momentum (PyTorch semantics: buf = mu * buf + g; nesterov uses g + mu * buf) and
+  // coupled L2 weight decay (g += wd * p). g is multiplied by grad_scale first (clipping).
+  using SgdStep = void (*)(T* p, T* momentum_buf, const T* g, int64_t n, T lr, T momentum,
+                           bool nesterov, T weight_decay, T grad_scale);
+  // AdamW (Loshchilov & Hutter): p *= 1 - lr * wd, then the bias-corrected Adam update.
+  // `step` counts from 1.
+  using AdamwStep = void (*)(T* p, T* m, T* v, const T* g, int64_t n, T lr, T beta1, T beta2,
+                             T eps, T weight_decay, T grad_scale, int64_t step);
+};
+
+}  // namespace divlab

@@ -1,0 +1,126 @@
+// The catalogue of kernels: for every op, its reference and its named variants, each with the
+// documentation that `divlab kernels` prints (what is wrong, what exposes it, what masks it).
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace divlab {
+
+// What a variant is, in words. For a reference, `wrong` is empty.
+struct VariantDoc {
+  std::string summary;     // one line: what this implementation does
+  std::string wrong;       // what is wrong with it ("" for references and benign controls)
+  std::string exposed_by;  // which inputs or settings make the error visible
+  std::string masked_by;   // which inputs or settings hide it
+  bool benign = false;     // a control: same math up to rounding; must never be called divergent
+};
+
+template <class Fn>
+struct OpVariants {
+  struct Entry {
+    std::string name;
+    VariantDoc doc;
+    Fn fn;
+  };
+  std::string op;
+  std::string what;  // one line on what the op computes
+  std::vector<Entry> entries;
+
+  void add(std::string name, Fn fn, VariantDoc doc) {
+    entries.push_back({std::move(name), std::move(doc), fn});
+  }
+  const Entry* find(const std::string& name) const {
+    for (const auto& e : entries)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : entries) out.push_back(e.name);
+    return out;
+  }
+};
+
+// One function pointer per op: what the model calls. Built by Catalogue::select.
+template <class T>
+struct KernelSet {
+  using S = OpSignatures<T>;
+  typename S::EmbeddingForward embedding_forward = nullptr;
+  typename S::RmsnormForward rmsnorm_forward = nullptr;
+  typename S::RmsnormBackward rmsnorm_backward = nullptr;
+  typename S::LinearForward linear_forward = nullptr;
+  typename S::LinearBackward linear_backward = nullptr;
+  typename S::AttentionForward attention_forward = nullptr;
+  typename S::AttentionBackward attention_backward = nullptr;
+  typename S::GeluForward gelu_forward = nullptr;
+  typename S::GeluBackward gelu_backward = nullptr;
+  typename S::Add add = nullptr;
+  typename S::CrossEntropy cross_entropy = nullptr;
+  typename S::EmbedRmsnormBackward embed_rmsnorm_backward = nullptr;
+  typename S::SumSquares sum_squares = nullptr;
+  typename S::SgdStep sgd_step = nullptr;
+  typename S::AdamwStep adamw_step = nullptr;
+};
+
+// A kernel selection that names an op or variant that does not exist.
+struct UnknownKernel : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+struct Catalogue {
+  using S = OpSignatures<T>;
+  OpVariants<typename S::EmbeddingForward> embedding_forward{"embedding_forward"};
+  OpVariants<typename S::RmsnormForward> rmsnorm_forward{"rmsnorm_forward"};
+  OpVariants<typename S::RmsnormBackward> rmsnorm_backward{"rmsnorm_backward"};
+  OpVariants<typename S::LinearForward> linear_forward{"linear_forward"};
+  OpVariants<typename S::LinearBackward> linear_backward{"linear_backward"};
+  OpVariants<typename S::AttentionForward> attention_forward{"attention_forward"};
+  OpVariants<typename S::AttentionBackward> attention_backward{"attention_backward"};
+  OpVariants<typename S::GeluForward> gelu_forward{"gelu_forward"};
+  OpVariants<typename S::GeluBackward> gelu_backward{"gelu_backward"};
+  OpVariants<typename S::Add> add{"add"};
+  OpVariants<typename S::CrossEntropy> cross_entropy{"cross_entropy"};
+  OpVariants<typename S::EmbedRmsnormBackward> embed_rmsnorm_backward{"embed_rmsnorm_backward"};
+  OpVariants<typename S::SumSquares> sum_squares{"sum_squares"};
+  OpVariants<typename S::SgdStep> sgd_step{"sgd_step"};
+  OpVariants<typename S::AdamwStep> adamw_step{"adamw_step"};
+
+  // Calls f(OpVariants&, KernelSet member pointer) for every op, in a fixed order.
+  template <class F>
+  void for_each_op(F&& f) const {
+    f(embedding_forward, &KernelSet<T>::embedding_forward);
+    f(rmsnorm_forward, &KernelSet<T>::rmsnorm_forward);
+    f(rmsnorm_backward, &KernelSet<T>::rmsnorm_backward);
+    f(linear_forward, &KernelSet<T>::linear_forward);
+    f(linear_backward, &KernelSet<T>::linear_backward);
+    f(attention_forward, &KernelSet<T>::attention_forward);
+    f(attention_backward, &KernelSet<T>::attention_backward);
+    f(gelu_forward, &KernelSet<T>::gelu_forward);
+    f(gelu_backward, &KernelSet<T>::gelu_backward);
+    f(add, &KernelSet<T>::add);
+    f(cross_entropy, &KernelSet<T>::cross_entropy);
+    f(embed_rmsnorm_backward, &KernelSet<T>::embed_rmsnorm_backward);
+    f(sum_squares, &KernelSet<T>::sum_squares);
+    f(sgd_step, &KernelSet<T>::sgd_step);
+    f(adamw_step, &KernelSet<T>::adamw_step);
+  }
+
+  // `choice` maps op name -> variant name; ops not named get "reference".
+  // Throws UnknownKernel naming the valid ops or variants.
+  KernelSet<T> select(const std::map<std::string, std::string>& choice) const;
+};
+
+// The CPU backend's catalogue (every op's Eigen reference and its CPU variants).
+template <class T>
+const Catalogue<T>& cpu_catalogue();
+
+// Names of every op, in catalogue order.
+std::vector<std::string> op_names();
+
+}  // namespace divlab

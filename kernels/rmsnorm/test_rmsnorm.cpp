@@ -1,0 +1,50 @@
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "tests/support/check.h"
+
+namespace divlab {
+using namespace testing;
+
+TEST(Rmsnorm, GradcheckInputAndWeight) {
+  std::mt19937_64 gen(test_seed());
+  const int N = 7, C = 13;
+  auto x = randn<double>(N * C, gen), w = randn<double>(C, gen), r = randn<double>(N * C, gen);
+  std::vector<double> y(N * C), rstd(N);
+  auto objective = [&] {
+    rmsnorm_forward_reference<double>(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+    return dot(y, r);
+  };
+  objective();
+  std::vector<double> dx(N * C, 0.0), dw(C, 0.0);
+  rmsnorm_backward_reference<double>(dx.data(), dw.data(), r.data(), x.data(), w.data(),
+                                     rstd.data(), N, C);
+  EXPECT_CLOSE(dx, numeric_grad(objective, x), kGradcheckTol, "dx");
+  EXPECT_CLOSE(dw, numeric_grad(objective, w), kGradcheckTol, "dw");
+}
+
+TEST(Rmsnorm, BackwardAccumulatesIntoResidualGradient) {
+  std::mt19937_64 gen(test_seed());
+  const int N = 3, C = 8;
+  auto x = randn<double>(N * C, gen), w = randn<double>(C, gen), dy = randn<double>(N * C, gen);
+  std::vector<double> y(N * C), rstd(N), dw(C, 0.0);
+  rmsnorm_forward_reference<double>(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+  auto base = randn<double>(N * C, gen), dx = base;
+  std::vector<double> fresh(N * C, 0.0);
+  rmsnorm_backward_reference<double>(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                     rstd.data(), N, C);
+  rmsnorm_backward_reference<double>(fresh.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                     rstd.data(), N, C);
+  for (int i = 0; i < N * C; ++i) fresh[i] += base[i];
+  EXPECT_CLOSE(dx, fresh, 1e-15, "dx += semantics");
+}
+
+TEST(Rmsnorm, Fp32ForwardWithinRoundingOfFp64) {
+  std::mt19937_64 gen(test_seed());
+  const int N = 64, C = 96;
+  auto xd = randn<double>(N * C, gen, 3.0), wd = randn<double>(C, gen);
+  std::vector<float> xf(xd.begin(), xd.end()), wf(wd.begin(), wd.end()), yf(N * C), rf(N);
+  std::vector<double> yd(N * C), rd(N);
+  rmsnorm_forward_reference<float>(yf.data(), rf.data(), xf.data(), wf.data(), N, C, 1e-5f);
+  rmsnorm_forward_reference<double>(yd.data(), rd.data(), xd.data(), wd.data(), N, C, 1e-5);
+  EXPECT_CLOSE(yf, yd, 1e-6, "fp32 y");
+}
+}  // namespace divlab

@@ -1,0 +1,56 @@
+#include "model/optimizer.h"
+
+#include <cmath>
+
+namespace divlab {
+
+double lr_at(const OptimConfig& cfg, int64_t step) {
+  if (step < cfg.warmup_steps) return cfg.lr * double(step + 1) / double(cfg.warmup_steps);
+  if (cfg.schedule == "constant") return cfg.lr;
+  const double span = double(std::max<int64_t>(1, cfg.total_steps - cfg.warmup_steps));
+  const double progress = std::min(1.0, double(step - cfg.warmup_steps) / span);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine);
+}
+
+template <class T>
+Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout)
+    : cfg_(cfg), layout_(layout) {
+  const int64_t n = layout.back().offset + layout.back().size;
+  m_.assign(n, T(0));
+  if (cfg.kind == "adamw") v_.assign(n, T(0));
+}
+
+template <class T>
+StepStats Optimizer<T>::step(Transformer<T>& model, int64_t step) {
+  const KernelSet<T>& k = model.kernels();
+  StepStats stats;
+  double total = 0;
+  for (const auto& p : layout_) {
+    const double ss = k.sum_squares(model.grads().data() + p.offset, p.size);
+    stats.param_grad_norms.push_back(std::sqrt(ss));
+    total += ss;
+  }
+  stats.grad_norm = std::sqrt(total);
+  stats.lr = lr_at(cfg_, step);
+  const bool clip = cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip;
+  const T scale = clip ? T(cfg_.grad_clip / (stats.grad_norm + 1e-6)) : T(1);
+  const T lr = T(stats.lr);
+  for (const auto& p : layout_) {
+    T* w = model.params().data() + p.offset;
+    const T* g = model.grads().data() + p.offset;
+    const T wd = p.is_norm ? T(0) : T(cfg_.weight_decay);
+    if (cfg_.kind == "adamw") {
+      k.adamw_step(w, m_.data() + p.offset, v_.data() + p.offset, g, p.size, lr, T(cfg_.beta1),
+                   T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
+    } else {
+      k.sgd_step(w, m_.data() + p.offset, g, p.size, lr, T(cfg_.momentum), cfg_.nesterov, wd,
+                 scale);
+    }
+  }
+  return stats;
+}
+
+template class Optimizer<float>;
+template class Optimizer<double>;
+}  // namespace divlab

@@ -1,0 +1,52 @@
+// SGD and AdamW over the model's flat parameter buffer, global-norm clipping and the LR schedule.
+// The per-element updates are kernels (kernels/optimizer/); this file decides what to call.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace divlab {
+
+struct OptimConfig {
+  std::string kind = "sgd";  // sgd | adamw
+  double lr = 0.1;
+  double momentum = 0.0;  // SGD
+  bool nesterov = false;  // SGD
+  double weight_decay = 0.0;  // SGD: coupled L2; AdamW: decoupled. Never on RMSNorm gains.
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
+  double grad_clip = 0.0;  // global L2 norm; 0 = off
+  int64_t warmup_steps = 0;  // linear warmup from lr/warmup to lr
+  std::string schedule = "constant";  // constant | cosine (to lr * min_lr_ratio at total_steps)
+  double min_lr_ratio = 0.1;
+  int64_t total_steps = 1;
+};
+
+// Learning rate at 0-based `step`.
+double lr_at(const OptimConfig& cfg, int64_t step);
+
+struct StepStats {
+  double grad_norm = 0;  // global, before clipping
+  double lr = 0;
+  std::vector<double> param_grad_norms;  // per layout entry, before clipping
+};
+
+template <class T>
+class Optimizer {
+ public:
+  Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout);
+  // One update from the model's current gradients. `step` is 0-based.
+  StepStats step(Transformer<T>& model, int64_t step);
+
+  // Optimizer state, exposed for checkpoints.
+  std::vector<T>& first_moment() { return m_; }
+  std::vector<T>& second_moment() { return v_; }
+
+ private:
+  OptimConfig cfg_;
+  std::vector<ParamInfo> layout_;
+  std::vector<T> m_, v_;  // SGD uses m_ as the momentum buffer
+};
+
+}  // namespace divlab

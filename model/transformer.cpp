@@ -1,0 +1,169 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "model/rng.h"
+
+namespace divlab {
+
+std::vector<ParamInfo> param_layout(const ModelConfig& cfg) {
+  const int64_t V = cfg.vocab, C = cfg.d_model, T = cfg.seq_len;
+  std::vector<ParamInfo> out;
+  int64_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool is_norm = false) {
+    int64_t size = 1;
+    for (auto d : shape) size *= d;
+    out.push_back({std::move(name), std::move(shape), offset, size, is_norm});
+    offset += size;
+  };
+  add("wte.weight", {V, C});
+  add("wpe.weight", {T, C});
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    add(p + "ln1.weight", {C}, true);
+    add(p + "attn.qkv.weight", {3 * C, C});
+    add(p + "attn.proj.weight", {C, C});
+    add(p + "ln2.weight", {C}, true);
+    add(p + "mlp.fc.weight", {4 * C, C});
+    add(p + "mlp.proj.weight", {C, 4 * C});
+  }
+  add("ln_f.weight", {C}, true);
+  add("lm_head.weight", {V, C});
+  return out;
+}
+
+int64_t param_count(const ModelConfig& cfg) {
+  const auto layout = param_layout(cfg);
+  return layout.back().offset + layout.back().size;
+}
+
+template <class T>
+Transformer<T>::Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels, int batch)
+    : cfg_(cfg), k_(kernels), B_(batch), N_(batch * cfg.seq_len), layout_(param_layout(cfg)) {
+  if (cfg.d_model % cfg.n_heads != 0)
+    throw std::invalid_argument("d_model must be divisible by n_heads");
+  auto offset_of = [&](const std::string& name) {
+    for (const auto& p : layout_)
+      if (p.name == name) return p.offset;
+    throw std::logic_error("no parameter " + name);
+  };
+  wte_ = offset_of("wte.weight");
+  wpe_ = offset_of("wpe.weight");
+  lnf_ = offset_of("ln_f.weight");
+  head_ = offset_of("lm_head.weight");
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    layers_.push_back({offset_of(p + "ln1.weight"), offset_of(p + "attn.qkv.weight"),
+                       offset_of(p + "attn.proj.weight"), offset_of(p + "ln2.weight"),
+                       offset_of(p + "mlp.fc.weight"), offset_of(p + "mlp.proj.weight")});
+  }
+  const int64_t n = param_count(cfg), N = N_, C = cfg.d_model, V = cfg.vocab, S = cfg.seq_len;
+  params_.assign(n, T(0));
+  grads_.assign(n, T(0));
+  tokens_.resize(N);
+  resid_.assign(cfg.n_layers + 1, std::vector<T>(N * C));
+  acts_.resize(cfg.n_layers);
+  for (auto& a : acts_) {
+    a.ln1.resize(N * C), a.rstd1.resize(N), a.qkv.resize(N * 3 * C);
+    a.att.resize(int64_t(B_) * cfg.n_heads * S * S), a.atty.resize(N * C), a.xmid.resize(N * C);
+    a.ln2.resize(N * C), a.rstd2.resize(N), a.h.resize(N * 4 * C), a.g.resize(N * 4 * C);
+  }
+  lnf_out_.resize(N * C), rstdf_.resize(N), logits_.resize(N * V), dlogits_.resize(N * V);
+  losses_.resize(N);
+  dres_.resize(N * C), dln_.resize(N * C), dqkv_.resize(N * 3 * C), datty_.resize(N * C);
+  dh_.resize(N * 4 * C), dg_.resize(N * 4 * C), tmp_.resize(N * C);
+}
+
+template <class T>
+void Transformer<T>::init(uint64_t seed) {
+  Rng rng(seed, kStreamInit);
+  const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers);
+  for (const auto& p : layout_) {
+    const bool residual_out = p.name.find(".proj.weight") != std::string::npos;
+    const double std = residual_out ? proj_std : cfg_.init_std;
+    for (int64_t i = 0; i < p.size; ++i)
+      params_[p.offset + i] = p.is_norm ? T(1) : T(rng.normal() * std);
+  }
+}
+
+template <class T>
+T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool for_backward) {
+  const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
+  const T eps = T(cfg_.norm_eps);
+  const T* P = params_.data();
+  std::copy(inputs, inputs + N, tokens_.begin());
+  k_.embedding_forward(resid_[0].data(), inputs, P + wte_, P + wpe_, B_, Tn, C);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const Layer& w = layers_[l];
+    LayerActs& a = acts_[l];
+    const T* x = resid_[l].data();
+    k_.rmsnorm_forward(a.ln1.data(), a.rstd1.data(), x, P + w.ln1, N, C, eps);
+    k_.linear_forward(a.qkv.data(), a.ln1.data(), P + w.qkv, N, C, 3 * C);
+    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C, NH);
+    k_.linear_forward(tmp_.data(), a.atty.data(), P + w.proj, N, C, C);
+    k_.add(a.xmid.data(), x, tmp_.data(), int64_t(N) * C);
+    k_.rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N, C, eps);
+    k_.linear_forward(a.h.data(), a.ln2.data(), P + w.fc, N, C, 4 * C);
+    k_.gelu_forward(a.g.data(), a.h.data(), int64_t(N) * 4 * C);
+    k_.linear_forward(tmp_.data(), a.g.data(), P + w.fc2, N, 4 * C, C);
+    k_.add(resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
+  }
+  k_.rmsnorm_forward(lnf_out_.data(), rstdf_.data(), resid_.back().data(), P + lnf_, N, C, eps);
+  k_.linear_forward(logits_.data(), lnf_out_.data(), P + head_, N, C, V);
+  k_.cross_entropy(losses_.data(), for_backward ? dlogits_.data() : nullptr, logits_.data(),
+                   targets, N, V, T(1) / T(N));
+  // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
+  double sum = 0;
+  for (T l : losses_) sum += double(l);
+  return T(sum / N);
+}
+
+template <class T>
+void Transformer<T>::backward() {
+  const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
+  const T* P = params_.data();
+  T* G = grads_.data();
+  std::fill(grads_.begin(), grads_.end(), T(0));
+  std::fill(dres_.begin(), dres_.end(), T(0));
+
+  k_.linear_backward(dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(), P + head_, N, C, V);
+  k_.rmsnorm_backward(dres_.data(), G + lnf_, dln_.data(), resid_.back().data(), P + lnf_,
+                      rstdf_.data(), N, C);
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    const Layer& w = layers_[l];
+    LayerActs& a = acts_[l];
+    // dres holds d loss / d resid_[l + 1] = d / d(xmid + mlp(ln2(xmid))).
+    k_.linear_backward(dg_.data(), G + w.fc2, dres_.data(), a.g.data(), P + w.fc2, N, 4 * C, C);
+    k_.gelu_backward(dh_.data(), dg_.data(), a.h.data(), int64_t(N) * 4 * C);
+    k_.linear_backward(dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), P + w.fc, N, C, 4 * C);
+    k_.rmsnorm_backward(dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(), P + w.ln2,
+                        a.rstd2.data(), N, C);
+    // dres now holds d loss / d xmid = d / d(resid_[l] + attn(ln1(resid_[l]))).
+    k_.linear_backward(datty_.data(), G + w.proj, dres_.data(), a.atty.data(), P + w.proj, N, C,
+                       C);
+    k_.attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, Tn, C, NH);
+    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), P + w.qkv, N, C,
+                       3 * C);
+    if (l > 0) {
+      k_.rmsnorm_backward(dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(), P + w.ln1,
+                          a.rstd1.data(), N, C);
+    } else {
+      // The bottom of the network: one fused kernel, the one candidates replace.
+      k_.embed_rmsnorm_backward(G + wte_, G + wpe_, G + w.ln1, dln_.data(), dres_.data(),
+                                resid_[0].data(), P + w.ln1, a.rstd1.data(), tokens_.data(), B_,
+                                Tn, C, V);
+    }
+  }
+}
+
+template <class T>
+typename Transformer<T>::EmbedBackwardInputs Transformer<T>::last_embed_backward_inputs() const {
+  return {dln_.data(),      dres_.data(),        resid_[0].data(),
+          params_.data() + layers_[0].ln1, acts_[0].rstd1.data(), tokens_.data()};
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+}  // namespace divlab

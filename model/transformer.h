@@ -1,0 +1,93 @@
+// A decoder-only transformer: token + learned position embeddings, n pre-RMSNorm blocks (causal
+// multi-head attention; GELU MLP of width 4C), a final RMSNorm, an untied LM head, mean
+// cross-entropy. Forward and backward side by side; every op goes through a KernelSet, so this
+// file never knows which backend or which variant runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/registry.h"
+
+namespace divlab {
+
+struct ModelConfig {
+  int vocab = 256;
+  int d_model = 64;
+  int n_layers = 2;
+  int n_heads = 4;
+  int seq_len = 32;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+// One named parameter tensor inside the flat parameter buffer.
+struct ParamInfo {
+  std::string name;  // PyTorch-style: "blocks.0.attn.qkv.weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t size = 0;
+  bool is_norm = false;  // RMSNorm gains: initialised to 1, no weight decay
+};
+
+std::vector<ParamInfo> param_layout(const ModelConfig& cfg);
+int64_t param_count(const ModelConfig& cfg);
+
+template <class T>
+class Transformer {
+ public:
+  Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels, int batch);
+
+  // Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 n_layers) (GPT-2);
+  // RMSNorm gains 1. Deterministic in `seed`.
+  void init(uint64_t seed);
+
+  // Mean cross-entropy over B x T positions. With `for_backward`, also keeps what backward needs
+  // (the logits' gradient comes out of the fused cross-entropy kernel here).
+  T forward(const TokenId* inputs, const TokenId* targets, bool for_backward);
+  // Zeroes the gradients, then fills them for the last forward(for_backward = true).
+  void backward();
+
+  const ModelConfig& config() const { return cfg_; }
+  int batch() const { return B_; }
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  std::vector<T>& params() { return params_; }
+  const std::vector<T>& params() const { return params_; }
+  const std::vector<T>& grads() const { return grads_; }
+  const KernelSet<T>& kernels() const { return k_; }
+  void set_kernels(const KernelSet<T>& k) { k_ = k; }
+
+  // The inputs of the last forward's embed_rmsnorm_backward call, for shadow evaluation.
+  struct EmbedBackwardInputs {
+    const T *dy_norm, *dresid, *x0, *w_norm, *rstd;
+    const TokenId* tokens;
+  };
+  EmbedBackwardInputs last_embed_backward_inputs() const;
+
+ private:
+  struct Layer {  // offsets of one block's tensors in the flat buffers
+    int64_t ln1, qkv, proj, ln2, fc, fc2;
+  };
+  struct LayerActs {
+    std::vector<T> ln1, rstd1, qkv, att, atty, xmid, ln2, rstd2, h, g;
+  };
+
+  ModelConfig cfg_;
+  KernelSet<T> k_;
+  int B_, N_;
+  std::vector<ParamInfo> layout_;
+  std::vector<Layer> layers_;
+  int64_t wte_, wpe_, lnf_, head_;
+  std::vector<T> params_, grads_;
+
+  // Activations of the last forward.
+  std::vector<TokenId> tokens_;
+  std::vector<std::vector<T>> resid_;  // resid_[l]: input of block l; resid_[L]: final stream
+  std::vector<LayerActs> acts_;
+  std::vector<T> lnf_out_, rstdf_, logits_, dlogits_, losses_;
+  // Gradient scratch, reused every step.
+  std::vector<T> dres_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
+};
+
+}  // namespace divlab

@@ -1,0 +1,60 @@
+// The trace writer from the C++ side: series appended in blocks, read back while open (SWMR),
+// status rewritten at the end. The user-side layout check (h5py) is tests/py/test_cli.py.
+#include <unistd.h>
+
+#include "experiments/config.h"
+#include "experiments/trace.h"
+#include "tests/support/check.h"
+
+namespace divlab {
+
+TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
+  const std::string path = "/tmp/divlab_trace_test_" + std::to_string(getpid()) + ".h5";
+  unlink(path.c_str());
+  {
+    TraceWriter w(path, false);
+    w.attr("/", "backend", std::string("cpu"));
+    w.status_attr("running");
+    w.series("/metrics/loss", TraceWriter::Kind::Float64);
+    w.series("/metrics/step", TraceWriter::Kind::Int64);
+    w.array("/dataset/token_counts", TraceWriter::Kind::Int64, 5);
+    w.start();
+    for (int64_t s = 0; s < 25; ++s) {
+      w.append("/metrics/step", s);
+      w.append("/metrics/loss", 1.0 / (s + 1));
+      w.maybe_flush(10, 1e9);
+    }
+    {
+      TraceReader r(path);  // while the writer holds it: 20 steps flushed, 5 pending
+      EXPECT_EQ(r.ints("/metrics/step").size(), 20u);
+      EXPECT_EQ(r.string_attr("/", "status"), "running");
+    }
+    w.write_array("/dataset/token_counts", std::vector<int64_t>{1, 2, 3, 4, 5});
+    w.finish("completed");
+  }
+  TraceReader r(path);
+  EXPECT_EQ(r.string_attr("/", "status"), "completed");
+  EXPECT_EQ(r.string_attr("/", "backend"), "cpu");
+  const auto loss = r.floats("/metrics/loss");
+  ASSERT_EQ(loss.size(), 25u);
+  EXPECT_DOUBLE_EQ(loss[24], 1.0 / 25);
+  EXPECT_EQ(r.ints("/dataset/token_counts"), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  unlink(path.c_str());
+}
+
+TEST(Trace, RefusesToOverwriteWithoutPermission) {
+  const std::string path = "/tmp/divlab_trace_exists_" + std::to_string(getpid()) + ".h5";
+  { TraceWriter w(path, true); }
+  EXPECT_THROW(TraceWriter(path, false), InputError);
+  unlink(path.c_str());
+}
+
+TEST(Trace, ReaderRejectsGarbage) {
+  const std::string path = "/tmp/divlab_trace_garbage_" + std::to_string(getpid()) + ".h5";
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("not hdf5 at all", f);
+  fclose(f);
+  EXPECT_THROW(TraceReader r(path), InputError);
+  unlink(path.c_str());
+}
+}  // namespace divlab
