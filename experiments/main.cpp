@@ -1,5 +1,7 @@
 // divlab: the command-line front end. Every subcommand reports bad input as one line on stderr
 // and exit code 2, before writing anything.
+#include <H5Cpp.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -62,6 +64,12 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "divlab: internal error: " << e.what() << "\n";
+    return 1;
+  } catch (const H5::Exception& e) {
+    std::cerr << "divlab: HDF5 error in " << e.getFuncName() << ": " << e.getDetailMsg() << "\n";
+    return 1;
   }
   return 0;
 }

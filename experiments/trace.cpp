@@ -12,7 +12,13 @@ namespace divlab {
 
 namespace {
 constexpr hsize_t kChunk = 256;     // steps per chunk of a series
-constexpr size_t kStatusBytes = 16;  // room for any status word, rewritten in place
+
+// Variable-length UTF-8: h5py returns str, pandas-friendly.
+H5::StrType utf8_string() {
+  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  t.setCset(H5T_CSET_UTF8);
+  return t;
+}
 
 H5::PredType h5_type(TraceWriter::Kind k) {
   return k == TraceWriter::Kind::Int64 ? H5::PredType::NATIVE_INT64 : H5::PredType::NATIVE_DOUBLE;
@@ -45,7 +51,8 @@ struct TraceWriter::Impl {
     return parent.createGroup(leaf_of(path));
   }
   H5::H5Object* object(const std::string& path, H5::Group& g, H5::DataSet& d) {
-    if (path == "/" || file.childObjType(path) == H5O_TYPE_GROUP) {
+    const bool exists = path == "/" || H5Lexists(file.getId(), path.c_str(), H5P_DEFAULT) > 0;
+    if (!exists || file.childObjType(path) == H5O_TYPE_GROUP) {
       g = group(path);
       return &g;
     }
@@ -84,7 +91,7 @@ void TraceWriter::attr(const std::string& object, const std::string& name,
   H5::Group g;
   H5::DataSet d;
   H5::H5Object* o = impl_->object(object, g, d);
-  H5::StrType type(H5::PredType::C_S1, std::max<size_t>(1, value.size()));
+  const H5::StrType type = utf8_string();
   o->createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
 }
 
@@ -104,14 +111,7 @@ void TraceWriter::attr(const std::string& object, const std::string& name, int64
       .write(H5::PredType::NATIVE_INT64, &value);
 }
 
-void TraceWriter::status_attr(const std::string& status) {
-  H5::StrType type(H5::PredType::C_S1, kStatusBytes);
-  std::string padded = status;
-  padded.resize(kStatusBytes, '\0');
-  impl_->file.openGroup("/")
-      .createAttribute("status", type, H5::DataSpace(H5S_SCALAR))
-      .write(type, padded.data());
-}
+void TraceWriter::status_attr(const std::string& status) { attr("/", "status", status); }
 
 void TraceWriter::series(const std::string& path, Kind kind) {
   H5::Group parent = impl_->group(parent_of(path));
@@ -207,12 +207,13 @@ void TraceWriter::finish(const std::string& status) {
   impl_->series.clear();
   impl_->file.close();
   impl_->finished = true;
-  // SWMR forbids changing attributes' meaning mid-run; reopen alone to record the outcome.
+  // Attributes are not changed under SWMR; reopen alone (no readers can hold SWMR state of a
+  // closed writer) to record the outcome.
   H5::H5File f(path_, H5F_ACC_RDWR);
-  H5::StrType type(H5::PredType::C_S1, kStatusBytes);
-  std::string padded = status;
-  padded.resize(kStatusBytes, '\0');
-  f.openGroup("/").openAttribute("status").write(type, padded.data());
+  H5::Group root = f.openGroup("/");
+  root.removeAttr("status");
+  const H5::StrType type = utf8_string();
+  root.createAttribute("status", type, H5::DataSpace(H5S_SCALAR)).write(type, status);
   f.close();
 }
 
@@ -260,10 +261,9 @@ H5::Attribute open_attr(H5::H5File& f, const std::string& object, const std::str
 std::string TraceReader::string_attr(const std::string& object, const std::string& name) const {
   try {
     H5::Attribute a = open_attr(impl_->file, object, name);
-    H5::StrType type = a.getStrType();
-    std::string buf(type.getSize(), '\0');
-    a.read(type, buf.data());
-    return std::string(buf.c_str());  // drop fixed-length padding
+    std::string value;
+    a.read(a.getStrType(), value);
+    return value;
   } catch (const H5::Exception&) {
     throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);
   }

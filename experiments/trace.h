@@ -27,7 +27,7 @@ class TraceWriter {
   void attr(const std::string& object, const std::string& name, const std::string& value);
   void attr(const std::string& object, const std::string& name, double value);
   void attr(const std::string& object, const std::string& name, int64_t value);
-  // Root "status": fixed 16-byte string, so it can be rewritten in place later.
+  // Root "status": "running" until finish() records the outcome.
   void status_attr(const std::string& status);
   enum class Kind { Float64, Int64 };
   void series(const std::string& path, Kind kind);  // extendible 1-D, chunked along steps

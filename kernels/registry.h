@@ -27,6 +27,7 @@ struct OpVariants {
     VariantDoc doc;
     Fn fn;
   };
+  explicit OpVariants(std::string op_name) : op(std::move(op_name)) {}
   std::string op;
   std::string what;  // one line on what the op computes
   std::vector<Entry> entries;

@@ -26,9 +26,10 @@ double overfit(const OptimConfig& oc, int steps) {
 }
 }  // namespace
 
+// lr 0.5 sits at the stability edge of this model: it diverged for 1 seed in 20 at lr 0.3.
 TEST(Training, SgdOverfitsOneBatch) {
   OptimConfig oc;
-  oc.kind = "sgd", oc.lr = 0.5, oc.momentum = 0.9, oc.total_steps = 300;
+  oc.kind = "sgd", oc.lr = 0.2, oc.momentum = 0.9, oc.total_steps = 300;
   EXPECT_LT(overfit(oc, 300), 0.05);
 }
 

@@ -31,7 +31,11 @@ void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, in
       for (int j = 0; j <= i; ++j) P(i, j) /= sum;
       for (int j = i + 1; j < T_; ++j) P(i, j) = 0;
     }
-    matrix(out + b * T_ * C + h * hs, T_, hs, C).noalias() = P * V;
+    // Read only the causal triangle: with a full product, the zeroed future entries still take
+    // part in the vectorised sums, and an earlier output moved in its last bits when a later
+    // position's values changed (tests/Attention.IsCausal caught it with -march=native).
+    matrix(out + b * T_ * C + h * hs, T_, hs, C).noalias() =
+        P.template triangularView<Eigen::Lower>() * V;
   });
 }
 

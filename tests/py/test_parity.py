@@ -1,0 +1,100 @@
+"""Parity with PyTorch on the CPU: the same weights and batches give the same loss, the same
+gradient for every parameter, and the same losses over 20 optimizer steps (SGD and AdamW)."""
+import os
+import subprocess
+import tempfile
+import tomllib
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+from divlab_torch import Transformer, optimizer_for
+
+DUMP = os.environ["DIVLAB_PARITY_DUMP"]
+MODEL = ["model.vocab=97", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
+         "model.seq_len=16", "model.init_std=0.1", "train.batch=4", "data=zipf:1.1"]
+# (loss tolerance, gradient tolerance) per working precision, relative.
+TOL = {"fp32": 1e-5, "fp64": 1e-10}
+
+
+def normalised_error(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+class Parity(unittest.TestCase):
+    def run_dump(self, precision, optimizer_keys, steps):
+        path = os.path.join(tempfile.mkdtemp(), "dump.h5")
+        keys = MODEL + optimizer_keys + [f"train.precision={precision}", f"train.steps={steps}",
+                                         "train.seed=" + str(np.random.randint(1 << 30))]
+        subprocess.run([DUMP, path] + keys, check=True)
+        return h5py.File(path, "r")
+
+    def torch_model(self, f, dtype):
+        cfg = tomllib.loads(f.attrs["config_toml"])
+        m = cfg["model"]
+        model = Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
+                            m["norm_eps"]).to(dtype)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
+        return model, cfg
+
+    def batches(self, f, cfg):
+        B, T = cfg["train"]["batch"], cfg["model"]["seq_len"]
+        inputs = torch.from_numpy(f["batches/inputs"][:]).view(-1, B, T)
+        targets = torch.from_numpy(f["batches/targets"][:]).view(-1, B, T)
+        return inputs, targets
+
+    def check_one_batch(self, precision, dtype):
+        f = self.run_dump(precision, ["train.optimizer=sgd"], 1)
+        model, cfg = self.torch_model(f, dtype)
+        inputs, targets = self.batches(f, cfg)
+        loss = model(inputs[0], targets[0])
+        loss.backward()
+        tol = TOL[precision]
+        ours = f["losses"][0]
+        self.assertLess(abs(ours - loss.item()) / loss.item(), tol, f"loss {ours} vs {loss.item()}")
+        for name, p in model.named_parameters():
+            err = normalised_error(f["grads/" + name][:], p.grad.double().flatten().numpy())
+            self.assertLess(err, tol, f"{precision} gradient of {name}: normalised error {err}")
+
+    def check_training(self, optimizer_keys):
+        steps = 20
+        f = self.run_dump("fp32", optimizer_keys, steps)
+        model, cfg = self.torch_model(f, torch.float32)
+        inputs, targets = self.batches(f, cfg)
+        opt, sched = optimizer_for(model, cfg)
+        clip = cfg["train"]["grad_clip"]
+        for s in range(steps):
+            opt.zero_grad()
+            loss = model(inputs[s], targets[s])
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            ours = f["losses"][s]
+            rel = abs(ours - loss.item()) / loss.item()
+            self.assertLess(rel, TOL["fp32"], f"step {s}: loss {ours} vs torch {loss.item()}")
+            opt.step()
+            sched.step()
+
+    def test_loss_and_gradients_fp32(self):
+        self.check_one_batch("fp32", torch.float32)
+
+    def test_loss_and_gradients_fp64(self):
+        self.check_one_batch("fp64", torch.float64)
+
+    def test_20_steps_sgd_nesterov_cosine_clipped(self):
+        self.check_training(["train.optimizer=sgd", "train.lr=0.5", "train.momentum=0.9",
+                             "train.nesterov=true", "train.weight_decay=0.01",
+                             "train.warmup_steps=5", "train.schedule=cosine",
+                             "train.grad_clip=1.0"])
+
+    def test_20_steps_adamw(self):
+        self.check_training(["train.optimizer=adamw", "train.lr=3e-3", "train.weight_decay=0.1",
+                             "train.warmup_steps=3", "train.schedule=cosine"])
+
+
+if __name__ == "__main__":
+    unittest.main()
