@@ -1,4 +1,5 @@
 #include "datasets/dataset.h"
+
 #include <cmath>
 
 #include "datasets/synthetic.h"

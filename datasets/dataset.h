@@ -20,9 +20,9 @@ struct DatasetInfo {
   std::string spec;
   std::string kind;  // uniform | zipf | text
   int vocab = 0;
-  std::string corpus_sha256;  // text only
-  int64_t corpus_tokens = 0;  // text only: tokens in the training split
-  double zipf_exponent = 0;  // fitted (text, zipf) or 0 (uniform)
+  std::string corpus_sha256;    // text only
+  int64_t corpus_tokens = 0;    // text only: tokens in the training split
+  double zipf_exponent = 0;     // fitted (text, zipf) or 0 (uniform)
   std::string tokenizer_model;  // serialized sentencepiece model bytes (text only)
 };
 
@@ -44,7 +44,7 @@ struct DatasetOptions {
   int vocab = 256;
   uint64_t seed = 0;
   std::string cache_dir;  // tokenizer cache (text); empty: data/cache under the working dir
-  bool verbose = true;  // log tokenizer training / cache reuse to stderr
+  bool verbose = true;    // log tokenizer training / cache reuse to stderr
 };
 
 // Throws InputError naming the spec or path on bad input.
@@ -53,7 +53,7 @@ std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOpti
 // Per-batch frequency statistics: the dose behind a result.
 struct BatchStats {
   int64_t max_row_contributions = 0;  // most occurrences of one id in the batch
-  double top1_share = 0;  // that count / batch tokens
+  double top1_share = 0;              // that count / batch tokens
 };
 BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts);
 

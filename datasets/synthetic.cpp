@@ -1,10 +1,11 @@
 // iid synthetic token streams: uniform and Zipf(S).
+#include "datasets/synthetic.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "datasets/dataset.h"
-#include "datasets/synthetic.h"
 #include "model/rng.h"
 
 namespace divlab {

@@ -49,15 +49,22 @@ const std::vector<KeySpec>& schema() {
       {"train.eps", Type::Float, "1e-8", "AdamW epsilon", Range::Positive},
       {"train.grad_clip", Type::Float, "0", "global grad-norm clip (0 = off)", Range::NonNegative},
       {"train.warmup_steps", Type::Int, "0", "linear LR warmup steps", Range::NonNegative},
-      {"train.schedule", Type::String, "constant", "LR after warmup", Range::Any,
+      {"train.schedule",
+       Type::String,
+       "constant",
+       "LR after warmup",
+       Range::Any,
        {"constant", "cosine"}},
       {"train.min_lr_ratio", Type::Float, "0.1", "cosine floor as a fraction of lr",
        Range::UnitClosed},
-      {"train.precision", Type::String, "fp32", "CPU working precision", Range::Any,
+      {"train.precision",
+       Type::String,
+       "fp32",
+       "CPU working precision",
+       Range::Any,
        {"fp32", "fp64"}},
       {"train.threads", Type::Int, "0", "CPU threads (0 = all cores)", Range::NonNegative},
-      {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)",
-       Range::NonNegative},
+      {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)", Range::NonNegative},
       {"eval.batches", Type::Int, "4", "validation batches per evaluation", Range::Positive},
       {"shadow.every", Type::Int, "0", "shadow-evaluate variants every K steps (0 = off)",
        Range::NonNegative},
@@ -74,11 +81,16 @@ const std::string kKernelsPrefix = "kernels.";
 
 std::string type_name(Type t) {
   switch (t) {
-    case Type::Int: return "integer";
-    case Type::Float: return "number";
-    case Type::Bool: return "boolean";
-    case Type::String: return "string";
-    case Type::List: return "list";
+    case Type::Int:
+      return "integer";
+    case Type::Float:
+      return "number";
+    case Type::Bool:
+      return "boolean";
+    case Type::String:
+      return "string";
+    case Type::List:
+      return "list";
   }
   return "?";
 }
@@ -184,11 +196,20 @@ bool parse_bool(const std::string& key, const std::string& v) {
 void check_range(const KeySpec& s, double x, const std::string& text) {
   const char* need = nullptr;
   switch (s.range) {
-    case Range::Any: return;
-    case Range::Positive: need = x > 0 ? nullptr : "> 0"; break;
-    case Range::NonNegative: need = x >= 0 ? nullptr : ">= 0"; break;
-    case Range::UnitOpen: need = x >= 0 && x < 1 ? nullptr : "in [0, 1)"; break;
-    case Range::UnitClosed: need = x >= 0 && x <= 1 ? nullptr : "in [0, 1]"; break;
+    case Range::Any:
+      return;
+    case Range::Positive:
+      need = x > 0 ? nullptr : "> 0";
+      break;
+    case Range::NonNegative:
+      need = x >= 0 ? nullptr : ">= 0";
+      break;
+    case Range::UnitOpen:
+      need = x >= 0 && x < 1 ? nullptr : "in [0, 1)";
+      break;
+    case Range::UnitClosed:
+      need = x >= 0 && x <= 1 ? nullptr : "in [0, 1]";
+      break;
   }
   if (need) throw InputError("config key '" + s.key + "' = " + text + ": must be " + need);
 }
@@ -202,10 +223,17 @@ std::string normalise(const KeySpec& s, const std::vector<std::string>& values) 
   }
   const std::string& v = values.at(0);
   switch (s.type) {
-    case Type::Int: check_range(s, double(parse_int(s.key, v)), v); return v;
-    case Type::Float: check_range(s, parse_float(s.key, v), v); return v;
-    case Type::Bool: parse_bool(s.key, v); return v;
-    default: break;
+    case Type::Int:
+      check_range(s, double(parse_int(s.key, v)), v);
+      return v;
+    case Type::Float:
+      check_range(s, parse_float(s.key, v), v);
+      return v;
+    case Type::Bool:
+      parse_bool(s.key, v);
+      return v;
+    default:
+      break;
   }
   if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end()) {
     std::string valid;
@@ -254,10 +282,10 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   std::map<std::string, std::string> text;  // key -> validated TOML text
   for (const auto& s : schema()) {
     const auto it = raw.find(s.key);
-    const std::vector<std::string> values =
-        it != raw.end() ? it->second
-        : s.type == Type::List ? std::vector<std::string>{}
-                               : std::vector<std::string>{s.fallback};
+    const std::vector<std::string> values = it != raw.end() ? it->second
+                                            : s.type == Type::List
+                                                ? std::vector<std::string>{}
+                                                : std::vector<std::string>{s.fallback};
     text[s.key] = normalise(s, values);
     cfg.resolved.emplace_back(s.key, text[s.key]);
   }
@@ -267,7 +295,9 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
       cfg.resolved.emplace_back(key, "\"" + values.at(0) + "\"");
     }
 
-  auto str = [&](const std::string& k) { return raw.count(k) ? raw[k][0] : find_spec(k)->fallback; };
+  auto str = [&](const std::string& k) {
+    return raw.count(k) ? raw[k][0] : find_spec(k)->fallback;
+  };
   auto i64 = [&](const std::string& k) { return parse_int(k, str(k)); };
   auto f64 = [&](const std::string& k) { return parse_float(k, str(k)); };
   cfg.backend = str("backend");
@@ -293,7 +323,8 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
 
   // Cross-key rules.
-  if (m.vocab < 2) throw InputError("config key 'model.vocab' = " + str("model.vocab") + ": must be >= 2");
+  if (m.vocab < 2)
+    throw InputError("config key 'model.vocab' = " + str("model.vocab") + ": must be >= 2");
   if (m.d_model % m.n_heads != 0)
     throw InputError("config key 'model.d_model' = " + std::to_string(m.d_model) +
                      " is not divisible by 'model.n_heads' = " + std::to_string(m.n_heads));

@@ -26,8 +26,8 @@ struct RunConfig {
   int64_t steps = 100;
   uint64_t seed = 0;
   std::string precision = "fp32";  // fp32 | fp64 (CPU)
-  int threads = 0;  // 0: all cores
-  int64_t eval_every = 0;  // 0: no evaluation
+  int threads = 0;                 // 0: all cores
+  int64_t eval_every = 0;          // 0: no evaluation
   int eval_batches = 4;
   std::map<std::string, std::string> kernels;  // op -> variant
   int64_t shadow_every = 0;

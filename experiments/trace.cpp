@@ -11,7 +11,7 @@
 namespace divlab {
 
 namespace {
-constexpr hsize_t kChunk = 256;     // steps per chunk of a series
+constexpr hsize_t kChunk = 256;  // steps per chunk of a series
 
 // Variable-length UTF-8: h5py returns str, pandas-friendly.
 H5::StrType utf8_string() {
@@ -28,7 +28,9 @@ std::string parent_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   return slash == 0 ? "/" : path.substr(0, slash);
 }
-std::string leaf_of(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
+std::string leaf_of(const std::string& path) {
+  return path.substr(path.find_last_of('/') + 1);
+}
 }  // namespace
 
 struct TraceWriter::Impl {
@@ -111,15 +113,17 @@ void TraceWriter::attr(const std::string& object, const std::string& name, int64
       .write(H5::PredType::NATIVE_INT64, &value);
 }
 
-void TraceWriter::status_attr(const std::string& status) { attr("/", "status", status); }
+void TraceWriter::status_attr(const std::string& status) {
+  attr("/", "status", status);
+}
 
 void TraceWriter::series(const std::string& path, Kind kind) {
   H5::Group parent = impl_->group(parent_of(path));
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
   H5::DSetCreatPropList dcpl;
   dcpl.setChunk(1, &kChunk);
-  H5::DataSet ds = parent.createDataSet(leaf_of(path), h5_type(kind),
-                                        H5::DataSpace(1, &zero, &unlimited), dcpl);
+  H5::DataSet ds =
+      parent.createDataSet(leaf_of(path), h5_type(kind), H5::DataSpace(1, &zero, &unlimited), dcpl);
   impl_->series[path] = {ds, kind, {}, {}, 0};
 }
 
@@ -135,8 +139,8 @@ void TraceWriter::array(const std::string& path, Kind kind, int64_t size) {
 void TraceWriter::bytes(const std::string& path, const std::string& data) {
   H5::Group parent = impl_->group(parent_of(path));
   const hsize_t n = data.size();
-  H5::DataSet ds = parent.createDataSet(leaf_of(path), H5::PredType::NATIVE_UINT8,
-                                        H5::DataSpace(1, &n));
+  H5::DataSet ds =
+      parent.createDataSet(leaf_of(path), H5::PredType::NATIVE_UINT8, H5::DataSpace(1, &n));
   if (n) ds.write(data.data(), H5::PredType::NATIVE_UINT8);
 }
 

@@ -28,7 +28,8 @@ void check_output_path(const std::string& path, bool force) {
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
   if (access(dir.c_str(), W_OK) != 0)
-    throw InputError("output '" + path + "': directory '" + dir + "' does not exist or is not "
+    throw InputError("output '" + path + "': directory '" + dir +
+                     "' does not exist or is not "
                      "writable");
 }
 
@@ -136,7 +137,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     const T loss = model.forward(in.data(), tgt.data(), true);
     model.backward();
     const StepStats st = optim.step(model, step);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     trace.append("/metrics/step", step);
     trace.append("/metrics/loss", double(loss));
@@ -147,8 +149,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     trace.append("/metrics/max_row_contributions", bs.max_row_contributions);
     trace.append("/metrics/top1_share", bs.top1_share);
     for (size_t i = 0; i < model.layout().size(); ++i)
-      trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name,
-                   st.param_grad_norms[i]);
+      trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name, st.param_grad_norms[i]);
     result.steps = step + 1;
     result.final_loss = double(loss);
 
@@ -183,7 +184,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   check_output_path(opt.out, opt.force);
   if (cfg.backend != "cpu")
-    throw InputError("backend = '" + cfg.backend + "': this build has no CUDA backend yet; use "
+    throw InputError("backend = '" + cfg.backend +
+                     "': this build has no CUDA backend yet; use "
                      "backend = \"cpu\"");
   const int threads = cfg.threads > 0 ? cfg.threads : omp_get_num_procs();
   omp_set_num_threads(threads);

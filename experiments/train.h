@@ -8,9 +8,9 @@
 namespace divlab {
 
 struct TrainOptions {
-  std::string out;      // trace path
-  bool force = false;   // overwrite an existing trace
-  bool progress = true; // progress line on stderr when it is a terminal
+  std::string out;       // trace path
+  bool force = false;    // overwrite an existing trace
+  bool progress = true;  // progress line on stderr when it is a terminal
 };
 
 struct TrainResult {

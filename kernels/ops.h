@@ -65,8 +65,8 @@ struct OpSignatures {
                            bool nesterov, T weight_decay, T grad_scale);
   // AdamW (Loshchilov & Hutter): p *= 1 - lr * wd, then the bias-corrected Adam update.
   // `step` counts from 1.
-  using AdamwStep = void (*)(T* p, T* m, T* v, const T* g, int64_t n, T lr, T beta1, T beta2,
-                             T eps, T weight_decay, T grad_scale, int64_t step);
+  using AdamwStep = void (*)(T* p, T* m, T* v, const T* g, int64_t n, T lr, T beta1, T beta2, T eps,
+                             T weight_decay, T grad_scale, int64_t step);
 };
 
 }  // namespace divlab

@@ -12,12 +12,12 @@ namespace divlab {
 struct OptimConfig {
   std::string kind = "sgd";  // sgd | adamw
   double lr = 0.1;
-  double momentum = 0.0;  // SGD
-  bool nesterov = false;  // SGD
+  double momentum = 0.0;      // SGD
+  bool nesterov = false;      // SGD
   double weight_decay = 0.0;  // SGD: coupled L2; AdamW: decoupled. Never on RMSNorm gains.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
-  double grad_clip = 0.0;  // global L2 norm; 0 = off
-  int64_t warmup_steps = 0;  // linear warmup from lr/warmup to lr
+  double grad_clip = 0.0;                         // global L2 norm; 0 = off
+  int64_t warmup_steps = 0;                       // linear warmup from lr/warmup to lr
   std::string schedule = "constant";  // constant | cosine (to lr * min_lr_ratio at total_steps)
   double min_lr_ratio = 0.1;
   int64_t total_steps = 1;

@@ -46,6 +46,11 @@ class Rng {
 };
 
 // Named stream ids, so two uses of one seed never share numbers.
-enum RngStream : uint64_t { kStreamInit = 1, kStreamData = 2, kStreamEvalData = 3, kStreamKernel = 4 };
+enum RngStream : uint64_t {
+  kStreamInit = 1,
+  kStreamData = 2,
+  kStreamEvalData = 3,
+  kStreamKernel = 4
+};
 
 }  // namespace divlab

@@ -141,27 +141,25 @@ void Transformer<T>::backward() {
     k_.rmsnorm_backward(dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(), P + w.ln2,
                         a.rstd2.data(), N, C);
     // dres now holds d loss / d xmid = d / d(resid_[l] + attn(ln1(resid_[l]))).
-    k_.linear_backward(datty_.data(), G + w.proj, dres_.data(), a.atty.data(), P + w.proj, N, C,
-                       C);
+    k_.linear_backward(datty_.data(), G + w.proj, dres_.data(), a.atty.data(), P + w.proj, N, C, C);
     k_.attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, Tn, C, NH);
-    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), P + w.qkv, N, C,
-                       3 * C);
+    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), P + w.qkv, N, C, 3 * C);
     if (l > 0) {
       k_.rmsnorm_backward(dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(), P + w.ln1,
                           a.rstd1.data(), N, C);
     } else {
       // The bottom of the network: one fused kernel, the one candidates replace.
       k_.embed_rmsnorm_backward(G + wte_, G + wpe_, G + w.ln1, dln_.data(), dres_.data(),
-                                resid_[0].data(), P + w.ln1, a.rstd1.data(), tokens_.data(), B_,
-                                Tn, C, V);
+                                resid_[0].data(), P + w.ln1, a.rstd1.data(), tokens_.data(), B_, Tn,
+                                C, V);
     }
   }
 }
 
 template <class T>
 typename Transformer<T>::EmbedBackwardInputs Transformer<T>::last_embed_backward_inputs() const {
-  return {dln_.data(),      dres_.data(),        resid_[0].data(),
-          params_.data() + layers_[0].ln1, acts_[0].rstd1.data(), tokens_.data()};
+  return {dln_.data(),           dres_.data(),  resid_[0].data(), params_.data() + layers_[0].ln1,
+          acts_[0].rstd1.data(), tokens_.data()};
 }
 
 template class Transformer<float>;

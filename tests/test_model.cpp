@@ -26,7 +26,8 @@ TEST(Model, GradcheckEveryParameterInDouble) {
   model.init(test_seed());
   std::mt19937_64 gen(test_seed());
   std::vector<TokenId> in(N), tgt(N);
-  for (int n = 0; n < N; ++n) in[n] = TokenId(n % 2 ? 3 : gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);
+  for (int n = 0; n < N; ++n)
+    in[n] = TokenId(n % 2 ? 3 : gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);
   model.forward(in.data(), tgt.data(), true);
   model.backward();
   const std::vector<double> analytic = model.grads();

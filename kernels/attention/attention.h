@@ -6,8 +6,8 @@ namespace divlab {
 template <class T>
 void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
 template <class T>
-void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att, int B,
-                                  int T_, int C, int NH);
+void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int T_,
+                                  int C, int NH);
 template <class T>
 void register_attention(Catalogue<T>& cat);
 }  // namespace divlab

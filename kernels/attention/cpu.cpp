@@ -40,8 +40,8 @@ void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, in
 }
 
 template <class T>
-void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att, int B,
-                                  int T_, int C, int NH) {
+void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T* att, int B, int T_,
+                                  int C, int NH) {
   const int hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
   parallel_chunks(int64_t(B) * NH, 1, [&](int64_t bh, int64_t) {

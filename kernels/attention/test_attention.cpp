@@ -15,8 +15,7 @@ TEST(Attention, GradcheckQkv) {
   };
   objective();
   std::vector<double> dqkv(N * 3 * C);
-  attention_backward_reference<double>(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C,
-                                       NH);
+  attention_backward_reference<double>(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
   EXPECT_CLOSE(dqkv, numeric_grad(objective, qkv), kGradcheckTol, "dqkv");
 }
 

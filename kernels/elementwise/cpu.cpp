@@ -29,9 +29,11 @@ void add_reference(T* y, const T* a, const T* b, int64_t n) {
 template <class T>
 void register_elementwise(Catalogue<T>& cat) {
   cat.gelu_forward.what = "GELU forward (tanh approximation)";
-  cat.gelu_forward.add("reference", gelu_forward_reference<T>, {"std::tanh per element", "", "", ""});
+  cat.gelu_forward.add("reference", gelu_forward_reference<T>,
+                       {"std::tanh per element", "", "", ""});
   cat.gelu_backward.what = "GELU backward";
-  cat.gelu_backward.add("reference", gelu_backward_reference<T>, {"analytic derivative", "", "", ""});
+  cat.gelu_backward.add("reference", gelu_backward_reference<T>,
+                        {"analytic derivative", "", "", ""});
   cat.add.what = "residual add";
   cat.add.add("reference", add_reference<T>, {"elementwise", "", "", ""});
 }

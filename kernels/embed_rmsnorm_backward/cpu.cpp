@@ -53,9 +53,8 @@ void register_embed_rmsnorm_backward(Catalogue<T>& cat) {
 
 template std::vector<float> embed_rmsnorm_dx0(float*, const float*, const float*, const float*,
                                               const float*, const float*, int, int);
-template std::vector<double> embed_rmsnorm_dx0(double*, const double*, const double*,
-                                               const double*, const double*, const double*, int,
-                                               int);
+template std::vector<double> embed_rmsnorm_dx0(double*, const double*, const double*, const double*,
+                                               const double*, const double*, int, int);
 template void position_grad(float*, const float*, int, int, int);
 template void position_grad(double*, const double*, int, int, int);
 template void register_embed_rmsnorm_backward(Catalogue<float>&);

@@ -12,8 +12,8 @@ using namespace testing;
 TEST(EmbedRmsnormBackward, GradcheckWithRepeatedTokens) {
   std::mt19937_64 gen(test_seed());
   const int B = 3, T = 5, C = 6, V = 9, N = B * T;
-  auto wte = randn<double>(V * C, gen), wpe = randn<double>(T * C, gen),
-       w = randn<double>(C, gen), dy = randn<double>(N * C, gen), dres = randn<double>(N * C, gen);
+  auto wte = randn<double>(V * C, gen), wpe = randn<double>(T * C, gen), w = randn<double>(C, gen),
+       dy = randn<double>(N * C, gen), dres = randn<double>(N * C, gen);
   std::vector<TokenId> tokens(N);
   for (int n = 0; n < N; ++n) tokens[n] = TokenId(n % 3 == 0 ? 2 : gen() % V);
   std::vector<double> x0(N * C), y(N * C), rstd(N);

@@ -34,9 +34,9 @@ void linear_backward_reference(T* dx, T* dW, const T* dy, const T* x, const T* W
 template <class T>
 void register_linear(Catalogue<T>& cat) {
   cat.linear_forward.what = "y = x W^T (GEMM)";
-  cat.linear_forward.add("reference", linear_forward_reference<T>,
-                         {"Eigen GEMM per fixed row block, working-precision accumulation", "", "",
-                          ""});
+  cat.linear_forward.add(
+      "reference", linear_forward_reference<T>,
+      {"Eigen GEMM per fixed row block, working-precision accumulation", "", "", ""});
   cat.linear_backward.what = "dx = dy W, dW += dy^T x (two GEMMs)";
   cat.linear_backward.add("reference", linear_backward_reference<T>,
                           {"Eigen GEMMs per fixed row block", "", "", ""});

@@ -15,8 +15,7 @@ TEST(Linear, GradcheckAcrossRowBlocks) {
     return dot(y, r);
   };
   std::vector<double> dx(N * in), dW(out * in, 0.0);
-  linear_backward_reference<double>(dx.data(), dW.data(), r.data(), x.data(), W.data(), N, in,
-                                    out);
+  linear_backward_reference<double>(dx.data(), dW.data(), r.data(), x.data(), W.data(), N, in, out);
   EXPECT_CLOSE(dx, numeric_grad(objective, x), kGradcheckTol, "dx");
   EXPECT_CLOSE(dW, numeric_grad(objective, W), kGradcheckTol, "dW");
 }

@@ -51,7 +51,8 @@ void register_rmsnorm(Catalogue<T>& cat) {
 
 template void rmsnorm_weight_grad(float*, const float*, const float*, const float*, int, int);
 template void rmsnorm_weight_grad(double*, const double*, const double*, const double*, int, int);
-template void rmsnorm_forward_reference(float*, float*, const float*, const float*, int, int, float);
+template void rmsnorm_forward_reference(float*, float*, const float*, const float*, int, int,
+                                        float);
 template void rmsnorm_forward_reference(double*, double*, const double*, const double*, int, int,
                                         double);
 template void register_rmsnorm(Catalogue<float>&);

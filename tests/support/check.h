@@ -59,11 +59,11 @@ Comparison compare(const std::vector<A>& a, const std::vector<B>& b) {
   return c;
 }
 
-#define EXPECT_CLOSE(actual, expected, tol, what)                              \
-  do {                                                                         \
-    const auto _c = ::divlab::testing::compare((actual), (expected));          \
-    EXPECT_LT(_c.error, (tol)) << _c.describe(what)                            \
-                               << " (seed " << ::divlab::testing::test_seed() << ")"; \
+#define EXPECT_CLOSE(actual, expected, tol, what)                                                  \
+  do {                                                                                             \
+    const auto _c = ::divlab::testing::compare((actual), (expected));                              \
+    EXPECT_LT(_c.error, (tol)) << _c.describe(what) << " (seed " << ::divlab::testing::test_seed() \
+                               << ")";                                                             \
   } while (0)
 
 // d objective / d x by central differences, perturbing x in place (restored afterwards).

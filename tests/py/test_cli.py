@@ -1,0 +1,198 @@
+"""divlab train from the command line: bad input, determinism, the trace as h5py sees it."""
+import os
+import signal
+import stat
+import subprocess
+import time
+import tomllib
+import unittest
+
+import h5py
+import numpy as np
+
+from cli import BIN, ROOT, SMALL, run, snapshot, tmpdir
+
+
+class BadInput(unittest.TestCase):
+    """Each case: exit code 2, one line on stderr naming the culprit, nothing written."""
+
+    def check(self, args, needle, setup=None):
+        d = tmpdir()
+        if setup:
+            setup(d)
+        before = snapshot(d)
+        args = [a.replace("{d}", d) for a in args]
+        r = run(*args)
+        self.assertEqual(r.returncode, 2, f"{args}: rc {r.returncode}, stderr {r.stderr!r}")
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, f"{args}: expected one line, got {r.stderr!r}")
+        self.assertIn(needle, lines[0])
+        self.assertEqual(snapshot(d), before, f"{args}: files were created or modified")
+
+    def write(self, name, text):
+        def setup(d):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        return setup
+
+    def test_unknown_key_in_file(self):
+        self.check(["train", "--config", "{d}/c.toml", "--out", "{d}/r.h5"], "'model.d_modle'",
+                   self.write("c.toml", "[model]\nd_modle = 64\n"))
+
+    def test_wrong_type(self):
+        self.check(["train", "--set", "train.batch=eight", "--out", "{d}/r.h5"], "'train.batch'")
+
+    def test_heads_do_not_divide_width(self):
+        self.check(["train", "--set", "model.d_model=100", "model.n_heads=3", "--out", "{d}/r.h5"],
+                   "not divisible")
+
+    def test_zero_size(self):
+        self.check(["train", "--set", "model.n_layers=0", "--out", "{d}/r.h5"], "'model.n_layers'")
+
+    def test_negative_size(self):
+        self.check(["train", "--set", "model.vocab=-5", "--out", "{d}/r.h5"], "'model.vocab'")
+
+    def test_negative_learning_rate(self):
+        self.check(["train", "--set", "train.lr=-0.1", "--out", "{d}/r.h5"], "'train.lr'")
+
+    def test_unreadable_config(self):
+        self.check(["train", "--config", "{d}/missing.toml", "--out", "{d}/r.h5"], "missing.toml")
+
+    def test_malformed_toml(self):
+        self.check(["train", "--config", "{d}/c.toml", "--out", "{d}/r.h5"], "c.toml",
+                   self.write("c.toml", "[model\nvocab = 3\n"))
+
+    def test_output_directory_missing(self):
+        self.check(["train", "--set", *SMALL, "--out", "{d}/no/such/dir/r.h5"], "no/such/dir")
+
+    def test_output_directory_unwritable(self):
+        if os.geteuid() == 0:
+            self.skipTest("root can write anywhere")
+        def setup(d):
+            os.mkdir(os.path.join(d, "ro"))
+            os.chmod(os.path.join(d, "ro"), stat.S_IRUSR | stat.S_IXUSR)
+        self.check(["train", "--set", *SMALL, "--out", "{d}/ro/r.h5"], "ro", setup)
+
+    def test_output_parent_is_a_file(self):
+        self.check(["train", "--set", *SMALL, "--out", "{d}/f.txt/r.h5"], "f.txt",
+                   self.write("f.txt", "x"))
+
+    def test_existing_output_without_force(self):
+        self.check(["train", "--set", *SMALL, "--out", "{d}/r.h5"], "--force",
+                   self.write("r.h5", "precious"))
+
+    def test_unknown_kernel_variant_lists_valid_ones(self):
+        self.check(["train", "--set", "kernels.rmsnorm_forward=fast", "--out", "{d}/r.h5"],
+                   "valid: reference")
+
+    def test_unknown_dataset(self):
+        self.check(["train", "--set", *SMALL, "data=wikipedia", "--out", "{d}/r.h5"], "wikipedia")
+
+    def test_zipf_exponent_not_positive(self):
+        self.check(["train", "--set", *SMALL, "data=zipf:0", "--out", "{d}/r.h5"], "zipf:0")
+
+    def test_set_without_equals(self):
+        self.check(["train", "--set", "train.lr", "--out", "{d}/r.h5"], "train.lr")
+
+    def test_unknown_flag(self):
+        self.check(["train", "--bogus", "--out", "{d}/r.h5"], "--bogus")
+
+
+class Trace(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tmpdir()
+        cls.path = os.path.join(cls.dir, "run.h5")
+        run("train", "--set", *SMALL, "eval.every=10", "--out", cls.path, check=True)
+        cls.f = h5py.File(cls.path, "r")
+
+    def test_root_attributes(self):
+        a = self.f.attrs
+        self.assertEqual(a["status"], "completed")
+        self.assertEqual(a["backend"], "cpu")
+        for key in ("divlab_version", "git_commit", "start_utc", "host"):
+            self.assertIsInstance(a[key], str)
+            self.assertTrue(a[key])
+
+    def test_config_as_toml_and_attributes(self):
+        cfg = tomllib.loads(self.f.attrs["config_toml"])
+        self.assertEqual(cfg["model"]["d_model"], 32)
+        self.assertEqual(self.f["config"].attrs["model.d_model"], 32)
+        self.assertEqual(self.f["config"].attrs["data"], "zipf:1.2")
+        self.assertAlmostEqual(self.f["config"].attrs["train.lr"], cfg["train"]["lr"])
+
+    def test_metrics_are_extendible_series_of_one_entry_per_step(self):
+        m = self.f["metrics"]
+        for name in ("step", "loss", "grad_norm", "lr", "tokens", "wall_s",
+                     "max_row_contributions", "top1_share"):
+            ds = m[name]
+            self.assertEqual(ds.shape, (20,), name)
+            self.assertEqual(ds.maxshape, (None,), name)
+            self.assertIsNotNone(ds.chunks, name)
+        np.testing.assert_array_equal(m["step"][:], np.arange(20))
+        np.testing.assert_array_equal(m["tokens"][:], (np.arange(20) + 1) * 64)
+        self.assertTrue(np.all(np.isfinite(m["loss"][:])))
+        self.assertTrue(np.all(np.diff(m["wall_s"][:]) >= 0))
+
+    def test_grad_norm_by_param_adds_up_to_the_global_norm(self):
+        g = self.f["metrics/grad_norm_by_param"]
+        self.assertIn("wte.weight", g)
+        self.assertIn("blocks.1.mlp.proj.weight", g)
+        total = np.sqrt(sum(g[name][:] ** 2 for name in g))
+        np.testing.assert_allclose(total, self.f["metrics/grad_norm"][:], rtol=1e-12)
+
+    def test_eval_and_dataset(self):
+        self.assertEqual(list(self.f["eval/step"][:]), [9, 19])
+        self.assertTrue(np.all(np.isfinite(self.f["eval/val_loss"][:])))
+        counts = self.f["dataset/token_counts"][:]
+        self.assertEqual(counts.shape, (64,))
+        self.assertEqual(counts.sum(), 20 * 64)
+        self.assertEqual(self.f["dataset"].attrs["spec"], "zipf:1.2")
+
+
+class Determinism(unittest.TestCase):
+    def test_loss_bitwise_identical_for_one_and_two_threads(self):
+        d = tmpdir()
+        losses = []
+        for threads in (1, 2):
+            path = os.path.join(d, f"t{threads}.h5")
+            run("train", "--set", *SMALL, "model.seq_len=40", "train.batch=5",
+                f"train.threads={threads}", "--out", path, check=True)
+            with h5py.File(path, "r") as f:
+                losses.append(f["metrics/loss"][:].tobytes())
+        self.assertEqual(losses[0], losses[1])
+
+
+class CrashSafety(unittest.TestCase):
+    def test_readable_while_writing_and_after_sigkill(self):
+        d = tmpdir()
+        path = os.path.join(d, "long.h5")
+        p = subprocess.Popen([BIN, "train", "--set", *SMALL, "train.steps=1000000",
+                              "trace.flush_steps=5", "--out", path, "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            seen = 0
+            deadline = time.time() + 60
+            while seen < 50 and time.time() < deadline:
+                time.sleep(0.2)
+                if os.path.exists(path):
+                    try:
+                        with h5py.File(path, "r", swmr=True) as f:
+                            seen = f["metrics/loss"].shape[0]
+                    except OSError:
+                        pass  # created but SWMR writing not started yet
+            self.assertGreaterEqual(seen, 50, "no steps visible while the run was writing")
+            self.assertIsNone(p.poll(), "the run should still be going")
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        with h5py.File(path, "r", swmr=True) as f:
+            self.assertEqual(f.attrs["status"], "running")  # never marked completed
+            n = f["metrics/loss"].shape[0]
+            self.assertGreaterEqual(n, seen)
+            np.testing.assert_array_equal(f["metrics/step"][:n], np.arange(n))
+            self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:n])))
+
+
+if __name__ == "__main__":
+    unittest.main()
