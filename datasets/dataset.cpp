@@ -1,8 +1,11 @@
 #include "datasets/dataset.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "datasets/synthetic.h"
+#include "datasets/text.h"
 #include "experiments/config.h"
 
 namespace divlab {
@@ -23,8 +26,45 @@ std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOpti
       throw InputError("data = '" + spec + "': the Zipf exponent must be > 0");
     return std::make_unique<IidDataset>(spec, opt.vocab, opt.seed, exponent);
   }
+  if (spec.rfind("text:", 0) == 0)
+    return std::make_unique<TextDataset>(spec, read_text_corpus(spec.substr(5)), opt);
+  if (spec == "brown")
+    return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
   throw InputError("data = '" + spec + "': unknown dataset kind; valid: uniform, zipf:S, " +
                    "text:PATH, brown");
+}
+
+double fit_zipf_exponent(std::vector<double> p) {
+  std::sort(p.begin(), p.end(), std::greater<>());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  int n = 0;
+  for (size_t r = 0; r < p.size() && p[r] > 0; ++r, ++n) {
+    const double x = std::log(double(r + 1)), y = std::log(p[r]);
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  if (n < 2) return 0.0;
+  const double denom = n * sxx - sx * sx;
+  return denom > 0 ? -(n * sxy - sx * sy) / denom : 0.0;
+}
+
+DatasetSummary summarize(const Dataset& data, int B, int T, int batches) {
+  DatasetSummary s;
+  std::vector<double> p = data.unigram();
+  std::sort(p.begin(), p.end(), std::greater<>());
+  s.top1_share = p.empty() ? 0 : p[0];
+  for (size_t i = 0; i < p.size() && i < 10; ++i) s.top10_share += p[i];
+  s.zipf_exponent = data.info().zipf_exponent;
+  s.tokens = data.info().kind == "text" ? data.info().corpus_tokens : -1;
+  std::vector<TokenId> in(int64_t(B) * T), tgt(in.size());
+  double total = 0;
+  for (int b = 0; b < batches; ++b) {
+    data.batch(b, B, T, in.data(), tgt.data());
+    total += double(batch_stats(in.data(), int64_t(in.size()), data.info().vocab, nullptr)
+                        .max_row_contributions);
+  }
+  s.expected_max_row_contributions = total / batches;
+  s.batches_sampled = batches;
+  return s;
 }
 
 }  // namespace divlab

@@ -34,6 +34,9 @@ class Dataset {
   // Held-out batches: for text, from the validation tail; for synthetic data, a separate stream.
   virtual void validation_batch(int64_t index, int B, int T, TokenId* inputs,
                                 TokenId* targets) const = 0;
+  // Probability of each id: exact for synthetic streams, the training split's frequencies for
+  // text.
+  virtual std::vector<double> unigram() const = 0;
   const DatasetInfo& info() const { return info_; }
 
  protected:
@@ -42,6 +45,7 @@ class Dataset {
 
 struct DatasetOptions {
   int vocab = 256;
+  int seq_len = 32;  // text: both splits must hold a window of seq_len + 1 tokens
   uint64_t seed = 0;
   std::string cache_dir;  // tokenizer cache (text); empty: data/cache under the working dir
   bool verbose = true;    // log tokenizer training / cache reuse to stderr
@@ -56,5 +60,20 @@ struct BatchStats {
   double top1_share = 0;              // that count / batch tokens
 };
 BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts);
+
+// Least-squares slope s of log p(rank) = c - s log(rank), over the ranks with p > 0 (at least
+// two). 0 for a flat distribution.
+double fit_zipf_exponent(std::vector<double> probabilities);
+
+// What `divlab data` prints.
+struct DatasetSummary {
+  int64_t tokens = -1;  // text: tokens in the training split; -1 for unbounded iid streams
+  double top1_share = 0, top10_share = 0, zipf_exponent = 0;
+  // Mean over sampled training batches of B x T tokens of the most occurrences of one id: the
+  // additions the hottest embedding-gradient row receives per step.
+  double expected_max_row_contributions = 0;
+  int64_t batches_sampled = 0;
+};
+DatasetSummary summarize(const Dataset& data, int B, int T, int batches = 64);
 
 }  // namespace divlab

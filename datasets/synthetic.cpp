@@ -15,7 +15,6 @@ IidDataset::IidDataset(const std::string& spec, int vocab, uint64_t seed, double
   info_.spec = spec;
   info_.kind = zipf_s > 0 ? "zipf" : "uniform";
   info_.vocab = vocab;
-  info_.zipf_exponent = zipf_s;
   if (zipf_s > 0) {
     // cdf over ranks 1..V with p(r) ~ r^-s; rank -> id through a seeded shuffle, so the frequent
     // ids are not always the small ones.
@@ -28,6 +27,7 @@ IidDataset::IidDataset(const std::string& spec, int vocab, uint64_t seed, double
     Rng rng(seed, kStreamData, ~uint64_t(0));
     for (int i = vocab - 1; i > 0; --i) std::swap(rank_to_id_[i], rank_to_id_[rng.below(i + 1)]);
   }
+  info_.zipf_exponent = fit_zipf_exponent(unigram());
 }
 
 TokenId IidDataset::draw(Rng& rng) const {
@@ -62,6 +62,12 @@ void IidDataset::validation_batch(int64_t index, int B, int T, TokenId* in, Toke
 double IidDataset::probability_of_rank(int rank) const {
   if (cdf_.empty()) return 1.0 / vocab_;
   return cdf_[rank] - (rank ? cdf_[rank - 1] : 0.0);
+}
+
+std::vector<double> IidDataset::unigram() const {
+  std::vector<double> p(vocab_);
+  for (int r = 0; r < vocab_; ++r) p[id_of_rank(r)] = probability_of_rank(r);
+  return p;
 }
 
 BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts) {

@@ -12,6 +12,7 @@ class IidDataset : public Dataset {
   void validation_batch(int64_t index, int B, int T, TokenId* in, TokenId* tgt) const override;
   // Target probability of the id at frequency rank `rank` (0-based), for goodness-of-fit tests.
   double probability_of_rank(int rank) const;
+  std::vector<double> unigram() const override;
   TokenId id_of_rank(int rank) const { return rank_to_id_.empty() ? rank : rank_to_id_[rank]; }
 
  private:

@@ -5,6 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include <cstdio>
+
+#include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/train.h"
 
@@ -22,6 +25,31 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   const TrainResult r = train(cfg, opt);
   std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
             << "  trace " << out << std::endl;
+  return 0;
+}
+
+int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t seed) {
+  if (vocab < 2) throw InputError("--vocab " + std::to_string(vocab) + ": must be >= 2");
+  if (batch < 1) throw InputError("--batch " + std::to_string(batch) + ": must be >= 1");
+  if (seq < 1) throw InputError("--seq " + std::to_string(seq) + ": must be >= 1");
+  DatasetOptions opt;
+  opt.vocab = vocab, opt.seq_len = seq, opt.seed = seed;
+  const auto data = make_dataset(spec, opt);
+  const DatasetSummary s = summarize(*data, batch, seq);
+  const DatasetInfo& info = data->info();
+  std::printf("dataset %s (%s), vocab %d\n", info.spec.c_str(), info.kind.c_str(), info.vocab);
+  if (!info.corpus_sha256.empty()) std::printf("corpus sha256 %s\n", info.corpus_sha256.c_str());
+  if (s.tokens >= 0)
+    std::printf("%-44s %lld\n", "tokens (training split)", (long long)s.tokens);
+  else
+    std::printf("%-44s %s\n", "tokens", "unbounded (iid stream)");
+  std::printf("%-44s %.4f\n", "top-1 share", s.top1_share);
+  std::printf("%-44s %.4f\n", "top-10 share", s.top10_share);
+  std::printf("%-44s %.3f\n", "fitted Zipf exponent", s.zipf_exponent);
+  char what[96];
+  std::snprintf(what, sizeof what, "max contributions to one row per step (B*T=%d)", batch * seq);
+  std::printf("%-44s %.1f (mean of %lld batches)\n", what, s.expected_max_row_contributions,
+              (long long)s.batches_sampled);
   return 0;
 }
 
@@ -45,6 +73,16 @@ int main(int argc, char** argv) {
   train->add_flag("--quiet", quiet, "no progress line");
   train->add_flag("--help-config", help_config, "list every config key and exit");
 
+  auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
+  std::string spec;
+  int vocab = 256, batch = 16, seq = 64;
+  uint64_t seed = 0;
+  data->add_option("--dataset", spec, "uniform | zipf:S | text:PATH | brown")->required();
+  data->add_option("--vocab", vocab, "vocabulary size (text: BPE pieces)")->capture_default_str();
+  data->add_option("--batch", batch, "sequences per step")->capture_default_str();
+  data->add_option("--seq", seq, "tokens per sequence")->capture_default_str();
+  data->add_option("--seed", seed, "seed for the batches sampled")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -61,6 +99,7 @@ int main(int argc, char** argv) {
       }
       return cmd_train(config, sets, out, force, quiet);
     }
+    if (*data) return cmd_data(spec, vocab, batch, seq, seed);
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;

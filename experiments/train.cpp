@@ -192,6 +192,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself
   DatasetOptions dopt;
   dopt.vocab = cfg.model.vocab;
+  dopt.seq_len = cfg.model.seq_len;
   dopt.seed = cfg.seed;
   const auto data = make_dataset(cfg.data, dopt);
   return cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads)

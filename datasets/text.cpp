@@ -1,0 +1,367 @@
+#include "datasets/text.h"
+
+#include <dirent.h>
+#include <openssl/evp.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <cstring>
+#include <sstream>
+
+#include "experiments/config.h"
+#include "model/rng.h"
+
+namespace divlab {
+
+// Bump when anything below changes what a cached tokenizer or token file contains.
+constexpr const char* kTokenizerSettings =
+    "bpe-v1 identity-normalisation keep-whitespace coverage=1.0 unk=0 eos=1 no-bos";
+constexpr TokenId kEndOfLine = 1;
+constexpr double kValidationFraction = 0.05;
+
+std::string sha256_hex(const std::string& data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) out += hex[digest[i] >> 4], out += hex[digest[i] & 15];
+  return out;
+}
+
+std::string data_dir() {
+  const char* env = std::getenv("DIVLAB_DATA");
+  return env && *env ? env : DIVLAB_SOURCE_DIR "/data";
+}
+std::string cache_dir() {
+  const char* env = std::getenv("DIVLAB_CACHE");
+  return env && *env ? env : data_dir() + "/cache";
+}
+
+namespace {
+
+// Offset of the first byte that is not valid UTF-8 (or a NUL), or npos.
+size_t first_invalid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    if (c == 0) return i;
+    int extra = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+    if (extra < 0 || (c >= 0xc0 && c < 0xc2) || c > 0xf4 || i + extra >= s.size() + (extra ? 0 : 1))
+      return i;
+    for (int k = 1; k <= extra; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return i;
+    i += extra + 1;
+  }
+  return std::string::npos;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("corpus file '" + path + "': cannot be read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void list_files(const std::string& dir, std::vector<std::string>& out) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) throw InputError("corpus folder '" + dir + "': cannot be read");
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) {
+    const std::string p = dir + "/" + n;
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode))
+      list_files(p, out);
+    else if (S_ISREG(st.st_mode))
+      out.push_back(p);
+  }
+}
+
+void add_lines(Corpus& c, const std::string& text, const std::string& path) {
+  const size_t bad = first_invalid_utf8(text);
+  if (bad != std::string::npos)
+    throw InputError("corpus file '" + path + "': not UTF-8 text (" +
+                     (text[bad] == 0 ? "NUL byte" : "invalid UTF-8") + " at byte " +
+                     std::to_string(bad) + ")");
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) c.lines.push_back(line);
+  }
+  c.bytes += int64_t(text.size());
+}
+
+void finish(Corpus& c, const std::string& what) {
+  if (c.lines.empty()) throw InputError(what + ": the corpus is empty (no non-blank lines)");
+  std::string joined;
+  for (const auto& l : c.lines) joined += l, joined += '\n';
+  c.sha256 = sha256_hex(joined);
+}
+
+// "The/at Fulton/np-tl ..." -> "The Fulton ...": each token loses its last "/tag".
+std::string strip_brown_tags(const std::string& line) {
+  std::string out;
+  std::istringstream in(line);
+  std::string tok;
+  while (in >> tok) {
+    const auto slash = tok.rfind('/');
+    if (slash != std::string::npos && slash > 0) tok.resize(slash);
+    if (!out.empty()) out += ' ';
+    out += tok;
+  }
+  return out;
+}
+
+// Runs `f` with the process' stderr sent to a temporary file (sentencepiece logs there); returns
+// what was logged, for error messages.
+template <class F>
+std::string with_stderr_captured(F&& f) {
+  char path[] = "/tmp/divlab_spm_XXXXXX";
+  const int fd = mkstemp(path);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  dup2(fd, 2);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr), dup2(saved, 2), close(saved), close(fd), unlink(path);
+    throw;
+  }
+  std::fflush(stderr), dup2(saved, 2), close(saved), close(fd);
+  std::string log = read_file(path);
+  unlink(path);
+  return log;
+}
+
+class LineIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit LineIterator(const std::vector<std::string>& lines) : lines_(lines) {}
+  bool done() const override { return i_ >= lines_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return lines_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& lines_;
+  size_t i_ = 0;
+};
+
+void write_atomically(const std::string& path, const std::string& bytes) {
+  // Sweep cells may train the same tokenizer at once: each writes its own file, then renames.
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    if (!out) {
+      unlink(tmp.c_str());
+      return;  // an unwritable cache only costs time later
+    }
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void make_dirs(const std::string& path) {
+  for (size_t p = 1; p <= path.size(); ++p)
+    if (p == path.size() || path[p] == '/') mkdir(path.substr(0, p).c_str(), 0755);
+}
+
+}  // namespace
+
+Corpus read_text_corpus(const std::string& path) {
+  Corpus c;
+  c.source = "text:" + path;
+  struct stat st {};
+  if (path.empty() || stat(path.c_str(), &st) != 0)
+    throw InputError("data = 'text:" + path + "': no such file or folder");
+  std::vector<std::string> files;
+  if (S_ISDIR(st.st_mode))
+    list_files(path, files);
+  else
+    files.push_back(path);
+  for (const auto& f : files) add_lines(c, read_file(f), f);
+  finish(c, "data = 'text:" + path + "'");
+  return c;
+}
+
+Corpus read_brown_corpus(const std::string& dir) {
+  Corpus c;
+  c.source = "brown";
+  std::vector<std::string> files;
+  DIR* d = opendir(dir.c_str());
+  if (!d)
+    throw InputError("data = 'brown': corpus not found at '" + dir +
+                     "' (scripts/setup.sh fetches it; DIVLAB_DATA points elsewhere)");
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;  // ca01 ... cr09
+    if (n.size() == 4 && n[0] == 'c' && n[1] >= 'a' && n[1] <= 'r' && isdigit(n[2]))
+      files.push_back(dir + "/" + n);
+  }
+  closedir(d);
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    Corpus raw;
+    add_lines(raw, read_file(f), f);
+    for (const auto& l : raw.lines) c.lines.push_back(strip_brown_tags(l));
+    c.bytes += raw.bytes;
+  }
+  finish(c, "data = 'brown' ('" + dir + "')");
+  return c;
+}
+
+TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::string& cache,
+                                bool verbose, const std::function<void(int64_t)>& accept) {
+  const std::string key =
+      sha256_hex(corpus.sha256 + "|" + std::to_string(vocab) + "|" + kTokenizerSettings);
+  const std::string stem = cache + "/bpe-" + key.substr(0, 24);
+  TokenizedCorpus out;
+  {
+    std::ifstream model(stem + ".model", std::ios::binary), toks(stem + ".tokens", std::ios::binary);
+    if (model && toks) {
+      std::ostringstream m, t;
+      m << model.rdbuf(), t << toks.rdbuf();
+      const std::string tb = t.str();
+      if (tb.size() % sizeof(TokenId) == 0 && !tb.empty()) {
+        out.model = m.str();
+        out.tokens.resize(tb.size() / sizeof(TokenId));
+        std::memcpy(out.tokens.data(), tb.data(), tb.size());
+        out.from_cache = true;
+        if (accept) accept(int64_t(out.tokens.size()));
+        if (verbose)
+          std::cerr << "tokenizer: reusing cached BPE model " << stem << ".model ("
+                    << out.tokens.size() << " tokens)\n";
+        return out;
+      }
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  LineIterator it(corpus.lines);
+  sentencepiece::util::Status status;
+  const std::string log = with_stderr_captured([&] {
+    status = sentencepiece::SentencePieceTrainer::Train(
+        {{"model_type", "bpe"},
+         {"vocab_size", std::to_string(vocab)},
+         {"character_coverage", "1.0"},
+         {"normalization_rule_name", "identity"},
+         {"remove_extra_whitespaces", "false"},
+         {"split_digits", "false"},
+         {"max_sentence_length", "1000000"},
+         {"input_sentence_size", "0"},
+         {"shuffle_input_sentence", "false"},
+         {"unk_id", "0"},
+         {"eos_id", std::to_string(kEndOfLine)},
+         {"bos_id", "-1"},
+         {"pad_id", "-1"},
+         {"num_threads", "2"},
+         {"minloglevel", "2"}},
+        &it, &out.model);
+  });
+  if (!status.ok()) {
+    std::string msg = status.ToString();
+    throw InputError("data = '" + corpus.source + "': cannot train a BPE tokenizer with " +
+                     "model.vocab = " + std::to_string(vocab) + ": " + msg);
+  }
+  sentencepiece::SentencePieceProcessor sp;
+  if (!sp.LoadFromSerializedProto(out.model).ok())
+    throw std::runtime_error("tokenizer: sentencepiece produced an unreadable model");
+  if (sp.GetPieceSize() != vocab)
+    throw InputError("data = '" + corpus.source + "': model.vocab = " + std::to_string(vocab) +
+                     " is larger than this corpus supports (BPE stopped at " +
+                     std::to_string(sp.GetPieceSize()) + " pieces)");
+  const double train_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::vector<int>> per_line(corpus.lines.size());
+#pragma omp parallel for schedule(dynamic, 256)
+  for (size_t i = 0; i < corpus.lines.size(); ++i) per_line[i] = sp.EncodeAsIds(corpus.lines[i]);
+  for (const auto& ids : per_line) {
+    out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    out.tokens.push_back(kEndOfLine);
+  }
+  if (accept) accept(int64_t(out.tokens.size()));
+  make_dirs(cache);
+  write_atomically(stem + ".model", out.model);
+  write_atomically(stem + ".tokens",
+                   std::string(reinterpret_cast<const char*>(out.tokens.data()),
+                               out.tokens.size() * sizeof(TokenId)));
+  if (verbose)
+    std::cerr << "tokenizer: trained BPE model (vocab " << vocab << ") on " << corpus.lines.size()
+              << " lines in " << train_s << " s; " << out.tokens.size() << " tokens; cached as "
+              << stem << ".model\n";
+  return out;
+}
+
+std::vector<int> bpe_encode(const std::string& model, const std::string& text) {
+  sentencepiece::SentencePieceProcessor sp;
+  sp.LoadFromSerializedProto(model);
+  return sp.EncodeAsIds(text);
+}
+std::string bpe_decode(const std::string& model, const std::vector<int>& ids) {
+  sentencepiece::SentencePieceProcessor sp;
+  sp.LoadFromSerializedProto(model);
+  return sp.DecodeIds(ids);
+}
+
+TextDataset::TextDataset(const std::string& spec, const Corpus& corpus, const DatasetOptions& opt)
+    : seed_(opt.seed) {
+  const int64_t need = opt.seq_len + 1;
+  auto validation_size = [&](int64_t n) {
+    return std::max<int64_t>(need, int64_t(double(n) * kValidationFraction));
+  };
+  auto accept = [&](int64_t n) {
+    if (n - validation_size(n) < need)
+      throw InputError("data = '" + spec + "': " + std::to_string(n) + " tokens are too few " +
+                       "for model.seq_len = " + std::to_string(opt.seq_len) +
+                       " (training and validation splits each need seq_len + 1)");
+  };
+  TokenizedCorpus tc = tokenize_cached(
+      corpus, opt.vocab, opt.cache_dir.empty() ? cache_dir() : opt.cache_dir, opt.verbose, accept);
+  tokens_ = std::move(tc.tokens);
+  train_end_ = int64_t(tokens_.size()) - validation_size(int64_t(tokens_.size()));
+  info_.spec = spec;
+  info_.kind = "text";
+  info_.vocab = opt.vocab;
+  info_.corpus_sha256 = corpus.sha256;
+  info_.corpus_tokens = train_end_;
+  info_.tokenizer_model = std::move(tc.model);
+  info_.zipf_exponent = fit_zipf_exponent(unigram());
+}
+
+void TextDataset::windows(uint64_t stream, int64_t index, int64_t begin, int64_t end, int B,
+                          int T, TokenId* in, TokenId* tgt) const {
+  Rng rng(seed_, stream, uint64_t(index));
+  const uint64_t starts = uint64_t(end - begin - T);  // windows of T + 1 tokens inside the split
+  for (int b = 0; b < B; ++b) {
+    const int64_t s = begin + int64_t(rng.below(starts));
+    std::copy(tokens_.begin() + s, tokens_.begin() + s + T, in + int64_t(b) * T);
+    std::copy(tokens_.begin() + s + 1, tokens_.begin() + s + T + 1, tgt + int64_t(b) * T);
+  }
+}
+
+void TextDataset::batch(int64_t step, int B, int T, TokenId* in, TokenId* tgt) const {
+  windows(kStreamData, step, 0, train_end_, B, T, in, tgt);
+}
+void TextDataset::validation_batch(int64_t index, int B, int T, TokenId* in, TokenId* tgt) const {
+  windows(kStreamEvalData, index, train_end_, int64_t(tokens_.size()), B, T, in, tgt);
+}
+
+std::vector<double> TextDataset::unigram() const {
+  std::vector<double> p(info_.vocab, 0.0);
+  for (int64_t i = 0; i < train_end_; ++i) p[tokens_[i]] += 1.0;
+  for (double& x : p) x /= double(train_end_);
+  return p;
+}
+
+}  // namespace divlab

@@ -1,0 +1,112 @@
+"""Datasets from the command line: divlab data, the tokenizer cache, text traces, bad corpora."""
+import os
+import tomllib
+import unittest
+
+import h5py
+import numpy as np
+
+from cli import SMALL, run, snapshot, tmpdir
+from fixtures import write_fixture
+
+
+class DataCommand(unittest.TestCase):
+    def setUp(self):
+        self.dir = tmpdir()
+        self.corpus = os.path.join(self.dir, "corpus.txt")
+        write_fixture(self.corpus)
+        self.env = {"DIVLAB_CACHE": os.path.join(self.dir, "cache")}
+
+    def test_statistics_and_cache_reuse_in_the_log(self):
+        args = ["data", "--dataset", "text:" + self.corpus, "--vocab", "300", "--batch", "8",
+                "--seq", "32"]
+        first = run(*args, env=self.env, check=True)
+        self.assertIn("tokenizer: trained BPE model (vocab 300)", first.stderr)
+        second = run(*args, env=self.env, check=True)
+        self.assertIn("tokenizer: reusing cached BPE model", second.stderr)
+        self.assertNotIn("trained", second.stderr)
+        self.assertEqual(first.stdout, second.stdout)
+        for needle in ("tokens (training split)", "top-1 share", "top-10 share",
+                       "fitted Zipf exponent", "max contributions to one row per step (B*T=256)"):
+            self.assertIn(needle, first.stdout)
+
+    def test_zipf_statistics(self):
+        out = run("data", "--dataset", "zipf:1.1", "--vocab", "1000", check=True).stdout
+        self.assertIn("fitted Zipf exponent                         1.100", out)
+
+    def test_text_trace_is_self_contained(self):
+        path = os.path.join(self.dir, "t.h5")
+        run("train", "--set", *SMALL, "model.vocab=300", "data=text:" + self.corpus,
+            "--out", path, env=self.env, check=True)
+        with h5py.File(path, "r") as f:
+            ds = f["dataset"]
+            self.assertEqual(ds.attrs["kind"], "text")
+            self.assertEqual(len(ds.attrs["corpus_sha256"]), 64)
+            self.assertGreater(ds.attrs["zipf_exponent"], 0.3)
+            model = ds["tokenizer_model"][:].tobytes()
+            self.assertGreater(len(model), 1000)
+            self.assertEqual(ds["token_counts"][:].sum(), 20 * 64)
+            mrc = f["metrics/max_row_contributions"][:]
+            np.testing.assert_allclose(f["metrics/top1_share"][:], mrc / 64)
+
+
+class BadCorpus(unittest.TestCase):
+    def check(self, spec, needle, setup=None, extra=()):
+        d = tmpdir()
+        if setup:
+            setup(d)
+        before = snapshot(d)
+        spec = spec.replace("{d}", d)
+        out = os.path.join(d, "r.h5")
+        r = run("train", "--set", *SMALL, "data=" + spec, *extra, "--out", out,
+                env={"DIVLAB_CACHE": os.path.join(d, "cache")})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn(needle, r.stderr)
+        self.assertEqual(snapshot(d), before)
+        r = run("data", "--dataset", spec, env={"DIVLAB_CACHE": os.path.join(d, "cache")})
+        self.assertEqual(r.returncode, 2, r.stderr)
+
+    def write(self, name, data):
+        def setup(d):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+        return setup
+
+    def test_missing_corpus(self):
+        self.check("text:{d}/nothing.txt", "nothing.txt")
+
+    def test_empty_corpus(self):
+        self.check("text:{d}/empty.txt", "empty", self.write("empty.txt", b"\n  \n"))
+
+    def test_binary_file(self):
+        self.check("text:{d}/b.bin", "NUL byte", self.write("b.bin", b"abc\x00\x01\x02def"))
+
+    def test_not_utf8(self):
+        self.check("text:{d}/latin1.txt", "invalid UTF-8 at byte 3",
+                   self.write("latin1.txt", "caf\u00e9 au lait\n".encode("latin-1")))
+
+    def test_vocab_larger_than_corpus_supports(self):
+        def setup(d):
+            with open(os.path.join(d, "small.txt"), "w") as f:
+                f.write("the cat sat on the mat\nthe dog sat on the log\n" * 20)
+        self.check("text:{d}/small.txt", "model.vocab = 5000", setup, ("model.vocab=5000",))
+
+    def test_corpus_too_small_for_seq_len(self):
+        self.check("text:{d}/tiny.txt", "model.seq_len", self.write("tiny.txt", b"a b a b\n"),
+                   ("model.vocab=5",))  # a, b, the space marker, unk and end-of-line
+
+    def test_zipf_exponent_negative(self):
+        self.check("zipf:-1", "must be > 0")
+
+    def test_unknown_kind(self):
+        self.check("imagenet", "unknown dataset kind")
+
+    def test_brown_missing(self):
+        r = run("data", "--dataset", "brown", env={"DIVLAB_DATA": tmpdir()})
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("scripts/setup.sh", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

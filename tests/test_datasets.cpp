@@ -1,0 +1,169 @@
+// Token streams: the Zipf sampler's fit, uniform's flatness, BPE round trip and cache, splits.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "datasets/synthetic.h"
+#include "datasets/text.h"
+#include "experiments/config.h"
+#include "tests/support/check.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+std::vector<int64_t> sample_counts(const Dataset& d, int vocab, int batches, int B, int T) {
+  std::vector<TokenId> in(B * T), tgt(B * T);
+  std::vector<int64_t> counts(vocab, 0);
+  for (int s = 0; s < batches; ++s) {
+    d.batch(s, B, T, in.data(), tgt.data());
+    batch_stats(in.data(), B * T, vocab, &counts);
+  }
+  return counts;
+}
+
+// Upper alpha = 0.001 quantile of chi-square(df), Wilson-Hilferty approximation.
+double chi2_critical_001(int df) {
+  const double z = 3.090232, a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+}  // namespace
+
+TEST(Zipf, SamplerMatchesTargetFrequencies) {
+  // Fixed seed: a goodness-of-fit test at alpha = 0.001 (Pearson chi-square; tail ranks with
+  // expected count < 5 pooled into one bin).
+  const int V = 200;
+  IidDataset d("zipf:1.1", V, 12345, 1.1);
+  const auto counts = sample_counts(d, V, 400, 8, 64);
+  const double n = 400.0 * 8 * 64;
+  double chi2 = 0, tail_obs = 0, tail_exp = 0;
+  int bins = 0;
+  for (int r = 0; r < V; ++r) {
+    const double e = n * d.probability_of_rank(r), o = double(counts[d.id_of_rank(r)]);
+    if (e < 5) {
+      tail_obs += o, tail_exp += e;
+      continue;
+    }
+    chi2 += (o - e) * (o - e) / e, ++bins;
+  }
+  if (tail_exp > 0) chi2 += (tail_obs - tail_exp) * (tail_obs - tail_exp) / tail_exp, ++bins;
+  EXPECT_LT(chi2, chi2_critical_001(bins - 1)) << bins << " bins";
+  // And it is really skewed: the top rank takes about 1 / H(V, 1.1) of all tokens.
+  EXPECT_GT(counts[d.id_of_rank(0)], 20 * counts[d.id_of_rank(V / 2)]);
+}
+
+TEST(Zipf, FittedExponentRecoversTheTarget) {
+  for (double s : {0.6, 1.1, 1.5}) {
+    IidDataset d("zipf", 1000, 1, s);
+    EXPECT_NEAR(d.info().zipf_exponent, s, 1e-9);
+  }
+  EXPECT_NEAR(IidDataset("uniform", 1000, 1, 0.0).info().zipf_exponent, 0.0, 1e-12);
+}
+
+TEST(Uniform, NoIdAboveMeanPlusSixSigma) {
+  const int V = 512;
+  IidDataset d("uniform", V, test_seed(), 0.0);
+  const auto counts = sample_counts(d, V, 200, 8, 64);
+  const double n = 200.0 * 8 * 64, p = 1.0 / V;
+  const double mean = n * p, sigma = std::sqrt(n * p * (1 - p));
+  EXPECT_LT(*std::max_element(counts.begin(), counts.end()), mean + 6 * sigma);
+  EXPECT_GT(*std::min_element(counts.begin(), counts.end()), mean - 6 * sigma);
+}
+
+TEST(Batches, PureFunctionOfSeedAndStep) {
+  IidDataset a("zipf:1.1", 300, 7, 1.1), b("zipf:1.1", 300, 7, 1.1), c("zipf:1.1", 300, 8, 1.1);
+  std::vector<TokenId> x(256), y(256), t(256);
+  a.batch(5, 4, 64, x.data(), t.data());
+  b.batch(5, 4, 64, y.data(), t.data());
+  EXPECT_EQ(x, y);
+  c.batch(5, 4, 64, y.data(), t.data());
+  EXPECT_NE(x, y);
+}
+
+class Text : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("text");
+    corpus_path_ = dir_ + "/corpus.txt";
+    write_fixture(corpus_path_, 3000, 99);
+  }
+  DatasetOptions options(const std::string& cache) const {
+    DatasetOptions o;
+    o.vocab = 300, o.seq_len = 32, o.seed = 3, o.cache_dir = cache, o.verbose = false;
+    return o;
+  }
+  std::string dir_, corpus_path_;
+};
+
+TEST_F(Text, TokenizerRoundTripsCorpusLines) {
+  const Corpus c = read_text_corpus(corpus_path_);
+  const TokenizedCorpus t = tokenize_cached(c, 300, dir_ + "/cache", false);
+  for (size_t i = 0; i < c.lines.size(); i += 97)
+    EXPECT_EQ(bpe_decode(t.model, bpe_encode(t.model, c.lines[i])), c.lines[i]);
+  // Every id is inside the vocabulary.
+  EXPECT_LT(*std::max_element(t.tokens.begin(), t.tokens.end()), 300);
+}
+
+TEST_F(Text, CacheIsReusedAndIdentical) {
+  const Corpus c = read_text_corpus(corpus_path_);
+  const TokenizedCorpus first = tokenize_cached(c, 300, dir_ + "/cache", false);
+  const TokenizedCorpus second = tokenize_cached(c, 300, dir_ + "/cache", false);
+  EXPECT_FALSE(first.from_cache);
+  EXPECT_TRUE(second.from_cache);
+  EXPECT_EQ(first.tokens, second.tokens);
+  EXPECT_EQ(first.model, second.model);
+  // Another vocabulary is another cache entry.
+  EXPECT_FALSE(tokenize_cached(c, 280, dir_ + "/cache", false).from_cache);
+}
+
+TEST_F(Text, TokenizationIdenticalForOneAndTwoThreads) {
+  const Corpus c = read_text_corpus(corpus_path_);
+  omp_set_num_threads(1);
+  const TokenizedCorpus one = tokenize_cached(c, 300, dir_ + "/cache1", false);
+  omp_set_num_threads(2);
+  const TokenizedCorpus two = tokenize_cached(c, 300, dir_ + "/cache2", false);
+  omp_set_num_threads(omp_get_num_procs());
+  EXPECT_EQ(one.tokens, two.tokens);
+  EXPECT_EQ(one.model, two.model);
+}
+
+TEST_F(Text, TrainingAndValidationWindowsStayInTheirSplits) {
+  TextDataset d("text:" + corpus_path_, read_text_corpus(corpus_path_), options(dir_ + "/c"));
+  const Corpus c = read_text_corpus(corpus_path_);
+  const std::vector<TokenId> all = tokenize_cached(c, 300, dir_ + "/c", false).tokens;
+  const int64_t split = d.train_tokens();
+  ASSERT_GT(d.validation_tokens(), 32);
+  std::vector<TokenId> in(4 * 32), tgt(4 * 32);
+  auto where = [&](const TokenId* w) {  // first offset of the 33-token window in the stream
+    std::vector<TokenId> win(w, w + 32);
+    return std::search(all.begin(), all.end(), win.begin(), win.end()) - all.begin();
+  };
+  for (int s = 0; s < 20; ++s) {
+    d.batch(s, 4, 32, in.data(), tgt.data());
+    for (int b = 0; b < 4; ++b) {
+      EXPECT_EQ(in[b * 32 + 1], tgt[b * 32]);  // targets are inputs shifted by one
+      const int64_t at = where(&in[b * 32]);
+      EXPECT_LE(at + 33, split) << "training window reaches the validation tail";
+    }
+    d.validation_batch(s, 4, 32, in.data(), tgt.data());
+    for (int b = 0; b < 4; ++b) {
+      // The window may also occur earlier by chance; it must occur inside the tail.
+      std::vector<TokenId> win(&in[b * 32], &in[b * 32] + 32);
+      const auto it = std::search(all.begin() + split, all.end(), win.begin(), win.end());
+      EXPECT_NE(it, all.end()) << "validation window outside the tail";
+    }
+  }
+}
+
+TEST_F(Text, TooLargeVocabularyIsRejected) {
+  // The fixture has ~600 words: no BPE model reaches 20000 pieces.
+  try {
+    tokenize_cached(read_text_corpus(corpus_path_), 20000, dir_ + "/cache", false);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.vocab = 20000"), std::string::npos) << e.what();
+  }
+}
+}  // namespace divlab
