@@ -24,6 +24,11 @@ Catalogue<T> build_cpu_catalogue() {
   register_cross_entropy(cat);
   register_embed_rmsnorm_backward(cat);
   register_optimizer(cat);
+  register_rmsnorm_variants(cat);
+  register_linear_variants(cat);
+  register_attention_variants(cat);
+  register_cross_entropy_variants(cat);
+  register_embed_rmsnorm_backward_variants(cat);
   return cat;
 }
 

@@ -10,4 +10,7 @@ void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T*
                                   int C, int NH);
 template <class T>
 void register_attention(Catalogue<T>& cat);
+// Candidate variants (variants.cpp), each documented where it is registered.
+template <class T>
+void register_attention_variants(Catalogue<T>& cat);
 }  // namespace divlab

@@ -55,10 +55,12 @@ void attention_backward_reference(T* dqkv, const T* dout, const T* qkv, const T*
     const auto dO = matrix(dout + b * T_ * C + h * hs, T_, hs, C);
     RowMatrix<T> dP = dO * V.transpose();
     matrix(dbase + 2 * C, T_, hs, 3 * C).noalias() = P.transpose() * dO;
-    // Softmax backward: dS = P * (dP - rowsum(P * dP)); masked entries have P = 0.
+    // Softmax backward: dS = P * (dP - rowsum(P * dP)). Masked entries have P = 0; the sum
+    // runs over the whole row so that a forward variant with another mask is differentiated
+    // consistently.
     for (int i = 0; i < T_; ++i) {
       T dot = 0;
-      for (int j = 0; j <= i; ++j) dot += P(i, j) * dP(i, j);
+      for (int j = 0; j < T_; ++j) dot += P(i, j) * dP(i, j);
       for (int j = 0; j < T_; ++j) dP(i, j) = P(i, j) * (dP(i, j) - dot) * scale;
     }
     matrix(dbase, T_, hs, 3 * C).noalias() = dP * K;

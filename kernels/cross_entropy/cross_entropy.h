@@ -8,4 +8,7 @@ void cross_entropy_reference(T* losses, T* dlogits, const T* logits, const Token
                              int V, T dloss);
 template <class T>
 void register_cross_entropy(Catalogue<T>& cat);
+// Candidate variants (variants.cpp), each documented where it is registered.
+template <class T>
+void register_cross_entropy_variants(Catalogue<T>& cat);
 }  // namespace divlab

@@ -29,4 +29,7 @@ void position_grad(T* dwpe, const T* dx0, int B, int T_, int C);
 
 template <class T>
 void register_embed_rmsnorm_backward(Catalogue<T>& cat);
+// The candidate variants (variants.cpp): the seed bug, its relatives, and two benign controls.
+template <class T>
+void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat);
 }  // namespace divlab

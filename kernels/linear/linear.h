@@ -10,4 +10,7 @@ void linear_backward_reference(T* dx, T* dW, const T* dy, const T* x, const T* W
                                int out);
 template <class T>
 void register_linear(Catalogue<T>& cat);
+// Candidate variants (variants.cpp), each documented where it is registered.
+template <class T>
+void register_linear_variants(Catalogue<T>& cat);
 }  // namespace divlab

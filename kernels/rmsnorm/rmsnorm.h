@@ -26,4 +26,7 @@ void rmsnorm_weight_grad(T* dw, const T* dy, const T* x, const T* rstd, int N, i
 
 template <class T>
 void register_rmsnorm(Catalogue<T>& cat);
+// Candidate variants (variants.cpp), each documented where it is registered.
+template <class T>
+void register_rmsnorm_variants(Catalogue<T>& cat);
 }  // namespace divlab

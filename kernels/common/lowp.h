@@ -1,0 +1,52 @@
+// Bit-exact emulation of low-precision storage on the CPU, for the candidate variants.
+//
+// bf16 keeps float's 8 exponent bits and the top 7 of its 23 fraction bits (8 significant bits).
+// Adding x to an accumulator a rounds x away entirely when |x| < ulp(a) / 2 ~ |a| 2^-9: with
+// many same-sign contributions of similar size, a bf16 sum stalls near 256 of them.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace divlab::lowp {
+
+inline uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// float -> bf16 -> float, round to nearest, ties to even (what hardware conversions do).
+inline float bf16_rne(float x) {
+  uint32_t u = bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf and NaN pass through
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return from_bits(u & 0xffff0000u);
+}
+
+// float -> bf16 -> float by dropping the low 16 bits: round toward zero. The cheap conversion
+// (a shift) that is biased: every rounding shrinks the magnitude.
+inline float bf16_truncate(float x) {
+  return from_bits(bits(x) & 0xffff0000u);
+}
+
+// Stochastic rounding: round up in magnitude with probability equal to the dropped fraction,
+// given 16 random bits. Unbiased in expectation when the bits are fresh for every rounding.
+inline float bf16_stochastic(float x, uint32_t random16) {
+  uint32_t u = bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u += random16 & 0xffffu;
+  return from_bits(u & 0xffff0000u);
+}
+
+// float -> IEEE half -> float, round to nearest even; overflows to inf above 65504.
+inline float fp16_rne(float x) {
+  return float(static_cast<_Float16>(x));
+}
+
+}  // namespace divlab::lowp

@@ -1,0 +1,165 @@
+// Each embed_rmsnorm_backward variant differs from the reference in its documented way.
+// Inputs: dy_norm = 0, so dx0 = dresid exactly and every token row's true gradient is the sum
+// of its positions' dresid rows, computed here in fp64.
+#include <omp.h>
+
+#include <cmath>
+#include <map>
+
+#include "kernels/common/lowp.h"
+#include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
+#include "tests/support/check.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+struct Scatter {
+  int B, T, C, V;
+  std::vector<TokenId> tokens;
+  std::vector<float> dresid;
+  std::vector<double> exact;  // [V, C]
+
+  // Token v appears counts[v] times (positions shuffled); contributions uniform in (lo, hi).
+  Scatter(const std::vector<int>& counts, int C_, double lo, double hi, std::mt19937_64& gen)
+      : C(C_), V(int(counts.size())) {
+    for (int v = 0; v < V; ++v) tokens.insert(tokens.end(), counts[v], TokenId(v));
+    std::shuffle(tokens.begin(), tokens.end(), gen);
+    B = 1, T = int(tokens.size());
+    std::uniform_real_distribution<double> u(lo, hi);
+    dresid.resize(int64_t(T) * C);
+    exact.assign(int64_t(V) * C, 0.0);
+    for (int n = 0; n < T; ++n)
+      for (int c = 0; c < C; ++c) {
+        dresid[n * C + c] = float(u(gen));
+        exact[tokens[n] * C + c] += dresid[n * C + c];
+      }
+  }
+  std::vector<float> run(const std::string& variant) const {
+    const int N = B * T;
+    std::vector<float> dwte(int64_t(V) * C, 0.f), dwpe(int64_t(T) * C, 0.f), dw(C, 0.f);
+    std::vector<float> zeros(int64_t(N) * C, 0.f), x0(int64_t(N) * C, 1.f), w(C, 1.f), rstd(N, 1.f);
+    cpu_catalogue<float>().embed_rmsnorm_backward.find(variant)->fn(
+        dwte.data(), dwpe.data(), dw.data(), zeros.data(), dresid.data(), x0.data(), w.data(),
+        rstd.data(), tokens.data(), B, T, C, V);
+    return dwte;
+  }
+  // ||row_v - exact_v|| / ||exact_v||
+  double row_error(const std::vector<float>& dwte, int v) const {
+    double d = 0, r = 0;
+    for (int c = 0; c < C; ++c) {
+      const double e = exact[v * C + c];
+      d += (dwte[v * C + c] - e) * (dwte[v * C + c] - e), r += e * e;
+    }
+    return std::sqrt(d / r);
+  }
+  // Mean signed relative error of row v (negative: the row came out too small).
+  double row_bias(const std::vector<float>& dwte, int v) const {
+    double s = 0;
+    for (int c = 0; c < C; ++c) s += (dwte[v * C + c] - exact[v * C + c]) / exact[v * C + c];
+    return s / C;
+  }
+};
+}  // namespace
+
+TEST(Bf16Accum, ErrorGrowsWithContributionCount) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({1, 16, 256, 4096}, 32, 0.5, 1.5, gen);
+  const auto out = s.run("bf16_accum");
+  const double e1 = s.row_error(out, 0), e16 = s.row_error(out, 1), e256 = s.row_error(out, 2),
+               e4096 = s.row_error(out, 3);
+  EXPECT_LT(e1, std::ldexp(1.0, -8));  // one rounding
+  EXPECT_LT(e16, e256);
+  EXPECT_LT(e256, e4096);
+  // Stalled: at 4096 same-sign contributions the sum has lost most of its mass, far beyond
+  // the 1e-2 tolerance of the verifier that passed it.
+  EXPECT_GT(e4096, 0.5) << "bf16 should stall near 256 contributions";
+  // The reference on the same inputs is within fp32 rounding.
+  const auto ref = s.run("reference");
+  EXPECT_LT(s.row_error(ref, 3), 1e-5);
+}
+
+TEST(Bf16Accum, SingleContributionIsOneBf16RoundingOfTheReference) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s(std::vector<int>(50, 1), 64, -2.0, 2.0, gen);
+  const auto ref = s.run("reference"), bug = s.run("bf16_accum");
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(bug[i], lowp::bf16_rne(ref[i])) << i;
+}
+
+TEST(Fp16Accum, StallsLaterThanBf16) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({1000}, 32, 0.5, 1.5, gen);
+  const double bf16 = s.row_error(s.run("bf16_accum"), 0);
+  const double fp16 = s.row_error(s.run("fp16_accum"), 0);
+  EXPECT_LT(fp16, 0.05);
+  EXPECT_GT(bf16, 0.3);
+}
+
+TEST(Fp16Accum, OverflowsAbove65504) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({100}, 8, 1000.0, 1001.0, gen);  // true sums ~1e5
+  for (float v : s.run("fp16_accum")) EXPECT_TRUE(std::isinf(v));
+}
+
+TEST(Bf16TruncateAccum, BiasedTowardZeroAlreadyAtFewContributions) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({8}, 256, 0.5, 1.5, gen);
+  const double trunc = s.row_bias(s.run("bf16_truncate_accum"), 0);
+  const double rne = s.row_bias(s.run("bf16_accum"), 0);
+  EXPECT_LT(trunc, -1e-3);                        // systematically small
+  EXPECT_LT(std::abs(rne), std::abs(trunc) / 3);  // nearest rounding mostly cancels
+}
+
+TEST(Bf16Stochastic, FreshBitsAreUnbiasedReusedSeedIsNot) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({1024}, 256, 0.5, 1.5, gen);
+  const auto sr = s.run("bf16_stochastic_accum");
+  const double fresh = s.row_bias(sr, 0), rne = s.row_bias(s.run("bf16_accum"), 0);
+  EXPECT_LT(std::abs(fresh), 0.05);               // unbiased on average over 256 channels
+  EXPECT_LT(rne, -0.3);                           // where round-to-nearest has stalled
+  EXPECT_NE(sr, s.run("bf16_stochastic_accum"));  // fresh bits: another result every call
+  const auto reused = s.run("bf16_stochastic_reused_seed");
+  EXPECT_EQ(reused, s.run("bf16_stochastic_reused_seed"));  // the same bits every call
+  EXPECT_GT(std::abs(s.row_bias(reused, 0)), 5 * std::abs(fresh));
+}
+
+TEST(RacyScatter, LosesUpdatesWithTwoThreadsExactWithOne) {
+  std::mt19937_64 gen(test_seed());
+  // 65536 contributions of exactly 1.0 to one row: fp32 sums them exactly.
+  Scatter s({1 << 16}, 16, 1.0, 1.0, gen);
+  omp_set_num_threads(1);
+  for (float v : s.run("racy_scatter")) EXPECT_EQ(v, 65536.f);
+  omp_set_num_threads(2);
+  bool lost = false;
+  for (int attempt = 0; attempt < 20 && !lost; ++attempt)
+    for (float v : s.run("racy_scatter")) lost = lost || v < 65536.f;
+  omp_set_num_threads(omp_get_num_procs());
+  EXPECT_TRUE(lost) << "no update lost in 20 runs with 2 threads";
+}
+
+TEST(Controls, StayWithinFp32RoundingOfFp64) {
+  std::mt19937_64 gen(test_seed());
+  const Scatter s({1, 7, 300, 5000}, 48, -1.0, 2.0, gen);
+  for (const char* control : {"reference", "fp32_reordered", "fp64_accum"}) {
+    const auto out = s.run(control);
+    for (int v = 0; v < 4; ++v) EXPECT_LT(s.row_error(out, v), 2e-5) << control << " row " << v;
+  }
+}
+
+TEST(Catalogue, EveryVariantIsDocumented) {
+  cpu_catalogue<float>().for_each_op([](const auto& ops, auto) {
+    ASSERT_FALSE(ops.entries.empty()) << ops.op;
+    EXPECT_EQ(ops.entries[0].name, "reference") << ops.op;
+    EXPECT_FALSE(ops.what.empty()) << ops.op;
+    for (const auto& e : ops.entries) {
+      EXPECT_FALSE(e.doc.summary.empty()) << ops.op << "=" << e.name;
+      if (e.name == "reference") continue;
+      EXPECT_FALSE(e.doc.masked_by.empty()) << ops.op << "=" << e.name;
+      if (!e.doc.benign) {
+        EXPECT_FALSE(e.doc.wrong.empty()) << ops.op << "=" << e.name;
+        EXPECT_FALSE(e.doc.exposed_by.empty()) << ops.op << "=" << e.name;
+      }
+    }
+  });
+}
+}  // namespace divlab
