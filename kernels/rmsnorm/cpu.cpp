@@ -55,6 +55,10 @@ template void rmsnorm_forward_reference(float*, float*, const float*, const floa
                                         float);
 template void rmsnorm_forward_reference(double*, double*, const double*, const double*, int, int,
                                         double);
+template void rmsnorm_backward_reference(float*, float*, const float*, const float*, const float*,
+                                         const float*, int, int);
+template void rmsnorm_backward_reference(double*, double*, const double*, const double*,
+                                         const double*, const double*, int, int);
 template void register_rmsnorm(Catalogue<float>&);
 template void register_rmsnorm(Catalogue<double>&);
 }  // namespace divlab
