@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/registry.h"
+#include "kernels/shadow.h"
 
 namespace divlab {
 namespace {
@@ -339,6 +340,14 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   } catch (const UnknownKernel& e) {
     throw InputError(std::string("config key ") + e.what());
   }
+  try {
+    parse_shadow_specs(cfg.shadow_variants);
+  } catch (const UnknownKernel& e) {
+    throw InputError(std::string("config key ") + e.what());
+  }
+  if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
+    throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
+                     " needs 'shadow.variants' (op=variant entries)");
   return cfg;
 }
 

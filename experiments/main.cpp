@@ -3,13 +3,13 @@
 #include <H5Cpp.h>
 
 #include <CLI/CLI.hpp>
-#include <iostream>
-
 #include <cstdio>
+#include <iostream>
 
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/train.h"
+#include "kernels/registry.h"
 
 namespace divlab {
 namespace {
@@ -53,6 +53,46 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   return 0;
 }
 
+// Lists every op and variant with its documentation; --markdown writes docs/kernels.md's body.
+int cmd_kernels(const std::string& only_op, bool markdown) {
+  bool found = only_op.empty();
+  cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+    if (!only_op.empty() && ops.op != only_op) return;
+    found = true;
+    if (markdown) {
+      std::printf(
+          "## `%s`\n\n%s\n\n| variant | what it does | what is wrong | exposed by | masked by |\n"
+          "| --- | --- | --- | --- | --- |\n",
+          ops.op.c_str(), ops.what.c_str());
+      for (const auto& e : ops.entries)
+        std::printf("| `%s`%s | %s | %s | %s | %s |\n", e.name.c_str(),
+                    e.doc.benign ? " (control)" : "", e.doc.summary.c_str(),
+                    e.doc.wrong.empty() ? "-" : e.doc.wrong.c_str(),
+                    e.doc.exposed_by.empty() ? "-" : e.doc.exposed_by.c_str(),
+                    e.doc.masked_by.empty() ? "-" : e.doc.masked_by.c_str());
+      std::printf("\n");
+      return;
+    }
+    std::printf("%s: %s\n", ops.op.c_str(), ops.what.c_str());
+    for (const auto& e : ops.entries) {
+      std::printf("  %-28s %s%s\n", e.name.c_str(), e.doc.benign ? "[control] " : "",
+                  e.doc.summary.c_str());
+      if (!e.doc.wrong.empty()) std::printf("  %-28s wrong:     %s\n", "", e.doc.wrong.c_str());
+      if (!e.doc.exposed_by.empty())
+        std::printf("  %-28s exposed by: %s\n", "", e.doc.exposed_by.c_str());
+      if (!e.doc.masked_by.empty())
+        std::printf("  %-28s masked by: %s\n", "", e.doc.masked_by.c_str());
+    }
+    std::printf("\n");
+  });
+  if (!found) {
+    std::string valid;
+    for (const auto& o : op_names()) valid += (valid.empty() ? "" : ", ") + o;
+    throw InputError("--op '" + only_op + "': unknown op; valid ops: " + valid);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace divlab
 
@@ -83,6 +123,12 @@ int main(int argc, char** argv) {
   data->add_option("--seq", seq, "tokens per sequence")->capture_default_str();
   data->add_option("--seed", seed, "seed for the batches sampled")->capture_default_str();
 
+  auto* kernels = app.add_subcommand("kernels", "list every op and variant with its documentation");
+  std::string only_op;
+  bool markdown = false;
+  kernels->add_option("--op", only_op, "only this op");
+  kernels->add_flag("--markdown", markdown, "as Markdown tables (docs/kernels.md)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -100,6 +146,7 @@ int main(int argc, char** argv) {
       return cmd_train(config, sets, out, force, quiet);
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
+    if (*kernels) return cmd_kernels(only_op, markdown);
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;

@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <memory>
 
 #include "datasets/dataset.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
+#include "kernels/shadow.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
 
@@ -46,6 +48,10 @@ std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);
   return buf;
+}
+
+std::string shadow_group(const ShadowSpec& s) {
+  return "/shadow/" + s.op + "/" + s.variant;
 }
 
 // Root attributes, the resolved config, the dataset description, and every series.
@@ -91,6 +97,27 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
     w.series("/eval/step", K::Int64);
     w.series("/eval/val_loss", K::Float64);
   }
+  for (const auto& s : parse_shadow_specs(cfg.shadow_variants)) {
+    const std::string g = shadow_group(s);
+    for (const char* m : {"rel_l2", "max_row_rel", "cosine"}) w.series(g + "/" + m, K::Float64);
+    w.series(g + "/step", K::Int64);
+    for (const auto& label : frequency_bucket_labels())
+      w.series(g + "/bucket_rel_l2/" + label, K::Float64);
+  }
+}
+
+void record_shadow(TraceWriter& w, const std::vector<ShadowSpec>& specs,
+                   const std::vector<ShadowMetrics>& metrics, int64_t step) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string g = shadow_group(specs[i]);
+    const ShadowMetrics& m = metrics[i];
+    w.append(g + "/step", step);
+    w.append(g + "/rel_l2", m.rel_l2);
+    w.append(g + "/max_row_rel", m.max_row_rel);
+    w.append(g + "/cosine", m.cosine);
+    for (size_t b = 0; b < m.bucket_rel_l2.size(); ++b)
+      w.append(g + "/bucket_rel_l2/" + frequency_bucket_labels()[b], m.bucket_rel_l2[b]);
+  }
 }
 
 class Progress {
@@ -118,7 +145,12 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const int64_t N = int64_t(B) * Tn;
   const KernelSet<T> kernels = cpu_catalogue<T>().select(cfg.kernels);
   const KernelSet<T> reference = cpu_catalogue<T>().select({});
-  Transformer<T> model(m, kernels, B);
+  const std::vector<ShadowSpec> shadow_specs = parse_shadow_specs(cfg.shadow_variants);
+  std::unique_ptr<ShadowTap<T>> tap;
+  if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs);
+  // What the model runs: the run's kernels, tapped for shadow evaluation when asked.
+  const KernelSet<T> run_kernels = tap ? tap->kernels() : kernels;
+  Transformer<T> model(m, run_kernels, B);
   model.init(cfg.seed);
   Optimizer<T> optim(cfg.optim, model.layout());
 
@@ -134,8 +166,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   for (int64_t step = 0; step < cfg.steps; ++step) {
     data.batch(step, B, Tn, in.data(), tgt.data());
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
+    const bool shadow_step = tap && step % cfg.shadow_every == 0;
+    if (shadow_step) tap->arm();
     const T loss = model.forward(in.data(), tgt.data(), true);
     model.backward();
+    if (shadow_step) record_shadow(trace, shadow_specs, tap->evaluate(in.data(), N, m.vocab), step);
     const StepStats st = optim.step(model, step);
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -162,7 +197,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
         data.validation_batch(i, B, Tn, in.data(), tgt.data());
         val += double(model.forward(in.data(), tgt.data(), false));
       }
-      model.set_kernels(kernels);
+      model.set_kernels(run_kernels);
       trace.append("/eval/step", step);
       trace.append("/eval/val_loss", val / cfg.eval_batches);
     }

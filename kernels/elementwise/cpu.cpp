@@ -5,17 +5,51 @@ namespace divlab {
 
 constexpr int64_t kElemChunk = 1 << 14;
 
+// GELU through Eigen arrays (vectorised exp; scalar std::tanh took a third of a training step),
+// in a form without cancellation:
+//   0.5 (1 + tanh u) = s = sigmoid(2u),  1 - tanh(u)^2 = 4 s (1 - s),  u = k (x + a x^3).
+// With e = exp(-2|u|) <= 1, s and 1 - s are 1 / (1 + e) and e / (1 + e) in some order: no
+// overflow, and no 1 - t^2 cancellation in the tails (the tanh form loses the tail of the
+// derivative entirely in fp32). gelu_tanh() / gelu_tanh_grad() in the header are the
+// definitions the tests hold these kernels to.
+template <class T>
+using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using ArrayMap = Eigen::Map<Array<T>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Array<T>>;
+
+// s = sigmoid(2u) and 1 - s for u = k (x + a x^3).
+template <class T>
+void gelu_gates(const ConstArrayMap<T>& X, Array<T>& s, Array<T>& one_minus_s) {
+  const T k = T(0.7978845608028654), a = T(0.044715);
+  const Array<T> u = k * (X + a * X.cube());
+  const Array<T> e = (T(-2) * u.abs()).exp();
+  const Array<T> big = T(1) / (T(1) + e), small = e * big;
+  s = (u >= T(0)).select(big, small);
+  one_minus_s = (u >= T(0)).select(small, big);
+}
+
 template <class T>
 void gelu_forward_reference(T* y, const T* x, int64_t n) {
   parallel_chunks(n, kElemChunk, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) y[i] = gelu_tanh(x[i]);
+    const ConstArrayMap<T> X(x + i0, i1 - i0);
+    Array<T> s, one_minus_s;
+    gelu_gates(X, s, one_minus_s);
+    ArrayMap<T>(y + i0, i1 - i0) = X * s;
   });
 }
 
 template <class T>
 void gelu_backward_reference(T* dx, const T* dy, const T* x, int64_t n) {
+  const T k = T(0.7978845608028654), a = T(0.044715);
   parallel_chunks(n, kElemChunk, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) dx[i] = gelu_tanh_grad(x[i]) * dy[i];
+    const ConstArrayMap<T> X(x + i0, i1 - i0), DY(dy + i0, i1 - i0);
+    Array<T> s, one_minus_s;
+    gelu_gates(X, s, one_minus_s);
+    // d/dx [x s] = s + x * 2 s (1 - s) * du/dx
+    ArrayMap<T>(dx + i0, i1 - i0) =
+        DY * (s + T(2) * X * s * one_minus_s * k * (T(1) + T(3) * a * X.square()));
   });
 }
 

@@ -1,0 +1,299 @@
+#include "kernels/shadow.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace divlab {
+
+namespace {
+
+// The tap currently installed (one per precision; the trainer owns at most one).
+template <class T>
+ShadowTap<T>* g_tap = nullptr;
+
+template <class T>
+std::vector<double> copy(const T* p, int64_t n) {
+  return std::vector<double>(p, p + n);
+}
+
+// --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
+template <class T>
+void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
+                                const T* x0, const T* w_norm, const T* rstd, const TokenId* tokens,
+                                int B, int T_, int C, int V) {
+  ShadowTap<T>& t = *g_tap<T>;
+  t.run_kernels().embed_rmsnorm_backward(dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd,
+                                         tokens, B, T_, C, V);
+  if (!t.wants("embed_rmsnorm_backward")) return;
+  const int64_t N = int64_t(B) * T_;
+  t.store("embed_rmsnorm_backward", {{copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C),
+                                      copy(w_norm, C), copy(rstd, N)},
+                                     std::vector<TokenId>(tokens, tokens + N),
+                                     {B, T_, C, V},
+                                     0.0});
+}
+
+template <class T>
+void tap_rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
+  ShadowTap<T>& t = *g_tap<T>;
+  t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
+  if (t.wants("rmsnorm_forward"))
+    t.store("rmsnorm_forward", {{copy(x, int64_t(N) * C), copy(w, C)}, {}, {N, C}, double(eps)});
+}
+
+template <class T>
+void tap_rmsnorm_backward(T* dresid, T* dw, const T* dy, const T* x, const T* w, const T* rstd,
+                          int N, int C) {
+  ShadowTap<T>& t = *g_tap<T>;
+  // Record before the call: the run's kernel adds into dresid, which is not an input here.
+  const bool want = t.wants("rmsnorm_backward");
+  if (want)
+    t.store("rmsnorm_backward",
+            {{copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)},
+             {},
+             {N, C},
+             0.0});
+  t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
+}
+
+template <class T>
+void tap_linear_forward(T* y, const T* x, const T* W, int N, int in, int out) {
+  ShadowTap<T>& t = *g_tap<T>;
+  t.run_kernels().linear_forward(y, x, W, N, in, out);
+  if (t.wants("linear_forward"))
+    t.store("linear_forward",
+            {{copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)}, {}, {N, in, out}, 0.0});
+}
+
+template <class T>
+void tap_attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
+  ShadowTap<T>& t = *g_tap<T>;
+  t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
+  if (t.wants("attention_forward"))
+    t.store("attention_forward", {{copy(qkv, int64_t(B) * T_ * 3 * C)}, {}, {B, T_, C, NH}, 0.0});
+}
+
+template <class T>
+void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* targets, int N, int V,
+                       T dloss) {
+  ShadowTap<T>& t = *g_tap<T>;
+  t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
+  if (t.wants("cross_entropy"))
+    t.store("cross_entropy", {{copy(logits, int64_t(N) * V)},
+                              std::vector<TokenId>(targets, targets + N),
+                              {N, V},
+                              double(dloss)});
+}
+
+// --- Replaying a capture with some kernel set, in precision U. ------------------------------
+enum class RowKey { Position, TokenId, None };
+struct Output {
+  std::vector<double> values;
+  int64_t rows, cols;
+  RowKey key;
+};
+
+template <class U>
+std::vector<U> as(const std::vector<double>& v) {
+  return std::vector<U>(v.begin(), v.end());
+}
+template <class U>
+std::vector<double> widen(const std::vector<U>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+template <class T, class U>
+std::vector<Output> replay(const std::string& op, const typename ShadowTap<T>::Capture& c,
+                           const KernelSet<U>& k) {
+  const auto& in = c.inputs;
+  const auto& d = c.dims;
+  if (op == "embed_rmsnorm_backward") {
+    const int B = d[0], T_ = d[1], C = d[2], V = d[3];
+    std::vector<U> dwte(int64_t(V) * C, 0), dwpe(int64_t(T_) * C, 0), dw(C, 0);
+    auto dy = as<U>(in[0]), dres = as<U>(in[1]), x0 = as<U>(in[2]), w = as<U>(in[3]),
+         rstd = as<U>(in[4]);
+    k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
+                             w.data(), rstd.data(), c.ids.data(), B, T_, C, V);
+    return {{widen(dwte), V, C, RowKey::TokenId},
+            {widen(dwpe), T_, C, RowKey::None},
+            {widen(dw), 1, C, RowKey::None}};
+  }
+  if (op == "rmsnorm_forward") {
+    const int N = d[0], C = d[1];
+    auto x = as<U>(in[0]), w = as<U>(in[1]);
+    std::vector<U> y(int64_t(N) * C, 0), rstd(N, 0);
+    k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
+    return {{widen(y), N, C, RowKey::Position}};
+  }
+  if (op == "rmsnorm_backward") {
+    const int N = d[0], C = d[1];
+    auto dy = as<U>(in[0]), x = as<U>(in[1]), w = as<U>(in[2]), rstd = as<U>(in[3]);
+    std::vector<U> dx(int64_t(N) * C, 0), dw(C, 0);
+    k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+    return {{widen(dx), N, C, RowKey::Position}, {widen(dw), 1, C, RowKey::None}};
+  }
+  if (op == "linear_forward") {
+    const int N = d[0], i = d[1], o = d[2];
+    auto x = as<U>(in[0]), W = as<U>(in[1]);
+    std::vector<U> y(int64_t(N) * o, 0);
+    k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
+    return {{widen(y), N, o, RowKey::Position}};
+  }
+  if (op == "attention_forward") {
+    const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
+    auto qkv = as<U>(in[0]);
+    std::vector<U> out(int64_t(B) * T_ * C, 0), att(int64_t(B) * NH * T_ * T_, 0);
+    k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
+    return {{widen(out), int64_t(B) * T_, C, RowKey::Position}};
+  }
+  if (op == "cross_entropy") {
+    const int N = d[0], V = d[1];
+    auto logits = as<U>(in[0]);
+    std::vector<U> losses(N, 0), dlogits(int64_t(N) * V, 0);
+    k.cross_entropy(losses.data(), dlogits.data(), logits.data(), c.ids.data(), N, V, U(c.scalar));
+    return {{widen(losses), N, 1, RowKey::Position}, {widen(dlogits), N, V, RowKey::Position}};
+  }
+  throw std::logic_error("shadow: no replay for op " + op);
+}
+
+// Sums of squares pooled over every output of every recorded call.
+struct Tally {
+  std::vector<double> bucket_diff = std::vector<double>(frequency_bucket_labels().size(), 0.0);
+  std::vector<double> bucket_ref = bucket_diff;
+  double diff = 0, norm_r = 0, norm_v = 0, dot = 0, max_row = 0;
+
+  ShadowMetrics metrics() const {
+    ShadowMetrics m;
+    m.rel_l2 = std::sqrt(diff / norm_r);
+    m.max_row_rel = max_row;
+    m.cosine = dot / std::sqrt(norm_v * norm_r);
+    for (size_t b = 0; b < bucket_ref.size(); ++b)
+      m.bucket_rel_l2.push_back(bucket_ref[b] > 0 ? std::sqrt(bucket_diff[b] / bucket_ref[b])
+                                                  : std::numeric_limits<double>::quiet_NaN());
+    return m;
+  }
+};
+
+void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& ref,
+           const std::vector<int64_t>& id_count, const TokenId* batch) {
+  double &diff = t.diff, &norm_r = t.norm_r, &norm_v = t.norm_v, &dot = t.dot, &max_row = t.max_row;
+  for (size_t o = 0; o < got.size(); ++o) {
+    const Output &v = got[o], &r = ref[o];
+    for (int64_t row = 0; row < r.rows; ++row) {
+      double rd = 0, rr = 0;
+      for (int64_t c = 0; c < r.cols; ++c) {
+        const double a = v.values[row * r.cols + c], b = r.values[row * r.cols + c];
+        rd += (a - b) * (a - b), rr += b * b, norm_v += a * a, dot += a * b;
+      }
+      diff += rd, norm_r += rr;
+      if (rr > 0 || rd > 0) max_row = std::max(max_row, rr > 0 ? std::sqrt(rd / rr) : INFINITY);
+      if (std::isnan(rd)) max_row = NAN;
+      const int64_t count = r.key == RowKey::TokenId    ? id_count[row]
+                            : r.key == RowKey::Position ? id_count[batch[row]]
+                                                        : 0;
+      const int b = frequency_bucket(count);
+      if (b >= 0) t.bucket_diff[b] += rd, t.bucket_ref[b] += rr;
+    }
+  }
+}
+
+}  // namespace
+
+int frequency_bucket(int64_t count) {
+  if (count <= 0) return -1;
+  if (count == 1) return 0;
+  if (count < 4) return 1;
+  if (count < 16) return 2;
+  if (count < 64) return 3;
+  if (count < 256) return 4;
+  if (count < 1024) return 5;
+  return 6;
+}
+
+std::vector<std::string> shadowable_ops() {
+  return {"embed_rmsnorm_backward", "rmsnorm_forward",   "rmsnorm_backward",
+          "linear_forward",         "attention_forward", "cross_entropy"};
+}
+
+std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries) {
+  std::vector<ShadowSpec> specs;
+  const auto ops = shadowable_ops();
+  for (const auto& e : entries) {
+    const auto eq = e.find('=');
+    if (eq == std::string::npos)
+      throw UnknownKernel("shadow.variants entry '" + e + "': expected op=variant");
+    ShadowSpec s{e.substr(0, eq), e.substr(eq + 1)};
+    if (std::find(ops.begin(), ops.end(), s.op) == ops.end()) {
+      std::string valid;
+      for (const auto& o : ops) valid += (valid.empty() ? "" : ", ") + o;
+      throw UnknownKernel("shadow.variants entry '" + e + "': shadow mode evaluates " + valid);
+    }
+    try {
+      cpu_catalogue<float>().select({{s.op, s.variant}});
+    } catch (const UnknownKernel& err) {
+      throw UnknownKernel("shadow.variants entry '" + e + "': " + err.what());
+    }
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+template <class T>
+ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs)
+    : run_(run_kernels), tapped_(run_kernels), specs_(specs) {
+  if (g_tap<T>) throw std::logic_error("shadow: only one tap may be active");
+  g_tap<T> = this;
+  for (const auto& s : specs) {
+    ++wanted_[s.op];
+    if (s.op == "embed_rmsnorm_backward")
+      tapped_.embed_rmsnorm_backward = tap_embed_rmsnorm_backward<T>;
+    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = tap_rmsnorm_forward<T>;
+    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = tap_rmsnorm_backward<T>;
+    if (s.op == "linear_forward") tapped_.linear_forward = tap_linear_forward<T>;
+    if (s.op == "attention_forward") tapped_.attention_forward = tap_attention_forward<T>;
+    if (s.op == "cross_entropy") tapped_.cross_entropy = tap_cross_entropy<T>;
+  }
+}
+
+template <class T>
+ShadowTap<T>::~ShadowTap() {
+  g_tap<T> = nullptr;
+}
+
+template <class T>
+void ShadowTap<T>::arm() {
+  captured_.clear();
+  armed_ = true;
+}
+
+template <class T>
+std::vector<ShadowMetrics> ShadowTap<T>::evaluate(const TokenId* batch, int64_t n, int vocab) {
+  armed_ = false;
+  std::vector<int64_t> id_count(vocab, 0);
+  for (int64_t i = 0; i < n; ++i) ++id_count[batch[i]];
+  const KernelSet<double> reference = cpu_catalogue<double>().select({});
+  // One fp64 replay per recorded call, shared by every variant of that op.
+  std::map<std::string, std::vector<std::vector<Output>>> ref_outputs;
+  std::vector<ShadowMetrics> out;
+  for (const auto& s : specs_) {
+    const auto it = captured_.find(s.op);
+    if (it == captured_.end())
+      throw std::logic_error("shadow: op " + s.op + " was not called during the step");
+    auto& refs = ref_outputs[s.op];
+    if (refs.empty())
+      for (const auto& call : it->second) refs.push_back(replay<T, double>(s.op, call, reference));
+    const KernelSet<T> variant = cpu_catalogue<T>().select({{s.op, s.variant}});
+    Tally t;
+    for (size_t c = 0; c < it->second.size(); ++c)
+      tally(t, replay<T, T>(s.op, it->second[c], variant), refs[c], id_count, batch);
+    out.push_back(t.metrics());
+  }
+  captured_.clear();
+  return out;
+}
+
+template class ShadowTap<float>;
+template class ShadowTap<double>;
+}  // namespace divlab
