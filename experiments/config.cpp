@@ -74,6 +74,8 @@ const std::vector<KeySpec>& schema() {
        Range::Positive},
       {"trace.flush_seconds", Type::Float, "2", "... and at least every S seconds",
        Range::Positive},
+      {"debug.abort_at_step", Type::Int, "-1",
+       "abort the process at this step (tests of crash handling; -1 = never)"},
   };
   return keys;
 }
@@ -322,6 +324,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   cfg.shadow_every = i64("shadow.every");
   if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
+  cfg.abort_at_step = i64("debug.abort_at_step");
 
   // Cross-key rules.
   if (m.vocab < 2)

@@ -34,6 +34,7 @@ struct RunConfig {
   std::vector<std::string> shadow_variants;
   int64_t flush_steps = 10;
   double flush_seconds = 2.0;
+  int64_t abort_at_step = -1;  // debug: std::abort() at this step
 
   // Every key with its resolved value, as TOML value text (strings quoted), in schema order.
   std::vector<std::pair<std::string, std::string>> resolved;

@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <iostream>
 
+#include "analysis/analyze.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
+#include "experiments/reproduce.h"
+#include "experiments/sweep.h"
 #include "experiments/train.h"
 #include "kernels/registry.h"
 
@@ -129,6 +132,29 @@ int main(int argc, char** argv) {
   kernels->add_option("--op", only_op, "only this op");
   kernels->add_flag("--markdown", markdown, "as Markdown tables (docs/kernels.md)");
 
+  auto* sweep = app.add_subcommand("sweep", "run every cell of an experiment grid");
+  SweepOptions sw;
+  sweep->add_option("--config", sw.grid, "grid TOML file")->required();
+  sweep->add_option("--out", sw.out, "output folder (cells/, manifest.tsv)")->required();
+  sweep->add_option("--jobs", sw.jobs, "cells at a time (default: number of cores)");
+  sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)");
+  sweep->add_option("--timeout", sw.timeout_s, "seconds per cell before it is killed");
+  sweep->add_flag("--quick", sw.quick, "apply the grid's [quick] overlay");
+  sweep->add_flag("--emit-slurm", sw.emit_slurm, "write a Slurm job array + analysis step");
+
+  auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
+  AnalyzeOptions an;
+  analyze_cmd->add_option("dir", an.dir, "sweep output folder")->required();
+  analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
+
+  auto* reproduce = app.add_subcommand("reproduce", "the reported failure, end to end");
+  ReproduceOptions rp;
+  reproduce->add_flag("--quick", rp.quick, "the short version (CI)");
+  reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])");
+  reproduce->add_option("--config", rp.grid, "grid (default configs/reproduce-cpu.toml)");
+  reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
+  reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -147,6 +173,18 @@ int main(int argc, char** argv) {
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
     if (*kernels) return cmd_kernels(only_op, markdown);
+    if (*sweep) {
+      const SweepSummary r = run_sweep(sw);
+      if (!sw.emit_slurm)
+        std::printf("sweep: %d cells: %d completed, %d nan, %d failed, %d already finished\n",
+                    r.cells, r.completed, r.nan, r.failed, r.skipped);
+      return 0;
+    }
+    if (*reproduce) return run_reproduce(rp);
+    if (*analyze_cmd) {
+      analyze(an);
+      return 0;
+    }
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;

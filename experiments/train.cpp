@@ -164,6 +164,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const auto t0 = std::chrono::steady_clock::now();
   TrainResult result{"completed", 0, 0.0};
   for (int64_t step = 0; step < cfg.steps; ++step) {
+    if (step == cfg.abort_at_step) std::abort();
     data.batch(step, B, Tn, in.data(), tgt.data());
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
     const bool shadow_step = tap && step % cfg.shadow_every == 0;

@@ -1,0 +1,396 @@
+#include "analysis/analyze.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "analysis/stats.h"
+#include "experiments/config.h"
+#include "experiments/trace.h"
+#include "kernels/registry.h"
+
+namespace divlab {
+
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Cell {
+  std::string path, status;
+  std::map<std::string, std::string> config;  // resolved key -> value text
+  std::vector<double> loss, val_loss, max_row;
+  std::string group_key, variant;
+  bool control = false;
+  long long seed = 0;
+};
+
+std::vector<std::string> list_traces(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir((dir + "/cells").c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() > 3 && n.substr(n.size() - 3) == ".h5") out.push_back(dir + "/cells/" + n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::map<std::string, std::string> parse_toml(const std::string& text, const std::string& path) {
+  std::map<std::string, std::string> cfg;
+  std::istringstream in(text);
+  try {
+    for (const auto& item : CLI::ConfigTOML().from_config(in)) {
+      if (item.name == "++" || item.name == "--") continue;
+      std::string v;
+      for (size_t i = 0; i < item.inputs.size(); ++i) v += (i ? "," : "") + item.inputs[i];
+      cfg[item.fullname()] = v;
+    }
+  } catch (const std::exception& e) {
+    throw InputError("trace '" + path + "': unreadable config_toml: " + e.what());
+  }
+  return cfg;
+}
+
+bool ignored_for_grouping(const std::string& key) {
+  for (const char* prefix : {"kernels.", "shadow.", "trace.", "debug."})
+    if (key.rfind(prefix, 0) == 0) return true;
+  return key == "train.seed" || key == "train.threads";
+}
+
+Cell load_cell(const std::string& path) {
+  Cell c;
+  c.path = path;
+  const TraceReader r(path);  // InputError if not HDF5
+  c.status = r.string_attr("/", "status");
+  c.config = parse_toml(r.string_attr("/", "config_toml"), path);
+  if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
+  c.loss = r.floats("/metrics/loss");
+  if (r.exists("/eval/val_loss")) c.val_loss = r.floats("/eval/val_loss");
+  if (r.exists("/metrics/max_row_contributions")) {
+    for (int64_t v : r.ints("/metrics/max_row_contributions")) c.max_row.push_back(double(v));
+  }
+  c.seed = std::stoll(c.config.count("train.seed") ? c.config["train.seed"] : "0");
+  std::vector<std::string> swapped;
+  bool all_benign = true;
+  for (const auto& [key, value] : c.config) {
+    if (key.rfind("kernels.", 0) != 0 || value == "reference") continue;
+    const std::string op = key.substr(8);
+    swapped.push_back(op + "=" + value);
+    bool benign = false;
+    cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+      if (ops.op != op) return;
+      if (const auto* e = ops.find(value)) benign = e->doc.benign;
+    });
+    all_benign = all_benign && benign;
+  }
+  std::sort(swapped.begin(), swapped.end());
+  for (const auto& s : swapped) c.variant += (c.variant.empty() ? "" : "+") + s;
+  if (c.variant.empty()) c.variant = "reference";
+  c.control = !swapped.empty() && all_benign;
+  for (const auto& [key, value] : c.config)
+    if (!ignored_for_grouping(key)) c.group_key += key + "=" + value + "\n";
+  return c;
+}
+
+double tail_mean(const std::vector<double>& x, size_t n) {
+  double s = 0;
+  const size_t k = std::min(n, x.size());
+  for (size_t i = x.size() - k; i < x.size(); ++i) s += x[i];
+  return s / double(k);
+}
+
+std::string csv_escape(const std::string& s) {
+  return s.find_first_of(",\"") == std::string::npos ? s : "\"" + s + "\"";
+}
+
+// What distinguishes groups: the grouping keys whose values differ between them.
+std::map<std::string, std::string> group_labels(
+    const std::map<std::string, std::vector<Cell*>>& groups) {
+  std::map<std::string, std::set<std::string>> values;
+  for (const auto& [key, cells] : groups)
+    for (const auto& [k, v] : cells[0]->config)
+      if (!ignored_for_grouping(k)) values[k].insert(v);
+  std::map<std::string, std::string> labels;
+  for (const auto& [key, cells] : groups) {
+    std::string label;
+    for (const auto& [k, vs] : values)
+      if (vs.size() > 1 && cells[0]->config.count(k))
+        label += (label.empty() ? "" : " ") + k + "=" + cells[0]->config.at(k);
+    labels[key] = label.empty() ? "all" : label;
+  }
+  return labels;
+}
+
+struct Series {  // one variant's per-seed curves within a group, paired with the reference
+  std::vector<double> gaps, areas, val_gaps;
+  std::vector<std::vector<double>> smooth_gap;  // per seed: smooth(variant) - smooth(reference)
+  std::vector<std::vector<double>> smooth_ref, smooth_variant;
+  bool any_nan = false;
+};
+
+void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
+  TraceWriter w(path, true);
+  using K = TraceWriter::Kind;
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    const Verdict& v = verdicts[i];
+    const std::string g = "/verdicts/" + std::to_string(i);
+    w.attr(g, "group", v.group);
+    w.attr(g, "variant", v.variant);
+    w.attr(g, "verdict", v.verdict);
+    w.attr(g, "control", int64_t(v.control));
+    w.attr(g, "seeds", int64_t(v.seeds));
+    w.attr(g, "gap", v.gap);
+    w.attr(g, "area", v.area);
+    w.attr(g, "val_gap", v.val_gap);
+    w.attr(g, "p_welch", v.p_welch);
+    w.attr(g, "p_permutation", v.p_permutation);
+    w.attr(g, "hedges_g", v.hedges_g);
+    w.attr(g, "onset_step", int64_t(v.onset));
+    w.attr(g, "max_row_contributions", v.max_row_contributions);
+    w.attr(g, "final_loss_ref", v.final_loss_ref);
+    const std::pair<const char*, const std::vector<double>*> curves[] = {
+        {"ref_curve", &v.ref_curve},
+        {"variant_curve", &v.variant_curve},
+        {"gap_curve", &v.gap_curve},
+        {"band_curve", &v.band_curve}};
+    for (const auto& [name, data] : curves) {
+      w.array(g + "/" + name, K::Float64, int64_t(data->size()));
+      if (!data->empty()) w.write_array(g + "/" + name, *data);
+    }
+  }
+  w.flush();
+}
+
+// analysis/plots.py draws the PNGs; returns "ok" or why not.
+std::string run_plots(const std::string& dir) {
+  const char* py = std::getenv("DIVLAB_PYTHON");
+  const std::string cmd = std::string(py && *py ? py : "/usr/bin/python3") + " " +
+                          DIVLAB_SOURCE_DIR "/analysis/plots.py '" + dir + "' > '" + dir +
+                          "/plots.log' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return rc == 0 ? "ok" : "failed, see " + dir + "/plots.log";
+}
+
+std::string fmt(double x, const char* f = "%.3g") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdicts,
+                  const std::vector<std::string>& unfinished, const std::string& plots) {
+  std::ofstream md(opt.dir + "/report.md");
+  md << "# divlab analysis: " << opt.dir << "\n\n"
+     << "Each candidate is paired with the reference run of the same seed; its gap is the mean "
+        "of (candidate - reference) training loss over the last 10 % of steps. Gaps are tested "
+        "against the benign controls' gaps with a one-sided Welch t-test (alpha = "
+     << opt.alpha
+     << "; a permutation test is reported beside it), and the onset is the first step after "
+        "which the smoothed mean gap stays outside the control band (the widest control gap) for "
+        "good. A verdict of `diverged` needs both. Method: docs/analysis.md.\n\n"
+     << "| group | variant | verdict | seeds | gap | gap / loss | p (Welch) | p (perm.) | "
+        "Hedges g | onset | val gap | max row contributions |\n"
+     << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& v : verdicts)
+    md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "")
+       << " | **" << v.verdict << "** | " << v.seeds << " | " << fmt(v.gap, "%+.4f") << " | "
+       << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch) << " | "
+       << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
+       << (v.onset >= 0 ? std::to_string(v.onset) : "-") << " | "
+       << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
+       << fmt(v.max_row_contributions, "%.0f") << " |\n";
+  if (!unfinished.empty()) {
+    md << "\nLeft out (not finished):\n\n";
+    for (const auto& u : unfinished) md << "- " << u << "\n";
+  }
+  md << "\n## Plots\n\n";
+  if (plots != "ok") {
+    md << "Not drawn: " << plots << "\n";
+    return;
+  }
+  md << "![gap against dose](dose.png)\n\n";
+  if (access((opt.dir + "/shadow.png").c_str(), F_OK) == 0)
+    md << "![shadow error by token-frequency bucket](shadow.png)\n\n";
+  for (size_t i = 0; i < verdicts.size(); ++i)
+    if (access((opt.dir + "/verdict-" + std::to_string(i) + ".png").c_str(), F_OK) == 0)
+      md << "![" << verdicts[i].group << " " << verdicts[i].variant << "](verdict-" << i
+         << ".png)\n";
+}
+
+}  // namespace
+
+std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
+  if (access(opt.dir.c_str(), R_OK) != 0)
+    throw InputError("analyze '" + opt.dir + "': no such folder");
+  const auto paths = list_traces(opt.dir);
+  if (paths.empty())
+    throw InputError("analyze '" + opt.dir + "': no traces (expected " + opt.dir + "/cells/*.h5)");
+  std::vector<Cell> cells;
+  std::vector<std::string> unfinished;
+  for (const auto& p : paths) {
+    Cell c = load_cell(p);
+    if (c.status == "completed" || c.status == "nan")
+      cells.push_back(std::move(c));
+    else
+      unfinished.push_back(p + " (" + c.status + ")");
+  }
+  std::map<std::string, std::vector<Cell*>> groups;
+  for (auto& c : cells) groups[c.group_key].push_back(&c);
+  const auto labels = group_labels(groups);
+
+  std::vector<Verdict> verdicts;
+  for (auto& [key, members] : groups) {
+    std::map<long long, Cell*> ref;  // seed -> reference cell
+    std::map<std::string, std::vector<Cell*>> by_variant;
+    for (Cell* c : members) {
+      if (c->variant == "reference")
+        ref[c->seed] = c;
+      else
+        by_variant[c->variant].push_back(c);
+    }
+    // Smoothing window and tail length: a tenth of the run.
+    size_t steps = 0;
+    for (const auto& [s, c] : ref) steps = std::max(steps, c->loss.size());
+    const size_t window = std::max<size_t>(1, steps / 10);
+    std::map<std::string, Series> series;
+    for (const auto& [variant, vcells] : by_variant) {
+      Series& s = series[variant];
+      for (Cell* c : vcells) {
+        const auto it = ref.find(c->seed);
+        if (it == ref.end() || it->second->status != "completed") continue;
+        if (c->status == "nan") {
+          s.any_nan = true;
+          continue;
+        }
+        const Cell& r = *it->second;
+        const size_t n = std::min(c->loss.size(), r.loss.size());
+        std::vector<double> a(c->loss.begin(), c->loss.begin() + long(n)),
+            b(r.loss.begin(), r.loss.begin() + long(n));
+        s.gaps.push_back(tail_mean(a, window) - tail_mean(b, window));
+        double area = 0;
+        for (size_t i = 0; i < n; ++i) area += a[i] - b[i];
+        s.areas.push_back(area / double(n));
+        const auto sa = stats::smooth(a, int64_t(window)), sb = stats::smooth(b, int64_t(window));
+        std::vector<double> g(n);
+        for (size_t i = 0; i < n; ++i) g[i] = sa[i] - sb[i];
+        s.smooth_gap.push_back(g);
+        s.smooth_ref.push_back(sb);
+        s.smooth_variant.push_back(sa);
+        if (!c->val_loss.empty() && c->val_loss.size() == r.val_loss.size())
+          s.val_gaps.push_back(c->val_loss.back() - r.val_loss.back());
+      }
+    }
+    double dose = 0, ref_final = 0;
+    for (const auto& [seed, c] : ref) {
+      dose += c->max_row.empty() ? 0 : stats::mean(c->max_row);
+      ref_final += tail_mean(c->loss, window);
+    }
+    dose /= double(std::max<size_t>(1, ref.size()));
+    ref_final /= double(std::max<size_t>(1, ref.size()));
+
+    for (const auto& [variant, s] : series) {
+      Verdict v;
+      v.group = labels.at(key);
+      v.variant = variant;
+      v.control = by_variant[variant][0]->control;
+      v.seeds = int(s.gaps.size());
+      v.final_loss_ref = ref_final;
+      v.max_row_contributions = dose;
+      v.gap = stats::mean(s.gaps);
+      v.area = stats::mean(s.areas);
+      v.val_gap = s.val_gaps.empty() ? kNaN : stats::mean(s.val_gaps);
+      // The noise floor: every other benign control in the group.
+      std::vector<double> control_gaps;
+      std::vector<const std::vector<double>*> control_curves;
+      for (const auto& [other, os] : series)
+        if (other != variant && by_variant[other][0]->control) {
+          control_gaps.insert(control_gaps.end(), os.gaps.begin(), os.gaps.end());
+          for (const auto& g : os.smooth_gap) control_curves.push_back(&g);
+        }
+      if (ref.empty()) {
+        v.verdict = "no-reference";
+      } else if (s.any_nan) {
+        v.verdict = "nan";
+      } else if (s.gaps.size() < 2) {
+        v.verdict = "too-few-seeds";
+      } else {
+        stats::TestResult welch, perm;
+        if (control_gaps.size() >= 2) {
+          v.compared_with = "controls";
+          welch = stats::welch(s.gaps, control_gaps);
+          perm = stats::permutation(s.gaps, control_gaps);
+          v.hedges_g = stats::hedges_g(s.gaps, control_gaps);
+        } else {
+          v.compared_with = "zero";
+          welch = stats::one_sample(s.gaps);
+          perm = stats::permutation(s.gaps, std::vector<double>(s.gaps.size(), 0.0));
+          v.hedges_g = kNaN;
+        }
+        const int sign = v.gap >= 0 ? 1 : -1;
+        v.p_welch = sign > 0 ? welch.p_greater : welch.p_less;
+        v.p_permutation = sign > 0 ? perm.p_greater : perm.p_less;
+        // Onset: the mean gap curve against the control band (widest control gap per step).
+        size_t n = SIZE_MAX;
+        for (const auto& g : s.smooth_gap) n = std::min(n, g.size());
+        for (const auto* g : control_curves) n = std::min(n, g->size());
+        std::vector<double> gap(n, 0.0), band(n, 0.0);
+        for (size_t t = 0; t < n; ++t) {
+          for (const auto& g : s.smooth_gap) gap[t] += g[t] / double(s.smooth_gap.size());
+          for (const auto* g : control_curves) band[t] = std::max(band[t], std::abs((*g)[t]));
+        }
+        v.onset = control_curves.empty() ? -1 : stats::onset(gap, band, sign, int64_t(window));
+        v.gap_curve = gap, v.band_curve = band;
+        v.ref_curve.assign(n, 0.0), v.variant_curve.assign(n, 0.0);
+        for (size_t i = 0; i < s.smooth_ref.size(); ++i)
+          for (size_t t = 0; t < n; ++t) {
+            v.ref_curve[t] += s.smooth_ref[i][t] / double(s.smooth_ref.size());
+            v.variant_curve[t] += s.smooth_variant[i][t] / double(s.smooth_variant.size());
+          }
+        const bool significant = v.p_welch < opt.alpha && (control_curves.empty() || v.onset >= 0);
+        v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
+      }
+      verdicts.push_back(v);
+    }
+  }
+
+  // verdicts.csv
+  {
+    std::ofstream csv(opt.dir + "/verdicts.csv");
+    csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,area,val_gap,p_welch,"
+           "p_permutation,hedges_g,compared_with,onset_step,max_row_contributions\n";
+    for (const auto& v : verdicts)
+      csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
+          << v.verdict << "," << v.seeds << "," << v.final_loss_ref << "," << v.gap << ","
+          << v.gap / v.final_loss_ref << "," << v.area << "," << v.val_gap << "," << v.p_welch
+          << "," << v.p_permutation << "," << v.hedges_g << "," << v.compared_with << "," << v.onset
+          << "," << v.max_row_contributions << "\n";
+  }
+  write_summary(opt.dir + "/summary.h5", verdicts);
+  const std::string plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";
+  write_report(opt, verdicts, unfinished, plots);
+  if (opt.verbose) {
+    std::printf("%-40s %-40s %-14s %5s %10s %9s %9s %7s %8s\n", "group", "variant", "verdict",
+                "seeds", "gap", "p(welch)", "p(perm)", "onset", "max-row");
+    for (const auto& v : verdicts)
+      std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
+                  (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
+                  v.gap, v.p_welch, v.p_permutation, v.onset, v.max_row_contributions);
+    for (const auto& u : unfinished) std::printf("not finished, left out: %s\n", u.c_str());
+    std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", opt.dir.c_str(),
+                plots.c_str());
+  }
+  return verdicts;
+}
+
+}  // namespace divlab

@@ -1,0 +1,43 @@
+// `divlab analyze DIR`: did a kernel make training diverge, against the noise floor?
+//
+// Cells (DIR/cells/*.h5) are grouped by everything in their config except the kernel variants
+// and the seed. Within a group every non-reference variant is paired with the reference run of
+// the same seed; its gaps (variant - reference) are tested against the gaps of the group's benign
+// controls (variants documented as benign: same math up to rounding). See docs/analysis.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace divlab {
+
+struct AnalyzeOptions {
+  std::string dir;
+  bool plots = true;    // run analysis/plots.py (matplotlib)
+  bool verbose = true;  // print the verdict table
+  double alpha = 0.05;
+};
+
+struct Verdict {
+  std::string group;     // the config keys that distinguish this group from the others
+  std::string variant;   // "op=variant[+op=variant]" or "reference"
+  bool control = false;  // every swapped kernel is a documented benign control
+  std::string verdict;   // diverged | lower-loss | nan | no-divergence | no-reference
+  int seeds = 0;
+  double final_loss_ref = 0;  // mean over seeds, last 10 % of steps
+  double gap = 0;             // mean over seeds of (variant - reference), last 10 % of steps
+  double area = 0;            // mean over seeds and steps of (variant - reference)
+  double val_gap = 0;         // same for /eval/val_loss (reference kernels), NaN if absent
+  double p_welch = 1, p_permutation = 1, hedges_g = 0;
+  std::string compared_with;         // "controls" or "zero" (no controls in the group)
+  long long onset = -1;              // step from which the gap stays outside the control band
+  double max_row_contributions = 0;  // mean over the group's steps: the dose
+  // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
+  // band (widest |control - reference| smoothed gap); what the plots draw.
+  std::vector<double> ref_curve, variant_curve, gap_curve, band_curve;
+};
+
+// Throws InputError for a folder with no traces or a corrupt one.
+std::vector<Verdict> analyze(const AnalyzeOptions& opt);
+
+}  // namespace divlab

@@ -1,0 +1,41 @@
+// The statistics behind a verdict, written out so they can be checked against references.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace divlab::stats {
+
+double mean(const std::vector<double>& x);
+double variance(const std::vector<double>& x);  // unbiased (n - 1); 0 for n < 2
+
+// Regularised incomplete beta I_x(a, b) (continued fraction, Lentz's method).
+double incomplete_beta(double a, double b, double x);
+// P(T > t) for Student's t with `df` degrees of freedom.
+double student_t_upper(double t, double df);
+
+struct TestResult {
+  double statistic = 0, df = 0;
+  double p_greater = 1;  // H1: mean(a) > mean(b)
+  double p_less = 1;     // H1: mean(a) < mean(b)
+};
+// Welch's unequal-variance t-test of a against b (each needs >= 2 values).
+TestResult welch(const std::vector<double>& a, const std::vector<double>& b);
+// One-sample t-test of a against 0 (needs >= 2 values).
+TestResult one_sample(const std::vector<double>& a);
+// Permutation test of mean(a) - mean(b): exact over all splits when there are at most
+// `max_exact` of them, else `samples` random splits with a fixed seed.
+TestResult permutation(const std::vector<double>& a, const std::vector<double>& b,
+                       int64_t max_exact = 20000, int samples = 20000);
+// Hedges' g: the mean difference in pooled standard deviations, small-sample corrected.
+double hedges_g(const std::vector<double>& a, const std::vector<double>& b);
+
+// First index from which `gap` stays above `band` (or below -band, for sign < 0) to the end;
+// -1 if it never does. Needs the last `min_run` points (at least) outside the band.
+int64_t onset(const std::vector<double>& gap, const std::vector<double>& band, int sign,
+              int64_t min_run);
+
+// Trailing moving average over `window` points.
+std::vector<double> smooth(const std::vector<double>& x, int64_t window);
+
+}  // namespace divlab::stats

@@ -1,0 +1,40 @@
+// Experiment grids: a TOML file naming a base config, fixed overrides and axes.
+//
+//   config = "../configs/tiny.toml"     # optional, relative to the grid file
+//   [set]                                # every cell: any config key
+//   data = "zipf:1.1"
+//   [set.train]
+//   steps = 200
+//   [axes]                               # the Cartesian product of all axes, in file order
+//   data = ["uniform", "zipf:1.1"]
+//   [axes.kernels]
+//   embed_rmsnorm_backward = ["reference", "bf16_accum", "fp32_reordered"]
+//   [axes.train]
+//   seed = [0, 1, 2]
+//   [quick.set.train]                    # optional: what --quick changes (set and axes)
+//   steps = 50
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace divlab {
+
+struct Grid {
+  std::string path;                                                    // the grid file
+  std::string base_config;                                             // resolved path, or empty
+  std::vector<std::string> fixed;                                      // "key=value" for every cell
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // key -> values
+  // Cell i's overrides (fixed, then one value per axis; the last axis varies fastest).
+  std::vector<std::vector<std::string>> cells;
+  std::string id;  // sha256 of the base config's text and every cell's overrides
+
+  size_t size() const { return cells.size(); }
+  std::string describe(size_t cell) const;  // "data=zipf:1.1 train.seed=2 ..." (axes only)
+};
+
+// Parses and validates (every cell's config must load). `quick` applies the [quick] overlay.
+// Throws InputError naming the grid file, key or cell.
+Grid load_grid(const std::string& path, bool quick = false);
+
+}  // namespace divlab

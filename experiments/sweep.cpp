@@ -1,0 +1,271 @@
+#include "experiments/sweep.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "experiments/config.h"
+#include "experiments/grid.h"
+#include "experiments/trace.h"
+#include "experiments/train.h"
+
+extern char** environ;
+
+namespace divlab {
+
+std::string cell_trace_path(const std::string& dir, size_t cell) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/cells/%04zu", cell);
+  return dir + name + ".h5";
+}
+
+std::string cell_log_path(const std::string& dir, size_t cell) {
+  std::string p = cell_trace_path(dir, cell);
+  return p.replace(p.size() - 3, 3, ".log");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// A trace that finished (completed, or stopped on NaN: a finding, not a failure).
+std::string finished_status(const std::string& trace) {
+  if (access(trace.c_str(), R_OK) != 0) return "";
+  try {
+    const std::string s = TraceReader(trace).string_attr("/", "status");
+    return s == "completed" || s == "nan" ? s : "";
+  } catch (const InputError&) {
+    return "";
+  }
+}
+
+// Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid.
+void prepare_dir(const std::string& dir, const Grid& g) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw InputError("--out '" + dir + "': exists and is not a folder");
+    const std::string id_file = dir + "/grid.id";
+    if (access(id_file.c_str(), F_OK) == 0) {
+      std::string id = read_all(id_file);
+      while (!id.empty() && (id.back() == '\n')) id.pop_back();
+      if (id != g.id)
+        throw InputError("--out '" + dir +
+                         "' holds the cells of another grid (grid.id differs); "
+                         "choose another folder");
+    } else if (access((dir + "/cells").c_str(), F_OK) == 0) {
+      throw InputError("--out '" + dir + "' holds cells but no grid.id; choose another folder");
+    }
+    if (access(dir.c_str(), W_OK) != 0) throw InputError("--out '" + dir + "': not writable");
+  } else if (mkdir(dir.c_str(), 0755) != 0) {
+    throw InputError("--out '" + dir + "': cannot create the folder");
+  }
+  mkdir((dir + "/cells").c_str(), 0755);
+  write_atomically(dir + "/grid.id", g.id + "\n");
+  write_atomically(dir + "/grid.toml", read_all(g.path));
+  std::ostringstream cells;
+  cells << "cell\toverrides\n";
+  for (size_t i = 0; i < g.size(); ++i) {
+    cells << i << "\t";
+    for (const auto& o : g.cells[i]) cells << o << " ";
+    cells << "\n";
+  }
+  write_atomically(dir + "/cells.tsv", cells.str());
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, size_t(n)) : "divlab";
+}
+
+struct Running {
+  size_t cell;
+  pid_t pid;
+  Clock::time_point start;
+};
+
+struct Record {
+  std::string status = "pending";
+  int exit_code = 0;
+  double seconds = 0;
+};
+
+void write_manifest(const std::string& dir, const Grid& g, const std::vector<Record>& rec) {
+  std::ostringstream m;
+  m << "cell\tstatus\texit_code\tseconds\ttrace\tlog\taxes\n";
+  for (size_t i = 0; i < g.size(); ++i)
+    m << i << "\t" << rec[i].status << "\t" << rec[i].exit_code << "\t" << rec[i].seconds << "\t"
+      << cell_trace_path(dir, i) << "\t" << cell_log_path(dir, i) << "\t" << g.describe(i) << "\n";
+  write_atomically(dir + "/manifest.tsv", m.str());
+}
+
+pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads) {
+  std::vector<std::string> args = {self_exe(), "train", "--quiet", "--force"};
+  if (!g.base_config.empty()) args.insert(args.end(), {"--config", g.base_config});
+  args.push_back("--set");
+  for (const auto& o : g.cells[cell]) args.push_back(o);
+  args.push_back("train.threads=" + std::to_string(threads));
+  args.insert(args.end(), {"--out", cell_trace_path(dir, cell)});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log = cell_log_path(dir, cell);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+void emit_slurm(const Grid& g, const SweepOptions& opt) {
+  const std::string exe = self_exe();
+  std::ostringstream array, analyze, submit;
+  array << "#!/bin/bash\n#SBATCH --job-name=divlab-sweep\n#SBATCH --array=0-" << g.size() - 1
+        << "\n#SBATCH --cpus-per-task=2\n#SBATCH --output=" << opt.out << "/cells/slurm-%a.log\n"
+        << "# One grid cell per array task; cells already finished are skipped.\n"
+        << exe << " sweep --config " << g.path << " --out " << opt.out
+        << (opt.quick ? " --quick" : "") << " --cell $SLURM_ARRAY_TASK_ID\n";
+  analyze << "#!/bin/bash\n#SBATCH --job-name=divlab-analyze\n#SBATCH --output=" << opt.out
+          << "/analyze.log\n"
+          << exe << " analyze " << opt.out << "\n";
+  submit << "#!/bin/bash\n# Submits the sweep as a job array, then the analysis once every task "
+            "has ended.\nset -e\ncd \"$(dirname \"$0\")\"\njid=$(sbatch --parsable sweep.slurm)\n"
+            "sbatch --dependency=afterany:$jid analyze.slurm\n";
+  write_atomically(opt.out + "/sweep.slurm", array.str());
+  write_atomically(opt.out + "/analyze.slurm", analyze.str());
+  write_atomically(opt.out + "/submit.sh", submit.str());
+  chmod((opt.out + "/submit.sh").c_str(), 0755);
+}
+
+}  // namespace
+
+SweepSummary run_sweep(const SweepOptions& opt) {
+  if (opt.out.empty()) throw InputError("--out: an output folder is required");
+  const Grid g = load_grid(opt.grid, opt.quick);
+  if (opt.cell >= int(g.size()))
+    throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
+                     std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
+  if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
+  prepare_dir(opt.out, g);
+  SweepSummary sum;
+  sum.cells = int(g.size());
+  if (opt.emit_slurm) {
+    emit_slurm(g, opt);
+    if (opt.verbose)
+      std::cout << "wrote " << opt.out << "/sweep.slurm (" << g.size() << " array tasks), "
+                << opt.out << "/analyze.slurm and " << opt.out << "/submit.sh\n";
+    return sum;
+  }
+  if (opt.cell >= 0) {  // one cell, in this process
+    if (!finished_status(cell_trace_path(opt.out, opt.cell)).empty()) {
+      sum.skipped = 1;
+      return sum;
+    }
+    TrainOptions t;
+    t.out = cell_trace_path(opt.out, opt.cell), t.force = true, t.progress = false;
+    const TrainResult r = train(load_config(g.base_config, g.cells[opt.cell]), t);
+    (r.status == "nan" ? sum.nan : sum.completed) = 1;
+    return sum;
+  }
+
+  const int cores = omp_get_num_procs();
+  const int jobs = std::max(1, opt.jobs > 0 ? opt.jobs : cores);
+  const int threads = std::max(1, cores / jobs);
+  std::vector<Record> rec(g.size());
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const std::string done = finished_status(cell_trace_path(opt.out, i));
+    if (done.empty()) {
+      todo.push_back(i);
+    } else {
+      rec[i].status = done + " (earlier)";
+      ++sum.skipped;
+    }
+  }
+  if (opt.verbose)
+    std::cout << "sweep " << g.path << ": " << g.size() << " cells, " << sum.skipped
+              << " already finished, " << todo.size() << " to run, " << jobs << " at a time x "
+              << threads << " thread(s)" << std::endl;
+  write_manifest(opt.out, g, rec);
+  std::vector<Running> running;
+  size_t next = 0, done = 0;
+  while (next < todo.size() || !running.empty()) {
+    while (next < todo.size() && int(running.size()) < jobs) {
+      const size_t cell = todo[next++];
+      const pid_t pid = spawn_cell(g, cell, opt.out, threads);
+      if (pid < 0) {
+        rec[cell] = {"failed (could not start)", -1, 0};
+        ++sum.failed;
+        continue;
+      }
+      running.push_back({cell, pid, Clock::now()});
+      rec[cell].status = "running";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (size_t r = 0; r < running.size();) {
+      Running& run = running[r];
+      const double age = std::chrono::duration<double>(Clock::now() - run.start).count();
+      int status = 0;
+      const pid_t w = waitpid(run.pid, &status, WNOHANG);
+      if (w == 0 && opt.timeout_s > 0 && age > opt.timeout_s) {
+        kill(run.pid, SIGKILL);
+        waitpid(run.pid, &status, 0);
+        rec[run.cell] = {"timeout", -1, age};
+        ++sum.failed;
+      } else if (w == 0) {
+        ++r;
+        continue;
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        const std::string s = finished_status(cell_trace_path(opt.out, run.cell));
+        rec[run.cell] = {s.empty() ? "failed (no finished trace)" : s, 0, age};
+        (s == "nan" ? sum.nan : s == "completed" ? sum.completed : sum.failed)++;
+      } else {
+        const bool signalled = WIFSIGNALED(status);
+        const int code = signalled ? WTERMSIG(status) : WEXITSTATUS(status);
+        rec[run.cell] = {std::string(signalled ? "crashed (signal " : "failed (exit ") +
+                             std::to_string(code) + ")",
+                         signalled ? 128 + code : code, age};
+        ++sum.failed;
+      }
+      ++done;
+      if (opt.verbose)
+        std::cout << "[" << done << "/" << todo.size() << "] cell " << run.cell << " "
+                  << rec[run.cell].status << " in " << int(age) << " s: " << g.describe(run.cell)
+                  << std::endl;
+      write_manifest(opt.out, g, rec);
+      running.erase(running.begin() + long(r));
+    }
+  }
+  write_manifest(opt.out, g, rec);
+  return sum;
+}
+
+}  // namespace divlab

@@ -1,0 +1,30 @@
+// `divlab sweep`: every cell of a grid as its own `divlab train` process, N at a time.
+#pragma once
+
+#include <string>
+
+namespace divlab {
+
+struct SweepOptions {
+  std::string grid, out;
+  int jobs = 0;          // 0: number of cores
+  int cell = -1;         // >= 0: run only this cell, in this process (job arrays)
+  bool quick = false;    // apply the grid's [quick] overlay
+  double timeout_s = 0;  // per cell; 0: none
+  bool emit_slurm = false;
+  bool verbose = true;
+};
+
+struct SweepSummary {
+  int cells = 0, skipped = 0, completed = 0, nan = 0, failed = 0;
+};
+
+// Throws InputError for a bad grid or an output directory that holds another grid's cells.
+SweepSummary run_sweep(const SweepOptions& opt);
+
+// DIR/cells/NNNN.h5 for cell i.
+std::string cell_trace_path(const std::string& dir, size_t cell);
+// DIR/cells/NNNN.log: the cell's stdout and stderr.
+std::string cell_log_path(const std::string& dir, size_t cell);
+
+}  // namespace divlab

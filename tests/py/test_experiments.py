@@ -1,0 +1,258 @@
+"""Grids, sweeps and the analysis: self-tests on synthetic traces with known answers, resume,
+crash isolation, Slurm emission and bad input."""
+import csv
+import os
+import subprocess
+import unittest
+
+import h5py
+import numpy as np
+
+from cli import SMALL, run, snapshot, tmpdir
+
+STEPS = 600
+
+
+def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100):
+    """A trace with the fields analyze reads, written by h5py (not by divlab)."""
+    toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
+            f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
+    with h5py.File(path, "w") as f:
+        f.attrs["status"] = status
+        f.attrs["config_toml"] = toml
+        f["metrics/loss"] = loss
+        f["metrics/max_row_contributions"] = np.full(len(loss), dose, dtype=np.int64)
+
+
+def curve(rng, noise=0.02):
+    """A decaying loss with autocorrelated noise, like SGD's."""
+    steps = np.arange(STEPS)
+    wobble = np.convolve(rng.normal(0, noise, STEPS + 20), np.ones(20) / 20, mode="valid")[:STEPS]
+    return 2.0 + 3.0 * np.exp(-steps / 150.0) + wobble
+
+
+def synthetic_grid(d, groups, variants, seeds, gap_for, rng):
+    """gap_for(group, variant, seed) -> array added to that cell's loss."""
+    os.makedirs(os.path.join(d, "cells"), exist_ok=True)
+    i = 0
+    for g in groups:
+        for s in range(seeds):
+            base = curve(rng)
+            for v in ["reference"] + variants:
+                # Controls and candidates move away from the reference by their own small noise.
+                own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
+                synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), g, v, s,
+                                base + own + gap_for(g, v, s))
+                i += 1
+
+
+def verdicts(d):
+    with open(os.path.join(d, "verdicts.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+class AnalysisSelfTest(unittest.TestCase):
+    def test_injected_gap_is_detected_with_its_onset(self):
+        rng = np.random.default_rng()
+        d = tmpdir()
+        onset = 300
+
+        def gap(g, v, s):
+            if v != "bf16_accum":
+                return 0
+            return np.clip((np.arange(STEPS) - onset) / 100.0, 0, 1) * 0.05
+
+        synthetic_grid(d, ["zipf:1.1"], ["bf16_accum", "fp32_reordered", "fp64_accum"], 4, gap,
+                       rng)
+        r = run("analyze", d, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = {row["variant"]: row for row in verdicts(d)}
+        bug = rows["embed_rmsnorm_backward=bf16_accum"]
+        self.assertEqual(bug["verdict"], "diverged", bug)
+        self.assertLess(float(bug["p_welch"]), 0.05)
+        # The smoothed gap leaves the band within a smoothing window of the injected onset.
+        self.assertLess(abs(int(bug["onset_step"]) - onset), 60, bug)
+        self.assertAlmostEqual(float(bug["gap"]), 0.05, delta=0.01)
+        for c in ("fp32_reordered", "fp64_accum"):
+            self.assertEqual(rows[f"embed_rmsnorm_backward={c}"]["verdict"], "no-divergence")
+
+    def test_controls_against_reference_say_no_divergence(self):
+        rng = np.random.default_rng()
+        d = tmpdir()
+        groups = [f"zipf:1.{i:02d}" for i in range(40)]
+        synthetic_grid(d, groups, ["fp32_reordered", "fp64_accum"], 4, lambda g, v, s: 0, rng)
+        self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
+        rows = verdicts(d)
+        self.assertEqual(len(rows), 80)
+        quiet = sum(r["verdict"] == "no-divergence" for r in rows)
+        self.assertGreaterEqual(quiet / len(rows), 0.95, [r for r in rows if r["verdict"] != "no-divergence"])
+
+    def test_nan_is_its_own_verdict(self):
+        d = tmpdir()
+        rng = np.random.default_rng()
+        synthetic_grid(d, ["zipf:1.1"], ["fp32_reordered", "fp64_accum"], 3, lambda g, v, s: 0, rng)
+        for s in range(3):
+            synthetic_trace(os.path.join(d, "cells", f"9{s:03d}.h5"), "zipf:1.1", "fp16_accum", s,
+                            curve(rng)[:100], status="nan")
+        run("analyze", d, "--no-plots", check=True)
+        rows = {row["variant"]: row for row in verdicts(d)}
+        self.assertEqual(rows["embed_rmsnorm_backward=fp16_accum"]["verdict"], "nan")
+
+
+GRID = """
+[set]
+data = "zipf:1.2"
+[set.model]
+vocab = 64
+d_model = 16
+n_layers = 1
+n_heads = 2
+seq_len = 16
+[set.train]
+batch = 4
+steps = 8
+[axes.kernels]
+embed_rmsnorm_backward = ["reference", "fp32_reordered"]
+[axes.train]
+seed = [0, 1]
+"""
+
+
+def write_grid(d, text=GRID, name="grid.toml"):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class Sweep(unittest.TestCase):
+    def test_runs_every_cell_then_skips_finished_ones(self):
+        d = tmpdir()
+        grid, out = write_grid(d), os.path.join(d, "out")
+        r = run("sweep", "--config", grid, "--out", out, "--jobs", "2", check=True)
+        self.assertIn("4 completed", r.stdout)
+        traces = sorted(os.listdir(os.path.join(out, "cells")))
+        self.assertEqual([t for t in traces if t.endswith(".h5")],
+                         ["0000.h5", "0001.h5", "0002.h5", "0003.h5"])
+        with h5py.File(os.path.join(out, "cells", "0003.h5"), "r") as f:
+            self.assertEqual(f["config"].attrs["kernels.embed_rmsnorm_backward"], "fp32_reordered")
+            self.assertEqual(f["config"].attrs["train.seed"], 1)
+        before = {t: os.stat(os.path.join(out, "cells", t)).st_mtime_ns for t in traces}
+        r = run("sweep", "--config", grid, "--out", out, check=True)
+        self.assertIn("4 already finished", r.stdout)
+        after = {t: os.stat(os.path.join(out, "cells", t)).st_mtime_ns for t in traces}
+        self.assertEqual(before, after)
+        with open(os.path.join(out, "manifest.tsv")) as f:
+            self.assertEqual(len(f.readlines()), 5)
+
+    def test_a_crashing_cell_is_recorded_and_the_rest_finish(self):
+        d = tmpdir()
+        grid = write_grid(d, GRID + "[axes.debug]\nabort_at_step = [-1, 3]\n")
+        out = os.path.join(d, "out")
+        r = run("sweep", "--config", grid, "--out", out, "--jobs", "2", check=True)
+        self.assertIn("4 completed", r.stdout)
+        self.assertIn("4 failed", r.stdout)
+        with open(os.path.join(out, "manifest.tsv")) as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+        crashed = [row for row in rows if "abort_at_step=3" in row["axes"]]
+        self.assertEqual(len(crashed), 4)
+        for row in crashed:
+            self.assertEqual(row["status"], "crashed (signal 6)")
+            with h5py.File(row["trace"], "r", swmr=True) as f:  # readable up to the crash
+                self.assertEqual(f.attrs["status"], "running")
+        for row in rows:
+            if "abort_at_step=-1" in row["axes"]:
+                self.assertEqual(row["status"], "completed")
+
+    def test_one_cell_for_job_arrays_and_slurm_emission(self):
+        d = tmpdir()
+        grid, out = write_grid(d), os.path.join(d, "out")
+        run("sweep", "--config", grid, "--out", out, "--cell", "2", check=True)
+        self.assertEqual(sorted(f for f in os.listdir(os.path.join(out, "cells"))
+                                if f.endswith(".h5")), ["0002.h5"])
+        run("sweep", "--config", grid, "--out", out, "--emit-slurm", check=True)
+        with open(os.path.join(out, "sweep.slurm")) as f:
+            script = f.read()
+        self.assertIn("#SBATCH --array=0-3", script)
+        self.assertIn("--cell $SLURM_ARRAY_TASK_ID", script)
+        with open(os.path.join(out, "submit.sh")) as f:
+            self.assertIn("--dependency=afterany:$jid analyze.slurm", f.read())
+        with open(os.path.join(out, "analyze.slurm")) as f:
+            self.assertIn(" analyze " + out, f.read())
+
+    def test_analyze_writes_report_and_plots(self):
+        d = tmpdir()
+        grid, out = write_grid(d), os.path.join(d, "out")
+        run("sweep", "--config", grid, "--out", out, check=True)
+        r = run("analyze", out, check=True)
+        self.assertIn("fp32_reordered", r.stdout)
+        for name in ("verdicts.csv", "summary.h5", "report.md", "dose.png", "verdict-0.png"):
+            self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+        with h5py.File(os.path.join(out, "summary.h5"), "r") as f:
+            self.assertEqual(f["verdicts/0"].attrs["variant"],
+                             "embed_rmsnorm_backward=fp32_reordered")
+
+
+class ExperimentBadInput(unittest.TestCase):
+    def check(self, args, needle, setup=None):
+        d = tmpdir()
+        if setup:
+            setup(d)
+        before = snapshot(d)
+        r = run(*[a.replace("{d}", d) for a in args])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(needle, r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertEqual(snapshot(d), before)
+
+    def test_grid_without_axes(self):
+        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "no [axes]",
+                   lambda d: write_grid(d, "[set.train]\nsteps = 3\n", "g.toml"))
+
+    def test_grid_with_unknown_key(self):
+        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "train.sead",
+                   lambda d: write_grid(d, "[axes.train]\nsead = [1, 2]\n", "g.toml"))
+
+    def test_grid_with_unknown_section(self):
+        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "unknown key",
+                   lambda d: write_grid(d, "[axis.train]\nseed = [1, 2]\n", "g.toml"))
+
+    def test_output_folder_of_another_grid(self):
+        def setup(d):
+            write_grid(d)
+            run("sweep", "--config", os.path.join(d, "grid.toml"), "--out",
+                os.path.join(d, "out"), check=True)
+            write_grid(d, GRID.replace("seed = [0, 1]", "seed = [5, 6]"), "other.toml")
+        self.check(["sweep", "--config", "{d}/other.toml", "--out", "{d}/out"], "another grid",
+                   setup)
+
+    def test_cell_out_of_range(self):
+        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--cell", "9"],
+                   "--cell 9", lambda d: write_grid(d))
+
+    def test_analyze_folder_without_traces(self):
+        self.check(["analyze", "{d}"], "no traces")
+
+    def test_analyze_missing_folder(self):
+        self.check(["analyze", "{d}/nothing"], "no such folder")
+
+    def test_analyze_corrupt_trace(self):
+        def setup(d):
+            os.makedirs(os.path.join(d, "cells"))
+            with open(os.path.join(d, "cells", "0000.h5"), "wb") as f:
+                f.write(b"\x89HDF\r\n\x1a\n" + b"\x00" * 40)  # an HDF5 signature, then nothing
+        self.check(["analyze", "{d}"], "0000.h5", setup)
+
+    def test_analyze_truncated_trace(self):
+        def setup(d):
+            os.makedirs(os.path.join(d, "cells"))
+            run("train", "--set", *SMALL, "--out", os.path.join(d, "cells", "0000.h5"),
+                check=True)
+            path = os.path.join(d, "cells", "0000.h5")
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
+        self.check(["analyze", "{d}"], "0000.h5", setup)
+
+
+if __name__ == "__main__":
+    unittest.main()
