@@ -29,6 +29,7 @@ struct Cell {
   std::map<std::string, std::string> config;  // resolved key -> value text
   std::vector<double> loss, val_loss, max_row;
   std::string group_key, variant;
+  std::string nan_where;  // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
   bool control = false;
   long long seed = 0;
 };
@@ -73,6 +74,17 @@ Cell load_cell(const std::string& path) {
   c.path = path;
   const TraceReader r(path);  // InputError if not HDF5
   c.status = r.string_attr("/", "status");
+  if (c.status == "nan") {
+    auto attr = [&](const char* name) {
+      try {
+        return r.string_attr("/", name);
+      } catch (const InputError&) {
+        return std::string("?");
+      }
+    };
+    c.nan_where = attr("nan_pass") + " " + attr("nan_op") + " layer " + attr("nan_layer") + " " +
+                  attr("nan_tensor") + ", step " + attr("nan_step");
+  }
   c.config = parse_toml(r.string_attr("/", "config_toml"), path);
   if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
   c.loss = r.floats("/metrics/loss");
@@ -136,6 +148,7 @@ struct Series {  // one variant's per-seed curves within a group, paired with th
   std::vector<double> gaps, areas, val_gaps;
   std::vector<std::vector<double>> smooth_gap;  // per seed: smooth(variant) - smooth(reference)
   std::vector<std::vector<double>> smooth_ref, smooth_variant;
+  std::string nan_where;
   bool any_nan = false;
 };
 
@@ -175,7 +188,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
 // analysis/plots.py draws the PNGs; returns "ok" or why not.
 std::string run_plots(const std::string& dir) {
   const char* py = std::getenv("DIVLAB_PYTHON");
-  const std::string cmd = std::string(py && *py ? py : "/usr/bin/python3") + " " +
+  const std::string cmd = std::string(py && *py ? py : DIVLAB_DEFAULT_PYTHON) + " " +
                           DIVLAB_SOURCE_DIR "/analysis/plots.py '" + dir + "' > '" + dir +
                           "/plots.log' 2>&1";
   const int rc = std::system(cmd.c_str());
@@ -210,6 +223,10 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
        << (v.onset >= 0 ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
        << fmt(v.max_row_contributions, "%.0f") << " |\n";
+  for (const auto& v : verdicts)
+    if (!v.nan_where.empty())
+      md << "\n`" << v.variant << "` in " << v.group << ": first non-finite value in "
+         << v.nan_where << ".\n";
   if (!unfinished.empty()) {
     md << "\nLeft out (not finished):\n\n";
     for (const auto& u : unfinished) md << "- " << u << "\n";
@@ -271,6 +288,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         if (it == ref.end() || it->second->status != "completed") continue;
         if (c->status == "nan") {
           s.any_nan = true;
+          s.nan_where = c->nan_where;
           continue;
         }
         const Cell& r = *it->second;
@@ -322,6 +340,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         v.verdict = "no-reference";
       } else if (s.any_nan) {
         v.verdict = "nan";
+        v.nan_where = s.nan_where;
       } else if (s.gaps.size() < 2) {
         v.verdict = "too-few-seeds";
       } else {
@@ -368,7 +387,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   {
     std::ofstream csv(opt.dir + "/verdicts.csv");
     csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,area,val_gap,p_welch,"
-           "p_permutation,hedges_g,compared_with,onset_step,max_row_contributions\n";
+           "p_permutation,hedges_g,compared_with,onset_step,max_row_contributions,nan_where\n";
     for (const auto& v : verdicts)
       csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
           << v.verdict << "," << v.seeds << "," << v.final_loss_ref << "," << v.gap << ","
@@ -386,6 +405,10 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
                   (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
                   v.gap, v.p_welch, v.p_permutation, v.onset, v.max_row_contributions);
+    for (const auto& v : verdicts)
+      if (!v.nan_where.empty())
+        std::printf("%s %s: first non-finite value in %s\n", v.group.c_str(), v.variant.c_str(),
+                    v.nan_where.c_str());
     for (const auto& u : unfinished) std::printf("not finished, left out: %s\n", u.c_str());
     std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", opt.dir.c_str(),
                 plots.c_str());

@@ -32,6 +32,7 @@ struct Verdict {
   std::string compared_with;         // "controls" or "zero" (no controls in the group)
   long long onset = -1;              // step from which the gap stays outside the control band
   double max_row_contributions = 0;  // mean over the group's steps: the dose
+  std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
   // band (widest |control - reference| smoothed gap); what the plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve;

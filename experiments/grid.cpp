@@ -36,14 +36,6 @@ void set_or_replace(std::vector<std::string>& overrides, const std::string& key,
 }
 }  // namespace
 
-std::string Grid::describe(size_t cell) const {
-  std::string s;
-  const auto& o = cells.at(cell);
-  for (size_t a = 0; a < axes.size(); ++a)
-    s += (s.empty() ? "" : " ") + o[o.size() - axes.size() + a];
-  return s;
-}
-
 Grid load_grid(const std::string& path, bool quick) {
   Grid g;
   g.path = path;
@@ -101,11 +93,22 @@ Grid load_grid(const std::string& path, bool quick) {
   for (size_t i = 0; i < total; ++i) {
     std::vector<std::string> cell = g.fixed;
     size_t rest = i;
-    std::vector<std::string> picks(g.axes.size());
+    std::vector<std::string> picks(g.axes.size()), extras;
     for (size_t a = g.axes.size(); a-- > 0;) {
-      picks[a] = g.axes[a].first + "=" + g.axes[a].second[rest % g.axes[a].second.size()];
+      // "adamw train.lr=3e-3": the value, then overrides that come with it.
+      std::istringstream words(g.axes[a].second[rest % g.axes[a].second.size()]);
+      std::string value, extra;
+      words >> value;
+      picks[a] = g.axes[a].first + "=" + value;
+      while (words >> extra) {
+        if (extra.find('=') == std::string::npos)
+          throw InputError("grid '" + path + "': axis '" + g.axes[a].first + "' value '" +
+                           words.str() + "': words after the value must be key=value");
+        extras.push_back(extra);
+      }
       rest /= g.axes[a].second.size();
     }
+    picks.insert(picks.end(), extras.begin(), extras.end());
     for (const auto& p : picks) {
       // An axis overrides a fixed value of the same key.
       const std::string key = p.substr(0, p.find('='));
@@ -115,6 +118,9 @@ Grid load_grid(const std::string& path, bool quick) {
           cell.end());
     }
     cell.insert(cell.end(), picks.begin(), picks.end());
+    std::string label;
+    for (const auto& p : picks) label += (label.empty() ? "" : " ") + p;
+    g.labels.push_back(label);
     g.cells.push_back(cell);
   }
   // Every cell must be a valid run: bad keys and values are reported before anything runs.

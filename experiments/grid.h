@@ -11,6 +11,7 @@
 //   embed_rmsnorm_backward = ["reference", "bf16_accum", "fp32_reordered"]
 //   [axes.train]
 //   seed = [0, 1, 2]
+//   optimizer = ["sgd", "adamw train.lr=3e-3"]  # a value may bring overrides of its own
 //   [quick.set.train]                    # optional: what --quick changes (set and axes)
 //   steps = 50
 #pragma once
@@ -27,10 +28,11 @@ struct Grid {
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // key -> values
   // Cell i's overrides (fixed, then one value per axis; the last axis varies fastest).
   std::vector<std::vector<std::string>> cells;
+  std::vector<std::string> labels;  // per cell: its axis values (and what they brought along)
   std::string id;  // sha256 of the base config's text and every cell's overrides
 
   size_t size() const { return cells.size(); }
-  std::string describe(size_t cell) const;  // "data=zipf:1.1 train.seed=2 ..." (axes only)
+  const std::string& describe(size_t cell) const { return labels.at(cell); }
 };
 
 // Parses and validates (every cell's config must load). `quick` applies the [quick] overlay.

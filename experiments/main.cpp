@@ -28,7 +28,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   const TrainResult r = train(cfg, opt);
   std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
             << "  trace " << out << std::endl;
-  return 0;
+  return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
 }
 
 int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t seed) {

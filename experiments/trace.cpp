@@ -206,7 +206,8 @@ void TraceWriter::flush() {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
-void TraceWriter::finish(const std::string& status) {
+void TraceWriter::finish(const std::string& status,
+                         const std::vector<std::pair<std::string, std::string>>& attrs) {
   flush();
   impl_->series.clear();
   impl_->file.close();
@@ -218,6 +219,8 @@ void TraceWriter::finish(const std::string& status) {
   root.removeAttr("status");
   const H5::StrType type = utf8_string();
   root.createAttribute("status", type, H5::DataSpace(H5S_SCALAR)).write(type, status);
+  for (const auto& [name, value] : attrs)
+    root.createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
   f.close();
 }
 

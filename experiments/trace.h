@@ -44,8 +44,10 @@ class TraceWriter {
   // Writes buffered appends when `steps_since_flush` or the wall-clock interval is due.
   void maybe_flush(int64_t flush_steps, double flush_seconds);
   void flush();
-  // Flushes, closes, and records the final status (completed | nan | failed | interrupted).
-  void finish(const std::string& status);
+  // Flushes, closes, and records the final status (completed | nan | failed | interrupted),
+  // with any further root attributes (string values).
+  void finish(const std::string& status,
+              const std::vector<std::pair<std::string, std::string>>& attrs = {});
 
   const std::string& path() const { return path_; }
 

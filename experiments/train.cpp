@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -120,6 +121,40 @@ void record_shadow(TraceWriter& w, const std::vector<ShadowSpec>& specs,
   }
 }
 
+// Set by SIGINT/SIGTERM: the run finishes its step, flushes, and ends as "interrupted".
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void request_stop(int sig) {
+  g_stop_signal = sig;
+}
+
+// Replays a step whose loss or gradients were not finite, checking every op's output, and
+// returns where the first non-finite value appeared (trace attributes). The weights are those
+// the step started from: the optimizer does not apply non-finite gradients.
+template <class T>
+std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T>& model,
+                                                               const TokenId* in,
+                                                               const TokenId* tgt, int64_t step) {
+  std::vector<std::pair<std::string, std::string>> where = {{"nan_step", std::to_string(step)}};
+  bool found = false;
+  model.after_op = [&](const typename Transformer<T>::OpOutput& o) {
+    if (found) return;
+    for (int64_t i = 0; i < o.size && !found; ++i) found = !std::isfinite(double(o.data[i]));
+    if (!found) return;
+    where.insert(where.end(), {{"nan_pass", o.pass},
+                               {"nan_op", o.op},
+                               {"nan_layer", o.layer < 0 ? "-" : std::to_string(o.layer)},
+                               {"nan_tensor", o.tensor}});
+  };
+  model.forward(in, tgt, true);
+  model.backward();
+  model.after_op = nullptr;
+  if (!found) where.push_back({"nan_op", "unknown (the replay stayed finite)"});
+  std::string text;
+  for (const auto& [k, v] : where) text += " " + k + "=" + v;
+  std::fprintf(stderr, "divlab: non-finite loss or gradient;%s\n", text.c_str());
+  return where;
+}
+
 class Progress {
  public:
   explicit Progress(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO)) {}
@@ -162,7 +197,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   std::vector<int64_t> token_counts(m.vocab, 0);
   Progress progress(opt.progress);
   const auto t0 = std::chrono::steady_clock::now();
-  TrainResult result{"completed", 0, 0.0};
+  TrainResult result{"completed", 0, 0.0, 0};
+  std::vector<std::pair<std::string, std::string>> nan_where;
   for (int64_t step = 0; step < cfg.steps; ++step) {
     if (step == cfg.abort_at_step) std::abort();
     data.batch(step, B, Tn, in.data(), tgt.data());
@@ -206,12 +242,19 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
     if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
       result.status = "nan";
+      data.batch(step, B, Tn, in.data(), tgt.data());
+      nan_where = attribute_nan(model, in.data(), tgt.data(), step);
+      break;
+    }
+    if (g_stop_signal) {
+      result.status = "interrupted";
+      result.signal = int(g_stop_signal);
       break;
     }
   }
   progress.done();
   trace.write_array("/dataset/token_counts", token_counts);
-  trace.finish(result.status);
+  trace.finish(result.status, nan_where);
   return result;
 }
 
@@ -231,8 +274,18 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   dopt.seq_len = cfg.model.seq_len;
   dopt.seed = cfg.seed;
   const auto data = make_dataset(cfg.data, dopt);
-  return cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads)
-                                 : train_impl<float>(cfg, opt, *data, threads);
+  struct sigaction stop {
+  }, old_int{}, old_term{};
+  stop.sa_handler = request_stop;
+  sigemptyset(&stop.sa_mask);
+  g_stop_signal = 0;
+  sigaction(SIGINT, &stop, &old_int);
+  sigaction(SIGTERM, &stop, &old_term);
+  const TrainResult r = cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads)
+                                                : train_impl<float>(cfg, opt, *data, threads);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  return r;
 }
 
 }  // namespace divlab

@@ -14,12 +14,15 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  std::string status;  // completed | nan
+  std::string status;  // completed | nan | interrupted
   int64_t steps = 0;
   double final_loss = 0;
+  int signal = 0;  // the signal that interrupted the run
 };
 
 // Validates the output path before anything is written (InputError if unusable), then trains.
+// SIGINT/SIGTERM end the run after the current step (status "interrupted"); a non-finite loss
+// or gradient ends it with status "nan" and the first op that produced one in the trace.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
 
 // The checks train() makes on its output path, for other commands that write files.

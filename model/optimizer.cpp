@@ -33,6 +33,9 @@ StepStats Optimizer<T>::step(Transformer<T>& model, int64_t step) {
   }
   stats.grad_norm = std::sqrt(total);
   stats.lr = lr_at(cfg_, step);
+  // Non-finite gradients are not applied: the weights stay as they were, so the step can be
+  // replayed to find the op that produced them (NaN attribution).
+  if (!std::isfinite(stats.grad_norm)) return stats;
   const bool clip = cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip;
   const T scale = clip ? T(cfg_.grad_clip / (stats.grad_norm + 1e-6)) : T(1);
   const T lr = T(stats.lr);

@@ -36,7 +36,8 @@ template <class T>
 class Optimizer {
  public:
   Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout);
-  // One update from the model's current gradients. `step` is 0-based.
+  // One update from the model's current gradients. `step` is 0-based. Gradients with a
+  // non-finite norm are not applied (stats.grad_norm says so).
   StepStats step(Transformer<T>& model, int64_t step);
 
   // Optimizer state, exposed for checkpoints.

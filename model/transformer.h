@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,18 @@ class Transformer {
   const KernelSet<T>& kernels() const { return k_; }
   void set_kernels(const KernelSet<T>& k) { k_ = k; }
 
+  // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
+  // outputs in execution order (layer -1: outside the blocks). Unset in normal training.
+  struct OpOutput {
+    const char* pass;  // "forward" | "backward"
+    const char* op;    // kernel op name
+    int layer;
+    const char* tensor;  // what was written, e.g. "attn.qkv" or "grad mlp.fc.weight"
+    const T* data;
+    int64_t size;
+  };
+  std::function<void(const OpOutput&)> after_op;
+
   // The inputs of the last forward's embed_rmsnorm_backward call, for shadow evaluation.
   struct EmbedBackwardInputs {
     const T *dy_norm, *dresid, *x0, *w_norm, *rstd;
@@ -66,6 +79,11 @@ class Transformer {
   EmbedBackwardInputs last_embed_backward_inputs() const;
 
  private:
+  void observe(const char* pass, const char* op, int layer, const char* tensor, const T* data,
+               int64_t size) const {
+    if (after_op) after_op({pass, op, layer, tensor, data, size});
+  }
+
   struct Layer {  // offsets of one block's tensors in the flat buffers
     int64_t ln1, qkv, proj, ln2, fc, fc2;
   };

@@ -194,5 +194,45 @@ class CrashSafety(unittest.TestCase):
             self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:n])))
 
 
+class Signals(unittest.TestCase):
+    def test_sigterm_finishes_the_step_and_marks_interrupted(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            path = os.path.join(tmpdir(), "run.h5")
+            p = subprocess.Popen([BIN, "train", "--set", *SMALL, "train.steps=1000000", "--out",
+                                  path, "--quiet"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            deadline = time.time() + 30
+            while not os.path.exists(path) and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            p.send_signal(sig)
+            self.assertEqual(p.wait(timeout=30), 128 + sig)
+            with h5py.File(path, "r") as f:  # closed cleanly: any reader opens it
+                self.assertEqual(f.attrs["status"], "interrupted")
+                n = f["metrics/loss"].shape[0]
+                self.assertGreater(n, 0)
+                np.testing.assert_array_equal(f["metrics/step"][:], np.arange(n))
+
+
+class NanAttribution(unittest.TestCase):
+    def test_first_non_finite_op_is_recorded(self):
+        # Softmax without max subtraction in the loss overflows once logits pass ~88: a large
+        # learning rate gets there within a few steps.
+        path = os.path.join(tmpdir(), "nan.h5")
+        r = run("train", "--set", *SMALL, "train.steps=500", "train.lr=200",
+                "kernels.cross_entropy=no_max_subtraction", "--out", path)
+        self.assertEqual(r.returncode, 0, r.stderr)  # a NaN is a finding, not an error
+        self.assertIn("status nan", r.stdout)
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            self.assertEqual(a["status"], "nan")
+            self.assertEqual((a["nan_pass"], a["nan_op"], a["nan_tensor"]),
+                             ("forward", "cross_entropy", "losses"), dict(a))
+            step = int(a["nan_step"])
+            self.assertEqual(f["metrics/loss"].shape[0], step + 1)
+            self.assertFalse(np.isfinite(f["metrics/loss"][step]))
+            self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:step])))
+
+
 if __name__ == "__main__":
     unittest.main()

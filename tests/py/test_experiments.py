@@ -8,7 +8,7 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import SMALL, run, snapshot, tmpdir
+from cli import SMALL, run, snapshot, tmpdir  # noqa: F401
 
 STEPS = 600
 
@@ -256,3 +256,22 @@ class ExperimentBadInput(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReproduceQuick(unittest.TestCase):
+    def test_end_to_end(self):
+        out = os.path.join(tmpdir(), "repro")
+        r = run("reproduce", "--quick", "--out", out, "--jobs", "2")
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertIn("54 cells: 54 completed", r.stdout)
+        for row in ("uniform / sgd", "uniform / adamw", "zipf:1.1 / sgd", "zipf:1.1 / adamw",
+                    "brown / sgd", "brown / adamw"):
+            self.assertIn(row, r.stdout)
+        rows = verdicts(out)
+        self.assertEqual(len(rows), 12)  # 6 groups x (candidate, control)
+        # The dose is what the grid was sized for: skewed data puts hundreds of additions on
+        # one row per step, uniform data a handful.
+        dose = {row["group"]: float(row["max_row_contributions"]) for row in rows}
+        self.assertGreater(min(v for k, v in dose.items() if "zipf" in k), 100)
+        self.assertLess(max(v for k, v in dose.items() if "uniform" in k), 20)
+        self.assertTrue(os.path.exists(os.path.join(out, "report.md")))
