@@ -74,6 +74,9 @@ const std::vector<KeySpec>& schema() {
        Range::Positive},
       {"trace.flush_seconds", Type::Float, "2", "... and at least every S seconds",
        Range::Positive},
+      {"checkpoint.every", Type::Int, "100",
+       "checkpoint weights and optimizer state every K steps, for --resume (0 = never)",
+       Range::NonNegative},
       {"debug.abort_at_step", Type::Int, "-1",
        "abort the process at this step (tests of crash handling; -1 = never)"},
   };
@@ -259,19 +262,28 @@ std::string describe_config_keys() {
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return load_config_text("", "", overrides);
+  std::ifstream in(path);
+  if (!in) throw InputError("config file '" + path + "': cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return load_config_text(text.str(), path, overrides);
+}
+
+RunConfig load_config_text(const std::string& toml, const std::string& source,
+                           const std::vector<std::string>& overrides) {
   RawValues raw;
-  if (!path.empty()) {
-    std::ifstream probe(path);
-    if (!probe) throw InputError("config file '" + path + "': cannot be read");
+  if (!toml.empty()) {
     std::vector<CLI::ConfigItem> items;
     try {
-      items = CLI::ConfigTOML().from_file(path);
+      std::istringstream in(toml);
+      items = CLI::ConfigTOML().from_config(in);
     } catch (const std::exception& e) {
-      throw InputError("config file '" + path + "': " + e.what());
+      throw InputError("config file '" + source + "': " + e.what());
     }
     for (const auto& item : items) {
       if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
-      put(raw, item.fullname(), item.inputs, " in " + path);
+      put(raw, item.fullname(), item.inputs, " in " + source);
     }
   }
   for (const auto& o : overrides) {
@@ -325,6 +337,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
   cfg.abort_at_step = i64("debug.abort_at_step");
+  cfg.checkpoint_every = i64("checkpoint.every");
 
   // Cross-key rules.
   if (m.vocab < 2)

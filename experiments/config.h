@@ -34,7 +34,8 @@ struct RunConfig {
   std::vector<std::string> shadow_variants;
   int64_t flush_steps = 10;
   double flush_seconds = 2.0;
-  int64_t abort_at_step = -1;  // debug: std::abort() at this step
+  int64_t abort_at_step = -1;      // debug: std::abort() at this step
+  int64_t checkpoint_every = 100;  // 0: no checkpoints
 
   // Every key with its resolved value, as TOML value text (strings quoted), in schema order.
   std::vector<std::pair<std::string, std::string>> resolved;
@@ -47,5 +48,8 @@ std::string describe_config_keys();
 // Reads `path` (may be empty: defaults only), applies `overrides` ("key=value", value may be a
 // TOML-like list "[a, b]"), validates. Throws InputError naming the key, value or path.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from TOML text (e.g. a trace's config_toml); `source` names it in messages.
+RunConfig load_config_text(const std::string& toml, const std::string& source,
+                           const std::vector<std::string>& overrides);
 
 }  // namespace divlab

@@ -29,7 +29,7 @@ struct Grid {
   // Cell i's overrides (fixed, then one value per axis; the last axis varies fastest).
   std::vector<std::vector<std::string>> cells;
   std::vector<std::string> labels;  // per cell: its axis values (and what they brought along)
-  std::string id;  // sha256 of the base config's text and every cell's overrides
+  std::string id;                   // sha256 of the base config's text and every cell's overrides
 
   size_t size() const { return cells.size(); }
   const std::string& describe(size_t cell) const { return labels.at(cell); }

@@ -18,7 +18,17 @@ namespace divlab {
 namespace {
 
 int cmd_train(const std::string& config, const std::vector<std::string>& sets,
-              const std::string& out, bool force, bool quiet) {
+              const std::string& out, bool force, bool quiet, const std::string& resume) {
+  if (!resume.empty()) {
+    if (!config.empty() || !out.empty())
+      throw InputError(
+          "--resume: the trace holds its config and is the output; drop --config "
+          "and --out");
+    const TrainResult r = resume_training(resume, sets, !quiet);
+    std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
+              << "  trace " << resume << std::endl;
+    return r.status == "interrupted" ? 128 + r.signal : 0;
+  }
   const RunConfig cfg = load_config(config, sets);
   std::cout << "# divlab train: resolved config" << cfg.to_toml() << std::endl;
   TrainOptions opt;
@@ -115,6 +125,8 @@ int main(int argc, char** argv) {
   train->add_flag("--force", force, "overwrite an existing trace");
   train->add_flag("--quiet", quiet, "no progress line");
   train->add_flag("--help-config", help_config, "list every config key and exit");
+  std::string resume;
+  train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace");
 
   auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
   std::string spec;
@@ -169,7 +181,7 @@ int main(int argc, char** argv) {
         std::cout << describe_config_keys();
         return 0;
       }
-      return cmd_train(config, sets, out, force, quiet);
+      return cmd_train(config, sets, out, force, quiet, resume);
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
     if (*kernels) return cmd_kernels(only_op, markdown);

@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "experiments/config.h"
@@ -206,6 +207,12 @@ void TraceWriter::flush() {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
+void TraceWriter::rename_to(const std::string& path) {
+  if (std::rename(path_.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("trace: cannot rename '" + path_ + "' to '" + path + "'");
+  path_ = path;
+}
+
 void TraceWriter::finish(const std::string& status,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
   flush();
@@ -312,6 +319,10 @@ std::vector<int64_t> TraceReader::ints(const std::string& path) const {
 std::string TraceReader::blob(const std::string& path) const {
   const auto v = read_1d<uint8_t>(impl_->file, path, path_, H5::PredType::NATIVE_UINT8);
   return std::string(v.begin(), v.end());
+}
+
+bool TraceReader::is_group(const std::string& path) const {
+  return exists(path) && impl_->file.childObjType(path) == H5O_TYPE_GROUP;
 }
 
 std::vector<std::string> TraceReader::children(const std::string& group) const {

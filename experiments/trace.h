@@ -50,6 +50,8 @@ class TraceWriter {
               const std::vector<std::pair<std::string, std::string>>& attrs = {});
 
   const std::string& path() const { return path_; }
+  // Renames the open file (atomically replacing `path`); finish() then uses the new name.
+  void rename_to(const std::string& path);
 
  private:
   struct Impl;
@@ -71,6 +73,7 @@ class TraceReader {
   std::vector<int64_t> ints(const std::string& dataset) const;
   std::string blob(const std::string& dataset) const;
   std::vector<std::string> children(const std::string& group) const;
+  bool is_group(const std::string& path) const;
 
  private:
   struct Impl;

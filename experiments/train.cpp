@@ -13,8 +13,10 @@
 #include <memory>
 
 #include "datasets/dataset.h"
+#include "experiments/checkpoint.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
+#include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/shadow.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
@@ -35,6 +37,11 @@ void check_output_path(const std::string& path, bool force) {
                      "' does not exist or is not "
                      "writable");
 }
+
+struct Resume {
+  Checkpoint checkpoint;
+  std::vector<std::pair<std::string, std::vector<double>>> history;
+};
 
 namespace {
 
@@ -173,8 +180,13 @@ class Progress {
 };
 
 template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+template <class T>
 TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
-                       int threads) {
+                       int threads, const Resume* resume) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
   const int64_t N = int64_t(B) * Tn;
@@ -188,18 +200,45 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   Transformer<T> model(m, run_kernels, B);
   model.init(cfg.seed);
   Optimizer<T> optim(cfg.optim, model.layout());
+  const int64_t n_params = int64_t(model.params().size());
+  std::vector<int64_t> token_counts(m.vocab, 0);
+  int64_t first_step = 0;
+  double wall_offset = 0;
 
-  TraceWriter trace(opt.out, opt.force);
+  // A resumed run writes a new trace beside the old one (history up to the checkpoint copied),
+  // then renames it over the old: the old file stays resumable until the new one is.
+  TraceWriter trace(resume ? opt.out + ".resume" : opt.out, resume ? true : opt.force);
   lay_out_trace(trace, cfg, data.info(), model.layout(), threads);
+  if (cfg.checkpoint_every > 0)
+    lay_out_checkpoints(trace, n_params, cfg.optim.kind == "adamw", m.vocab);
+  if (resume) trace.attr("/", "resumed_at_step", resume->checkpoint.next_step);
   trace.start();
+  if (resume) {
+    const Checkpoint& c = resume->checkpoint;
+    if (int64_t(c.params.size()) != n_params)
+      throw InputError("--resume '" + opt.out + "': the checkpoint does not fit the model");
+    std::copy(c.params.begin(), c.params.end(), model.params().begin());
+    std::copy(c.first_moment.begin(), c.first_moment.end(), optim.first_moment().begin());
+    if (cfg.optim.kind == "adamw")
+      std::copy(c.second_moment.begin(), c.second_moment.end(), optim.second_moment().begin());
+    token_counts = c.token_counts;
+    stochastic_rounding_calls() = c.kernel_calls;
+    for (const auto& [series, values] : resume->history) {
+      for (double v : values) trace.append(series, v);
+      if (series == "/metrics/wall_s" && !values.empty()) wall_offset = values.back();
+    }
+    first_step = c.next_step;
+    if (cfg.checkpoint_every > 0) write_checkpoint(trace, c, 0);
+    trace.flush();
+    trace.rename_to(opt.out);
+  }
 
   std::vector<TokenId> in(N), tgt(N);
-  std::vector<int64_t> token_counts(m.vocab, 0);
   Progress progress(opt.progress);
   const auto t0 = std::chrono::steady_clock::now();
-  TrainResult result{"completed", 0, 0.0, 0};
+  TrainResult result{"completed", first_step, 0.0, 0};
   std::vector<std::pair<std::string, std::string>> nan_where;
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  for (int64_t step = first_step; step < cfg.steps; ++step) {
     if (step == cfg.abort_at_step) std::abort();
     data.batch(step, B, Tn, in.data(), tgt.data());
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
@@ -210,7 +249,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     if (shadow_step) record_shadow(trace, shadow_specs, tap->evaluate(in.data(), N, m.vocab), step);
     const StepStats st = optim.step(model, step);
     const double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        wall_offset + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     trace.append("/metrics/step", step);
     trace.append("/metrics/loss", double(loss));
@@ -246,6 +285,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       nan_where = attribute_nan(model, in.data(), tgt.data(), step);
       break;
     }
+    if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
+        step + 1 < cfg.steps) {
+      const std::vector<T>& v = optim.second_moment();
+      write_checkpoint(trace,
+                       {step + 1, widen(model.params()), widen(optim.first_moment()),
+                        v.empty() ? std::vector<double>{} : widen(v), token_counts,
+                        stochastic_rounding_calls().load()},
+                       int(((step + 1) / cfg.checkpoint_every) % 2));
+    }
     if (g_stop_signal) {
       result.status = "interrupted";
       result.signal = int(g_stop_signal);
@@ -260,8 +308,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
 
 }  // namespace
 
-TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
-  check_output_path(opt.out, opt.force);
+namespace {
+TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* resume) {
   if (cfg.backend != "cpu")
     throw InputError("backend = '" + cfg.backend +
                      "': this build has no CUDA backend yet; use "
@@ -281,11 +329,42 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   g_stop_signal = 0;
   sigaction(SIGINT, &stop, &old_int);
   sigaction(SIGTERM, &stop, &old_term);
-  const TrainResult r = cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads)
-                                                : train_impl<float>(cfg, opt, *data, threads);
+  const TrainResult r = cfg.precision == "fp64"
+                            ? train_impl<double>(cfg, opt, *data, threads, resume)
+                            : train_impl<float>(cfg, opt, *data, threads, resume);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   return r;
+}
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
+  check_output_path(opt.out, opt.force);
+  return run(cfg, opt, nullptr);
+}
+
+TrainResult resume_training(const std::string& path, const std::vector<std::string>& overrides,
+                            bool progress) {
+  Resume resume;
+  RunConfig cfg;
+  {
+    const TraceReader r(path);
+    cfg = load_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides);
+    const auto done = int64_t(r.ints("/metrics/step").size());
+    if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
+      throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +
+                       " steps; nothing left to run (--set train.steps=N to go further)");
+    resume.checkpoint = read_checkpoint(r, path);
+    if (resume.checkpoint.next_step >= cfg.steps)
+      throw InputError("--resume '" + path + "': its checkpoint is at step " +
+                       std::to_string(resume.checkpoint.next_step) +
+                       " of train.steps = " + std::to_string(cfg.steps) + "; nothing left to run");
+    resume.history = read_history(r, resume.checkpoint.next_step);
+  }
+  if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");
+  TrainOptions opt;
+  opt.out = path, opt.force = true, opt.progress = progress;
+  return run(cfg, opt, &resume);
 }
 
 }  // namespace divlab

@@ -25,6 +25,12 @@ struct TrainResult {
 // or gradient ends it with status "nan" and the first op that produced one in the trace.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
 
+// Continues a run from the newest checkpoint in its trace (written every checkpoint.every
+// steps), with the trace's own config plus `overrides` (e.g. train.steps to go further). The
+// losses equal an uninterrupted run's bit for bit.
+TrainResult resume_training(const std::string& trace, const std::vector<std::string>& overrides,
+                            bool progress);
+
 // The checks train() makes on its output path, for other commands that write files.
 void check_output_path(const std::string& path, bool force);
 

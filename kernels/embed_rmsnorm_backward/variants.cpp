@@ -12,6 +12,7 @@
 #include "model/rng.h"
 
 namespace divlab {
+std::atomic<uint64_t>& stochastic_rounding_calls();
 namespace {
 
 // Scatters dx0 into dwte (by token) and dwpe (by position) with a custom accumulation: every
@@ -68,7 +69,7 @@ void bf16_truncate_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T
 
 // Fresh random bits for every addition: hash of (call, position, channel). Deterministic for
 // any thread count, different on every call.
-std::atomic<uint64_t> g_stochastic_calls{0};
+std::atomic<uint64_t>& g_stochastic_calls = stochastic_rounding_calls();
 
 template <class T>
 void bf16_stochastic_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
@@ -153,6 +154,11 @@ void fp64_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
 
 #undef DIVLAB_DX0
 }  // namespace
+
+std::atomic<uint64_t>& stochastic_rounding_calls() {
+  static std::atomic<uint64_t> calls{0};
+  return calls;
+}
 
 template <class T>
 void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat) {
