@@ -10,7 +10,8 @@ namespace divlab {
 // depend on the thread count. Scores are T x T and small at this lab's sequence lengths.
 
 template <class T>
-void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
+void attention_forward_with(T* out, T* att, const T* qkv, int B, int T_, int C, int NH,
+                            int lookahead, bool subtract_max) {
   const int hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
   parallel_chunks(int64_t(B) * NH, 1, [&](int64_t bh, int64_t) {
@@ -22,21 +23,31 @@ void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, in
     auto P = matrix(att + bh * T_ * T_, T_, T_, T_);
     P.noalias() = (Q * K.transpose()) * scale;
     for (int i = 0; i < T_; ++i) {
-      // Causal: position i sees 0..i. Subtract the row max before exp so large scores cannot
-      // overflow.
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j <= i; ++j) mx = std::max(mx, P(i, j));
+      // Position i sees 0..i + lookahead. Subtracting the row max before exp keeps large scores
+      // from overflowing.
+      const int last = std::min(T_ - 1, i + lookahead);
+      T mx = subtract_max ? -std::numeric_limits<T>::infinity() : T(0);
+      if (subtract_max)
+        for (int j = 0; j <= last; ++j) mx = std::max(mx, P(i, j));
       T sum = 0;
-      for (int j = 0; j <= i; ++j) sum += (P(i, j) = std::exp(P(i, j) - mx));
-      for (int j = 0; j <= i; ++j) P(i, j) /= sum;
-      for (int j = i + 1; j < T_; ++j) P(i, j) = 0;
+      for (int j = 0; j <= last; ++j) sum += (P(i, j) = std::exp(P(i, j) - mx));
+      for (int j = 0; j <= last; ++j) P(i, j) /= sum;
+      for (int j = last + 1; j < T_; ++j) P(i, j) = 0;
     }
-    // Read only the causal triangle: with a full product, the zeroed future entries still take
-    // part in the vectorised sums, and an earlier output moved in its last bits when a later
+    auto O = matrix(out + b * T_ * C + h * hs, T_, hs, C);
+    // Causal: read only the lower triangle. With a full product the zeroed future entries still
+    // take part in the vectorised sums, and an earlier output moved in its last bits when a later
     // position's values changed (tests/Attention.IsCausal caught it with -march=native).
-    matrix(out + b * T_ * C + h * hs, T_, hs, C).noalias() =
-        P.template triangularView<Eigen::Lower>() * V;
+    if (lookahead == 0)
+      O.noalias() = P.template triangularView<Eigen::Lower>() * V;
+    else
+      O.noalias() = P * V;
   });
+}
+
+template <class T>
+void attention_forward_reference(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
+  attention_forward_with(out, att, qkv, B, T_, C, NH, 0, true);
 }
 
 template <class T>
@@ -78,6 +89,9 @@ void register_attention(Catalogue<T>& cat) {
                              {"from the saved probabilities", "", "", ""});
 }
 
+template void attention_forward_with(float*, float*, const float*, int, int, int, int, int, bool);
+template void attention_forward_with(double*, double*, const double*, int, int, int, int, int,
+                                     bool);
 template void attention_forward_reference(float*, float*, const float*, int, int, int, int);
 template void attention_forward_reference(double*, double*, const double*, int, int, int, int);
 template void register_attention(Catalogue<float>&);

@@ -7,16 +7,7 @@ namespace divlab {
 
 template <class T>
 void rmsnorm_forward_reference(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
-  parallel_chunks(N, kRowChunk, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const T* xr = x + n * C;
-      T ss = 0;
-      for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
-      const T r = T(1) / std::sqrt(ss / T(C) + eps);
-      rstd[n] = r;
-      for (int c = 0; c < C; ++c) y[n * C + c] = xr[c] * r * w[c];
-    }
-  });
+  rmsnorm_forward_with(y, rstd, x, w, N, C, [eps](T ms) { return T(1) / std::sqrt(ms + eps); });
 }
 
 template <class T>

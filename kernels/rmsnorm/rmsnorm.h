@@ -1,9 +1,26 @@
 // RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, per row of C channels.
 // The row-wise pieces are shared with the fused embed_rmsnorm_backward op.
 #pragma once
+#include "kernels/common/parallel.h"
 #include "kernels/registry.h"
 
 namespace divlab {
+// The forward with the reciprocal RMS computed by rstd_of(mean(x^2)); the reference passes
+// 1 / sqrt(ms + eps), the eps variants something else.
+template <class T, class Rstd>
+void rmsnorm_forward_with(T* y, T* rstd, const T* x, const T* w, int N, int C, Rstd rstd_of) {
+  parallel_chunks(N, kRowChunk, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* xr = x + n * C;
+      T ss = 0;
+      for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
+      const T r = rstd_of(ss / T(C));
+      rstd[n] = r;
+      for (int c = 0; c < C; ++c) y[n * C + c] = xr[c] * r * w[c];
+    }
+  });
+}
+
 template <class T>
 void rmsnorm_forward_reference(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps);
 template <class T>

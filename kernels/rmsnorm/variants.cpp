@@ -9,20 +9,6 @@
 namespace divlab {
 namespace {
 
-template <class T, class Rstd>
-void rmsnorm_forward_with(T* y, T* rstd, const T* x, const T* w, int N, int C, Rstd rstd_of) {
-  parallel_chunks(N, kRowChunk, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const T* xr = x + n * C;
-      T ss = 0;
-      for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
-      const T r = rstd_of(ss / T(C));
-      rstd[n] = r;
-      for (int c = 0; c < C; ++c) y[n * C + c] = xr[c] * r * w[c];
-    }
-  });
-}
-
 template <class T>
 void eps_outside_sqrt(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
   rmsnorm_forward_with(y, rstd, x, w, N, C, [eps](T ms) { return T(1) / (std::sqrt(ms) + eps); });

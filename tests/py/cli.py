@@ -33,3 +33,21 @@ def snapshot(directory):
             p = os.path.join(base, name)
             out[p] = digest(p)
     return out
+
+
+def assert_rejected(tc, args, needle, setup=None, env=None):
+    """The bad-input contract: exit code 2, one line on stderr containing `needle`, and no file
+    created or modified. `args` may use {d} for a fresh folder that `setup(d)` prepares; `env`
+    may be a function of that folder."""
+    d = tmpdir()
+    if setup:
+        setup(d)
+    before = snapshot(d)
+    args = [a.replace("{d}", d) for a in args]
+    r = run(*args, env=env(d) if callable(env) else env)
+    tc.assertEqual(r.returncode, 2, f"{args}: rc {r.returncode}, stderr {r.stderr!r}")
+    lines = r.stderr.strip().splitlines()
+    tc.assertEqual(len(lines), 1, f"{args}: expected one line, got {r.stderr!r}")
+    tc.assertIn(needle, lines[0])
+    tc.assertEqual(snapshot(d), before, f"{args}: files were created or modified")
+    return d

@@ -10,24 +10,14 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import BIN, ROOT, SMALL, run, snapshot, tmpdir
+from cli import BIN, SMALL, assert_rejected, run, tmpdir
 
 
 class BadInput(unittest.TestCase):
     """Each case: exit code 2, one line on stderr naming the culprit, nothing written."""
 
     def check(self, args, needle, setup=None):
-        d = tmpdir()
-        if setup:
-            setup(d)
-        before = snapshot(d)
-        args = [a.replace("{d}", d) for a in args]
-        r = run(*args)
-        self.assertEqual(r.returncode, 2, f"{args}: rc {r.returncode}, stderr {r.stderr!r}")
-        lines = r.stderr.strip().splitlines()
-        self.assertEqual(len(lines), 1, f"{args}: expected one line, got {r.stderr!r}")
-        self.assertIn(needle, lines[0])
-        self.assertEqual(snapshot(d), before, f"{args}: files were created or modified")
+        assert_rejected(self, args, needle, setup)
 
     def write(self, name, text):
         def setup(d):

@@ -8,7 +8,7 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import SMALL, run, snapshot, tmpdir  # noqa: F401
+from cli import SMALL, assert_rejected, run, tmpdir
 
 STEPS = 600
 
@@ -195,15 +195,7 @@ class Sweep(unittest.TestCase):
 
 class ExperimentBadInput(unittest.TestCase):
     def check(self, args, needle, setup=None):
-        d = tmpdir()
-        if setup:
-            setup(d)
-        before = snapshot(d)
-        r = run(*[a.replace("{d}", d) for a in args])
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn(needle, r.stderr)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
-        self.assertEqual(snapshot(d), before)
+        assert_rejected(self, args, needle, setup)
 
     def test_grid_without_axes(self):
         self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "no [axes]",
