@@ -3,6 +3,7 @@
 #include <H5Cpp.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
 #include "experiments/sweep.h"
+#include "experiments/trace.h"
 #include "experiments/train.h"
 #include "kernels/registry.h"
 
@@ -111,6 +113,8 @@ int cmd_kernels(const std::string& only_op, bool markdown) {
 
 int main(int argc, char** argv) {
   using namespace divlab;
+  // A file-size limit (or a full disk) must surface as a write error, not kill the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"divlab: reproduce and measure training divergence caused by kernels"};
   app.require_subcommand(1);
 
@@ -200,6 +204,9 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;
+  } catch (const TraceWriteError& e) {
+    std::cerr << "divlab: " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "divlab: internal error: " << e.what() << "\n";
     return 1;

@@ -1,9 +1,11 @@
 #include "experiments/trace.h"
 
 #include <H5Cpp.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -146,6 +148,7 @@ void TraceWriter::bytes(const std::string& path, const std::string& data) {
 }
 
 void TraceWriter::start() {
+  reserve(0);
   impl_->file.flush(H5F_SCOPE_GLOBAL);
   if (H5Fstart_swmr_write(impl_->file.getId()) < 0)
     throw std::runtime_error("trace '" + path_ + "': cannot start SWMR writing");
@@ -158,7 +161,6 @@ void TraceWriter::append(const std::string& name, double value) {
     s.i.push_back(int64_t(value));
   else
     s.f.push_back(value);
-  ++appends_since_flush_;
 }
 
 void TraceWriter::append(const std::string& name, int64_t value) {
@@ -167,14 +169,25 @@ void TraceWriter::append(const std::string& name, int64_t value) {
     s.i.push_back(value);
   else
     s.f.push_back(double(value));
-  ++appends_since_flush_;
 }
 
 void TraceWriter::write_array(const std::string& path, const std::vector<double>& values) {
-  impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_DOUBLE);
+  if (write_failed_) return;
+  reserve(int64_t(values.size()) * 8);
+  try {
+    impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_DOUBLE);
+  } catch (const H5::Exception&) {
+    write_failed("writing");
+  }
 }
 void TraceWriter::write_array(const std::string& path, const std::vector<int64_t>& values) {
-  impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_INT64);
+  if (write_failed_) return;
+  reserve(int64_t(values.size()) * 8);
+  try {
+    impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_INT64);
+  } catch (const H5::Exception&) {
+    write_failed("writing");
+  }
 }
 
 void TraceWriter::maybe_flush(int64_t flush_steps, double flush_seconds) {
@@ -186,7 +199,50 @@ void TraceWriter::maybe_flush(int64_t flush_steps, double flush_seconds) {
   if (int64_t(pending) >= flush_steps || since >= flush_seconds) flush();
 }
 
+void TraceWriter::write_failed(const char* what) {
+  write_failed_ = true;
+  const int err = errno;
+  throw TraceWriteError("trace '" + path_ + "': " + what + " failed" +
+                        (err ? std::string(" (") + std::strerror(err) + ")" : std::string()) +
+                        ": disk full, or the file or its folder became unwritable; the trace "
+                        "keeps every step flushed before");
+}
+
+void TraceWriter::reserve(int64_t bytes) {
+  // Beyond one round of new chunks for every series and HDF5 metadata; large writes (checkpoint
+  // arrays) reserve their own size on top.
+  constexpr int64_t kHeadroom = 256 << 10;
+  hsize_t eof = 0;
+  H5Fget_filesize(impl_->file.getId(), &eof);
+  const int64_t need = int64_t(eof) + bytes + kHeadroom / 2;
+  if (need <= reserved_) return;
+  const int fd = open(path_.c_str(), O_WRONLY);
+  const int rc = fd < 0 ? errno : posix_fallocate(fd, 0, need + kHeadroom);
+  if (fd >= 0) close(fd);
+  if (rc != 0) {
+    errno = rc;
+    write_failed("reserving space for the next write");
+  }
+  reserved_ = need + kHeadroom;
+}
+
 void TraceWriter::flush() {
+  if (write_failed_) return;  // nothing more will reach the file
+  int64_t pending = 0;
+  for (const auto& [name, s] : impl_->series)
+    pending += int64_t(s.f.size() + s.i.size()) * 8 + int64_t(kChunk) * 8;  // + a new chunk
+  reserve(pending);
+  errno = 0;
+  try {
+    flush_series();
+    impl_->file.flush(H5F_SCOPE_GLOBAL);
+  } catch (const H5::Exception&) {
+    write_failed("writing");
+  }
+  last_flush_ = std::chrono::steady_clock::now();
+}
+
+void TraceWriter::flush_series() {
   for (auto& [name, s] : impl_->series) {
     const hsize_t n = s.kind == Kind::Int64 ? s.i.size() : s.f.size();
     if (n == 0) continue;
@@ -202,9 +258,6 @@ void TraceWriter::flush() {
     s.written = total;
     s.f.clear(), s.i.clear();
   }
-  impl_->file.flush(H5F_SCOPE_GLOBAL);
-  appends_since_flush_ = 0;
-  last_flush_ = std::chrono::steady_clock::now();
 }
 
 void TraceWriter::rename_to(const std::string& path) {

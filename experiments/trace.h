@@ -10,10 +10,17 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace divlab {
+
+// Writing the trace failed mid-run (disk full, the file or its folder no longer writable). What
+// was flushed before stays readable.
+struct TraceWriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class TraceWriter {
  public:
@@ -57,8 +64,15 @@ class TraceWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
-  int64_t appends_since_flush_ = 0;
+  bool write_failed_ = false;
+  int64_t reserved_ = 0;  // bytes allocated on disk for the file (posix_fallocate)
+  // Makes sure the disk holds room for `bytes` more than HDF5's current end of file, plus
+  // headroom, before anything is written: a full disk then stops the run between two consistent
+  // states instead of leaving HDF5 with a half-written file.
+  void reserve(int64_t bytes);
   std::chrono::steady_clock::time_point last_flush_;
+  [[noreturn]] void write_failed(const char* what);
+  void flush_series();
 };
 
 // Read access (SWMR read, so a trace still being written, or left by a killed run, opens too).

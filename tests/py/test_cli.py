@@ -1,5 +1,6 @@
 """divlab train from the command line: bad input, determinism, the trace as h5py sees it."""
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -202,6 +203,29 @@ class Signals(unittest.TestCase):
                 n = f["metrics/loss"].shape[0]
                 self.assertGreater(n, 0)
                 np.testing.assert_array_equal(f["metrics/step"][:], np.arange(n))
+
+
+class DiskFull(unittest.TestCase):
+    def test_clear_error_and_the_trace_so_far_intact(self):
+        # A file-size limit stands in for a full disk: writes past it fail with EFBIG.
+        limit = 1 << 20
+        path = os.path.join(tmpdir(), "full.h5")
+        r = subprocess.run([BIN, "train", "--set", *SMALL, "train.steps=10000000",
+                            "checkpoint.every=0", "--out", path, "--quiet"],
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                 (limit, limit)))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("disk full", lines[0])
+        self.assertIn(path, lines[0])
+        with h5py.File(path, "r") as f:  # closed cleanly: any reader opens it
+            self.assertNotEqual(f.attrs["status"], "completed")
+            n = f["metrics/loss"].shape[0]
+            self.assertGreater(n, 100)
+            np.testing.assert_array_equal(f["metrics/step"][:], np.arange(n))
+            self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:])))
 
 
 class NanAttribution(unittest.TestCase):
