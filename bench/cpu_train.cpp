@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const ModelConfig& m = cfg.model;
-  const int threads = cfg.threads > 0 ? cfg.threads : omp_get_num_procs();
+  const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model, V = m.vocab, L = m.n_layers;
 
   // The model's GEMM shapes: (k, m) pairs with their per-layer multiplicity.

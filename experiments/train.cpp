@@ -23,6 +23,13 @@
 
 namespace divlab {
 
+int default_threads() {
+  // OMP_NUM_THREADS when set (several runs sharing a machine), else every core.
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const int n = env ? std::atoi(env) : 0;
+  return n > 0 ? n : omp_get_num_procs();
+}
+
 void check_output_path(const std::string& path, bool force) {
   if (path.empty()) throw InputError("--out: an output path is required");
   if (access(path.c_str(), F_OK) == 0) {
@@ -314,7 +321,7 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
     throw InputError("backend = '" + cfg.backend +
                      "': this build has no CUDA backend yet; use "
                      "backend = \"cpu\"");
-  const int threads = cfg.threads > 0 ? cfg.threads : omp_get_num_procs();
+  const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   omp_set_num_threads(threads);
   Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself
   DatasetOptions dopt;

@@ -31,6 +31,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
 TrainResult resume_training(const std::string& trace, const std::vector<std::string>& overrides,
                             bool progress);
 
+// Threads for train.threads = 0: OMP_NUM_THREADS when set, else the number of cores.
+int default_threads();
+
 // The checks train() makes on its output path, for other commands that write files.
 void check_output_path(const std::string& path, bool force);
 

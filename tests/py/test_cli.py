@@ -85,6 +85,16 @@ class BadInput(unittest.TestCase):
     def test_set_without_equals(self):
         self.check(["train", "--set", "train.lr", "--out", "{d}/r.h5"], "train.lr")
 
+    def test_negative_checkpoint_interval(self):
+        self.check(["train", "--set", "checkpoint.every=-1", "--out", "{d}/r.h5"],
+                   "'checkpoint.every'")
+
+    def test_data_command_vocab_too_small(self):
+        self.check(["data", "--dataset", "uniform", "--vocab", "1"], "--vocab 1")
+
+    def test_data_command_zero_batch(self):
+        self.check(["data", "--dataset", "uniform", "--batch", "0"], "--batch 0")
+
     def test_unknown_flag(self):
         self.check(["train", "--bogus", "--out", "{d}/r.h5"], "--bogus")
 

@@ -222,6 +222,10 @@ class ExperimentBadInput(unittest.TestCase):
         self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--cell", "9"],
                    "--cell 9", lambda d: write_grid(d))
 
+    def test_negative_jobs(self):
+        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--jobs", "-1"],
+                   "--jobs -1", lambda d: write_grid(d))
+
     def test_analyze_folder_without_traces(self):
         self.check(["analyze", "{d}"], "no traces")
 
