@@ -192,12 +192,6 @@ void Transformer<T>::backward() {
   }
 }
 
-template <class T>
-typename Transformer<T>::EmbedBackwardInputs Transformer<T>::last_embed_backward_inputs() const {
-  return {dln_.data(),           dres_.data(),  resid_[0].data(), params_.data() + layers_[0].ln1,
-          acts_[0].rstd1.data(), tokens_.data()};
-}
-
 template class Transformer<float>;
 template class Transformer<double>;
 }  // namespace divlab

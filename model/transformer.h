@@ -71,13 +71,6 @@ class Transformer {
   };
   std::function<void(const OpOutput&)> after_op;
 
-  // The inputs of the last forward's embed_rmsnorm_backward call, for shadow evaluation.
-  struct EmbedBackwardInputs {
-    const T *dy_norm, *dresid, *x0, *w_norm, *rstd;
-    const TokenId* tokens;
-  };
-  EmbedBackwardInputs last_embed_backward_inputs() const;
-
  private:
   void observe(const char* pass, const char* op, int layer, const char* tensor, const T* data,
                int64_t size) const {
