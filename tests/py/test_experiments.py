@@ -73,17 +73,21 @@ class AnalysisSelfTest(unittest.TestCase):
         # The smoothed gap leaves the band within a smoothing window of the injected onset.
         self.assertLess(abs(int(bug["onset_step"]) - onset), 60, bug)
         self.assertAlmostEqual(float(bug["gap"]), 0.05, delta=0.01)
+        # Controls drift by their own random walk (std ~0.005 at the end); their verdicts are
+        # tested as a rate below: one run may call a control divergent with probability ~alpha.
         for c in ("fp32_reordered", "fp64_accum"):
-            self.assertEqual(rows[f"embed_rmsnorm_backward={c}"]["verdict"], "no-divergence")
+            self.assertLess(abs(float(rows[f"embed_rmsnorm_backward={c}"]["gap"])), 0.025)
 
     def test_controls_against_reference_say_no_divergence(self):
+        # 240 control cells: the measured false-positive rate is ~1.6 % (alpha = 0.05 plus the
+        # onset rule), so failing the 95 % bar would take 13 or more, about 1e-4 per run.
         rng = np.random.default_rng()
         d = tmpdir()
-        groups = [f"zipf:1.{i:02d}" for i in range(40)]
+        groups = [f"zipf:1.{i:03d}" for i in range(120)]
         synthetic_grid(d, groups, ["fp32_reordered", "fp64_accum"], 4, lambda g, v, s: 0, rng)
         self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
         rows = verdicts(d)
-        self.assertEqual(len(rows), 80)
+        self.assertEqual(len(rows), 240)
         quiet = sum(r["verdict"] == "no-divergence" for r in rows)
         self.assertGreaterEqual(quiet / len(rows), 0.95, [r for r in rows if r["verdict"] != "no-divergence"])
 
