@@ -174,6 +174,8 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
                      std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
+  if (!(opt.timeout_s >= 0))
+    throw InputError("--timeout " + std::to_string(opt.timeout_s) + ": must be >= 0 seconds");
   prepare_dir(opt.out, g);
   SweepSummary sum;
   sum.cells = int(g.size());

@@ -95,6 +95,9 @@ class BadInput(unittest.TestCase):
     def test_data_command_zero_batch(self):
         self.check(["data", "--dataset", "uniform", "--batch", "0"], "--batch 0")
 
+    def test_data_command_zero_seq(self):
+        self.check(["data", "--dataset", "uniform", "--seq", "0"], "--seq 0")
+
     def test_unknown_flag(self):
         self.check(["train", "--bogus", "--out", "{d}/r.h5"], "--bogus")
 

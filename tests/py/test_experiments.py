@@ -230,6 +230,10 @@ class ExperimentBadInput(unittest.TestCase):
         self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--jobs", "-1"],
                    "--jobs -1", lambda d: write_grid(d))
 
+    def test_negative_timeout(self):
+        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--timeout", "-5"],
+                   "--timeout", lambda d: write_grid(d))
+
     def test_analyze_folder_without_traces(self):
         self.check(["analyze", "{d}"], "no traces")
 
