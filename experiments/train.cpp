@@ -150,9 +150,17 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T>& m
                                                                const TokenId* tgt, int64_t step) {
   std::vector<std::pair<std::string, std::string>> where = {{"nan_step", std::to_string(step)}};
   bool found = false;
+  std::vector<T> host;
+  const MemoryOps& mem = *model.kernels().memory;
   model.after_op = [&](const typename Transformer<T>::OpOutput& o) {
     if (found) return;
-    for (int64_t i = 0; i < o.size && !found; ++i) found = !std::isfinite(double(o.data[i]));
+    const T* data = o.data;
+    if (!mem.host_accessible) {
+      host.resize(size_t(o.size));
+      mem.download(host.data(), o.data, sizeof(T) * size_t(o.size));
+      data = host.data();
+    }
+    for (int64_t i = 0; i < o.size && !found; ++i) found = !std::isfinite(double(data[i]));
     if (!found) return;
     where.insert(where.end(), {{"nan_pass", o.pass},
                                {"nan_op", o.op},
@@ -187,7 +195,8 @@ class Progress {
 };
 
 template <class T>
-std::vector<double> widen(const std::vector<T>& v) {
+std::vector<double> widen(const Buffer<T>& b) {
+  const std::vector<T> v = b.to_vector();
   return std::vector<double>(v.begin(), v.end());
 }
 
@@ -206,7 +215,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const KernelSet<T> run_kernels = tap ? tap->kernels() : kernels;
   Transformer<T> model(m, run_kernels, B);
   model.init(cfg.seed);
-  Optimizer<T> optim(cfg.optim, model.layout());
+  Optimizer<T> optim(cfg.optim, model.layout(), *kernels.memory);
   const int64_t n_params = int64_t(model.params().size());
   std::vector<int64_t> token_counts(m.vocab, 0);
   int64_t first_step = 0;
@@ -224,10 +233,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     const Checkpoint& c = resume->checkpoint;
     if (int64_t(c.params.size()) != n_params)
       throw InputError("--resume '" + opt.out + "': the checkpoint does not fit the model");
-    std::copy(c.params.begin(), c.params.end(), model.params().begin());
-    std::copy(c.first_moment.begin(), c.first_moment.end(), optim.first_moment().begin());
-    if (cfg.optim.kind == "adamw")
-      std::copy(c.second_moment.begin(), c.second_moment.end(), optim.second_moment().begin());
+    model.params().assign(c.params);
+    optim.first_moment().assign(c.first_moment);
+    if (cfg.optim.kind == "adamw") optim.second_moment().assign(c.second_moment);
     token_counts = c.token_counts;
     stochastic_rounding_calls() = c.kernel_calls;
     for (const auto& [series, values] : resume->history) {
@@ -294,10 +302,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     }
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
         step + 1 < cfg.steps) {
-      const std::vector<T>& v = optim.second_moment();
       write_checkpoint(trace,
                        {step + 1, widen(model.params()), widen(optim.first_moment()),
-                        v.empty() ? std::vector<double>{} : widen(v), token_counts,
+                        widen(optim.second_moment()), token_counts,
                         stochastic_rounding_calls().load()},
                        int(((step + 1) / cfg.checkpoint_every) % 2));
     }

@@ -54,6 +54,7 @@ KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choi
       throw UnknownKernel("kernels." + op + ": unknown op; valid ops: " + join(op_names()));
   }
   KernelSet<T> set;
+  set.memory = memory;
   for_each_op([&](const auto& ops, auto member) {
     const auto it = choice.find(ops.op);
     const std::string name = it == choice.end() ? "reference" : it->second;

@@ -57,8 +57,9 @@ struct OpSignatures {
                                         const T* dresid, const T* x0, const T* w_norm,
                                         const T* rstd, const TokenId* tokens, int B, int T_, int C,
                                         int V);
-  // sum of g^2 over n values, accumulated in double in a fixed order (for the global grad norm).
-  using SumSquares = double (*)(const T* g, int64_t n);
+  // *out = sum of g^2 over n values, accumulated in double in a fixed order (for the global grad
+  // norm). `out` lives in the backend's memory, so a step's norms come back in one download.
+  using SumSquares = void (*)(double* out, const T* g, int64_t n);
   // SGD with momentum (PyTorch semantics: buf = mu * buf + g; nesterov uses g + mu * buf) and
   // coupled L2 weight decay (g += wd * p). g is multiplied by grad_scale first (clipping).
   using SgdStep = void (*)(T* p, T* momentum_buf, const T* g, int64_t n, T lr, T momentum,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/memory.h"
 #include "kernels/ops.h"
 
 namespace divlab {
@@ -66,6 +67,8 @@ struct KernelSet {
   typename S::SumSquares sum_squares = nullptr;
   typename S::SgdStep sgd_step = nullptr;
   typename S::AdamwStep adamw_step = nullptr;
+  // Where the tensors these kernels take must live.
+  const MemoryOps* memory = &host_memory();
 };
 
 // A kernel selection that names an op or variant that does not exist.
@@ -91,6 +94,7 @@ struct Catalogue {
   OpVariants<typename S::SumSquares> sum_squares{"sum_squares"};
   OpVariants<typename S::SgdStep> sgd_step{"sgd_step"};
   OpVariants<typename S::AdamwStep> adamw_step{"adamw_step"};
+  const MemoryOps* memory = &host_memory();  // the backend's memory
 
   // Calls f(OpVariants&, KernelSet member pointer) for every op, in a fixed order.
   template <class F>

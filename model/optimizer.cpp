@@ -14,20 +14,23 @@ double lr_at(const OptimConfig& cfg, int64_t step) {
 }
 
 template <class T>
-Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout)
-    : cfg_(cfg), layout_(layout) {
-  const int64_t n = layout.back().offset + layout.back().size;
-  m_.assign(n, T(0));
-  if (cfg.kind == "adamw") v_.assign(n, T(0));
-}
+Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout,
+                        const MemoryOps& mem)
+    : cfg_(cfg),
+      layout_(layout),
+      m_(mem, layout.back().offset + layout.back().size),
+      v_(mem, cfg.kind == "adamw" ? layout.back().offset + layout.back().size : 0),
+      sum_squares_(mem, int64_t(layout.size())) {}
 
 template <class T>
 StepStats Optimizer<T>::step(Transformer<T>& model, int64_t step) {
   const KernelSet<T>& k = model.kernels();
   StepStats stats;
+  for (size_t i = 0; i < layout_.size(); ++i)
+    k.sum_squares(sum_squares_.data() + i, model.grads().data() + layout_[i].offset,
+                  layout_[i].size);
   double total = 0;
-  for (const auto& p : layout_) {
-    const double ss = k.sum_squares(model.grads().data() + p.offset, p.size);
+  for (double ss : sum_squares_.to_vector()) {
     stats.param_grad_norms.push_back(std::sqrt(ss));
     total += ss;
   }

@@ -35,19 +35,21 @@ struct StepStats {
 template <class T>
 class Optimizer {
  public:
-  Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout);
+  // State lives in `mem` (the model's backend memory).
+  Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout, const MemoryOps& mem);
   // One update from the model's current gradients. `step` is 0-based. Gradients with a
   // non-finite norm are not applied (stats.grad_norm says so).
   StepStats step(Transformer<T>& model, int64_t step);
 
   // Optimizer state, exposed for checkpoints.
-  std::vector<T>& first_moment() { return m_; }
-  std::vector<T>& second_moment() { return v_; }
+  Buffer<T>& first_moment() { return m_; }
+  Buffer<T>& second_moment() { return v_; }  // empty for SGD
 
  private:
   OptimConfig cfg_;
   std::vector<ParamInfo> layout_;
-  std::vector<T> m_, v_;  // SGD uses m_ as the momentum buffer
+  Buffer<T> m_, v_;            // SGD uses m_ as the momentum buffer
+  Buffer<double> sum_squares_;  // per layout entry, filled on the backend, downloaded at once
 };
 
 }  // namespace divlab

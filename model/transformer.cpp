@@ -60,32 +60,35 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels,
                        offset_of(p + "mlp.fc.weight"), offset_of(p + "mlp.proj.weight")});
   }
   const int64_t n = param_count(cfg), N = N_, C = cfg.d_model, V = cfg.vocab, S = cfg.seq_len;
-  params_.assign(n, T(0));
-  grads_.assign(n, T(0));
-  tokens_.resize(N);
-  resid_.assign(cfg.n_layers + 1, std::vector<T>(N * C));
+  const MemoryOps& mem = *kernels.memory;
+  auto buf = [&](int64_t size) { return Buffer<T>(mem, size); };
+  params_ = buf(n), grads_ = buf(n);
+  tokens_ = Buffer<TokenId>(mem, N), targets_ = Buffer<TokenId>(mem, N);
+  for (int l = 0; l <= cfg.n_layers; ++l) resid_.push_back(buf(N * C));
   acts_.resize(cfg.n_layers);
   for (auto& a : acts_) {
-    a.ln1.resize(N * C), a.rstd1.resize(N), a.qkv.resize(N * 3 * C);
-    a.att.resize(int64_t(B_) * cfg.n_heads * S * S), a.atty.resize(N * C), a.xmid.resize(N * C);
-    a.ln2.resize(N * C), a.rstd2.resize(N), a.h.resize(N * 4 * C), a.g.resize(N * 4 * C);
+    a.ln1 = buf(N * C), a.rstd1 = buf(N), a.qkv = buf(N * 3 * C);
+    a.att = buf(int64_t(B_) * cfg.n_heads * S * S), a.atty = buf(N * C), a.xmid = buf(N * C);
+    a.ln2 = buf(N * C), a.rstd2 = buf(N), a.h = buf(N * 4 * C), a.g = buf(N * 4 * C);
   }
-  lnf_out_.resize(N * C), rstdf_.resize(N), logits_.resize(N * V), dlogits_.resize(N * V);
-  losses_.resize(N);
-  dres_.resize(N * C), dln_.resize(N * C), dqkv_.resize(N * 3 * C), datty_.resize(N * C);
-  dh_.resize(N * 4 * C), dg_.resize(N * 4 * C), tmp_.resize(N * C);
+  lnf_out_ = buf(N * C), rstdf_ = buf(N), logits_ = buf(N * V), dlogits_ = buf(N * V);
+  losses_ = buf(N), host_losses_.resize(N);
+  dres_ = buf(N * C), dln_ = buf(N * C), dqkv_ = buf(N * 3 * C), datty_ = buf(N * C);
+  dh_ = buf(N * 4 * C), dg_ = buf(N * 4 * C), tmp_ = buf(N * C);
 }
 
 template <class T>
 void Transformer<T>::init(uint64_t seed) {
   Rng rng(seed, kStreamInit);
   const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers);
+  std::vector<T> host(params_.size());
   for (const auto& p : layout_) {
     const bool residual_out = p.name.find(".proj.weight") != std::string::npos;
     const double std = residual_out ? proj_std : cfg_.init_std;
     for (int64_t i = 0; i < p.size; ++i)
-      params_[p.offset + i] = p.is_norm ? T(1) : T(rng.normal() * std);
+      host[p.offset + i] = p.is_norm ? T(1) : T(rng.normal() * std);
   }
+  params_.upload(host.data(), params_.size());
 }
 
 template <class T>
@@ -93,8 +96,9 @@ T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool fo
   const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
   const T eps = T(cfg_.norm_eps);
   const T* P = params_.data();
-  std::copy(inputs, inputs + N, tokens_.begin());
-  k_.embedding_forward(resid_[0].data(), inputs, P + wte_, P + wpe_, B_, Tn, C);
+  tokens_.upload(inputs, N);
+  targets_.upload(targets, N);
+  k_.embedding_forward(resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_, Tn, C);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& w = layers_[l];
@@ -126,13 +130,14 @@ T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool fo
   k_.linear_forward(logits_.data(), lnf_out_.data(), P + head_, N, C, V);
   observe("forward", "linear_forward", -1, "lm_head (logits)", logits_.data(), int64_t(N) * V);
   k_.cross_entropy(losses_.data(), for_backward ? dlogits_.data() : nullptr, logits_.data(),
-                   targets, N, V, T(1) / T(N));
+                   targets_.data(), N, V, T(1) / T(N));
   observe("forward", "cross_entropy", -1, "losses", losses_.data(), N);
   if (for_backward)
     observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), int64_t(N) * V);
   // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
+  losses_.download(host_losses_.data(), N);
   double sum = 0;
-  for (T l : losses_) sum += double(l);
+  for (T l : host_losses_) sum += double(l);
   return T(sum / N);
 }
 
@@ -141,8 +146,8 @@ void Transformer<T>::backward() {
   const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
   const T* P = params_.data();
   T* G = grads_.data();
-  std::fill(grads_.begin(), grads_.end(), T(0));
-  std::fill(dres_.begin(), dres_.end(), T(0));
+  grads_.zero();
+  dres_.zero();
 
   k_.linear_backward(dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(), P + head_, N, C, V);
   observe("backward", "linear_backward", -1, "grad lm_head.weight", G + head_, int64_t(V) * C);

@@ -53,14 +53,16 @@ class Transformer {
   const ModelConfig& config() const { return cfg_; }
   int batch() const { return B_; }
   const std::vector<ParamInfo>& layout() const { return layout_; }
-  std::vector<T>& params() { return params_; }
-  const std::vector<T>& params() const { return params_; }
-  const std::vector<T>& grads() const { return grads_; }
+  // Flat parameter and gradient buffers, in the backend's memory (layout() gives the offsets).
+  Buffer<T>& params() { return params_; }
+  const Buffer<T>& params() const { return params_; }
+  const Buffer<T>& grads() const { return grads_; }
   const KernelSet<T>& kernels() const { return k_; }
   void set_kernels(const KernelSet<T>& k) { k_ = k; }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.
+  // `data` is in the backend's memory (kernels().memory says whether the host may read it).
   struct OpOutput {
     const char* pass;  // "forward" | "backward"
     const char* op;    // kernel op name
@@ -81,7 +83,7 @@ class Transformer {
     int64_t ln1, qkv, proj, ln2, fc, fc2;
   };
   struct LayerActs {
-    std::vector<T> ln1, rstd1, qkv, att, atty, xmid, ln2, rstd2, h, g;
+    Buffer<T> ln1, rstd1, qkv, att, atty, xmid, ln2, rstd2, h, g;
   };
 
   ModelConfig cfg_;
@@ -90,15 +92,16 @@ class Transformer {
   std::vector<ParamInfo> layout_;
   std::vector<Layer> layers_;
   int64_t wte_, wpe_, lnf_, head_;
-  std::vector<T> params_, grads_;
+  Buffer<T> params_, grads_;
 
   // Activations of the last forward.
-  std::vector<TokenId> tokens_;
-  std::vector<std::vector<T>> resid_;  // resid_[l]: input of block l; resid_[L]: final stream
+  Buffer<TokenId> tokens_, targets_;
+  std::vector<Buffer<T>> resid_;  // resid_[l]: input of block l; resid_[L]: final stream
   std::vector<LayerActs> acts_;
-  std::vector<T> lnf_out_, rstdf_, logits_, dlogits_, losses_;
+  Buffer<T> lnf_out_, rstdf_, logits_, dlogits_, losses_;
+  std::vector<T> host_losses_;
   // Gradient scratch, reused every step.
-  std::vector<T> dres_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
+  Buffer<T> dres_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
 };
 
 }  // namespace divlab

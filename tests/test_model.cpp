@@ -30,9 +30,9 @@ TEST(Model, GradcheckEveryParameterInDouble) {
     in[n] = TokenId(n % 2 ? 3 : gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);
   model.forward(in.data(), tgt.data(), true);
   model.backward();
-  const std::vector<double> analytic = model.grads();
+  const std::vector<double> analytic = model.grads().to_vector();
   auto objective = [&] { return model.forward(in.data(), tgt.data(), false); };
-  const std::vector<double> numeric = numeric_grad(objective, model.params());
+  const std::vector<double> numeric = numeric_grad(objective, model.params().data(), model.params().size());
   for (const auto& p : model.layout()) {
     std::vector<double> a(analytic.begin() + p.offset, analytic.begin() + p.offset + p.size);
     std::vector<double> n(numeric.begin() + p.offset, numeric.begin() + p.offset + p.size);
@@ -67,7 +67,7 @@ TEST(Model, GradientsBitwiseIdenticalForOneAndTwoThreads) {
     model.init(42);
     loss[threads - 1] = model.forward(in.data(), tgt.data(), true);
     model.backward();
-    grads[threads - 1] = model.grads();
+    grads[threads - 1] = model.grads().to_vector();
   }
   omp_set_num_threads(omp_get_num_procs());
   EXPECT_EQ(loss[0], loss[1]);

@@ -13,7 +13,7 @@ double overfit(const OptimConfig& oc, int steps) {
   const int B = 4, N = B * m.seq_len;
   Transformer<float> model(m, cpu_catalogue<float>().select({}), B);
   model.init(test_seed());
-  Optimizer<float> optim(oc, model.layout());
+  Optimizer<float> optim(oc, model.layout(), host_memory());
   std::mt19937_64 gen(test_seed());
   std::vector<TokenId> in(N), tgt(N);
   for (int n = 0; n < N; ++n) in[n] = TokenId(gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);

@@ -9,7 +9,7 @@ namespace divlab {
 constexpr int64_t kOptChunk = 1 << 14;
 
 template <class T>
-double sum_squares_reference(const T* g, int64_t n) {
+void sum_squares_reference(double* out, const T* g, int64_t n) {
   // Per-chunk partial sums, then summed in chunk order: fixed order for any thread count.
   const int64_t chunks = (n + kOptChunk - 1) / kOptChunk;
   std::vector<double> partial(chunks, 0.0);
@@ -20,7 +20,7 @@ double sum_squares_reference(const T* g, int64_t n) {
   });
   double total = 0;
   for (double s : partial) total += s;
-  return total;
+  *out = total;
 }
 
 template <class T>
@@ -65,8 +65,8 @@ void register_optimizer(Catalogue<T>& cat) {
   cat.adamw_step.add("reference", adamw_step_reference<T>, {"PyTorch semantics", "", "", ""});
 }
 
-template double sum_squares_reference(const float*, int64_t);
-template double sum_squares_reference(const double*, int64_t);
+template void sum_squares_reference(double*, const float*, int64_t);
+template void sum_squares_reference(double*, const double*, int64_t);
 template void register_optimizer(Catalogue<float>&);
 template void register_optimizer(Catalogue<double>&);
 }  // namespace divlab

@@ -4,7 +4,7 @@
 
 namespace divlab {
 template <class T>
-double sum_squares_reference(const T* g, int64_t n);
+void sum_squares_reference(double* out, const T* g, int64_t n);
 template <class T>
 void sgd_step_reference(T* p, T* buf, const T* g, int64_t n, T lr, T momentum, bool nesterov,
                         T weight_decay, T grad_scale);

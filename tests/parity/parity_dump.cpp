@@ -22,7 +22,7 @@ void dump(const RunConfig& cfg, const std::string& out) {
   const int B = cfg.batch, N = B * m.seq_len;
   Transformer<T> model(m, cpu_catalogue<T>().select(cfg.kernels), B);
   model.init(cfg.seed);
-  Optimizer<T> optim(cfg.optim, model.layout());
+  Optimizer<T> optim(cfg.optim, model.layout(), host_memory());
   DatasetOptions dopt;
   dopt.vocab = m.vocab, dopt.seed = cfg.seed, dopt.verbose = false;
   const auto data = make_dataset(cfg.data, dopt);

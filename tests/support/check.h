@@ -67,10 +67,10 @@ Comparison compare(const std::vector<A>& a, const std::vector<B>& b) {
   } while (0)
 
 // d objective / d x by central differences, perturbing x in place (restored afterwards).
-inline std::vector<double> numeric_grad(const std::function<double()>& objective,
-                                        std::vector<double>& x, double h = 1e-6) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
+inline std::vector<double> numeric_grad(const std::function<double()>& objective, double* x,
+                                        size_t n, double h = 1e-6) {
+  std::vector<double> g(n);
+  for (size_t i = 0; i < n; ++i) {
     const double keep = x[i];
     x[i] = keep + h;
     const double up = objective();
@@ -80,6 +80,10 @@ inline std::vector<double> numeric_grad(const std::function<double()>& objective
     g[i] = (up - down) / (2 * h);
   }
   return g;
+}
+inline std::vector<double> numeric_grad(const std::function<double()>& objective,
+                                        std::vector<double>& x, double h = 1e-6) {
+  return numeric_grad(objective, x.data(), x.size(), h);
 }
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {

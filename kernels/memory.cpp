@@ -1,0 +1,32 @@
+#include "kernels/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace divlab {
+
+namespace {
+void* host_allocate(size_t bytes) {
+  void* p = std::malloc(bytes);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void host_release(void* p) {
+  std::free(p);
+}
+void host_zero(void* p, size_t bytes) {
+  std::memset(p, 0, bytes);
+}
+void host_copy(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+}  // namespace
+
+const MemoryOps& host_memory() {
+  static const MemoryOps ops{"cpu", true, host_allocate, host_release, host_zero, host_copy,
+                             host_copy};
+  return ops;
+}
+
+}  // namespace divlab

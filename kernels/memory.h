@@ -1,0 +1,88 @@
+// Where a backend's tensors live, and an owning buffer over it.
+//
+// The model and the optimizer hold every tensor in a Buffer allocated through their KernelSet's
+// MemoryOps: host memory for the CPU backend, device memory for CUDA. Host code touches a buffer's
+// contents only through upload/download, so the same model code runs on either backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace divlab {
+
+struct MemoryOps {
+  const char* device = "cpu";  // "cpu" | "cuda"
+  bool host_accessible = true;  // may host code dereference the pointers?
+  void* (*allocate)(size_t bytes);     // throws std::bad_alloc or a backend error
+  void (*release)(void* p);            // p may be null
+  void (*zero)(void* p, size_t bytes);
+  void (*upload)(void* dst, const void* host_src, size_t bytes);
+  void (*download)(void* host_dst, const void* src, size_t bytes);
+};
+
+// Plain host memory (malloc, memset, memcpy).
+const MemoryOps& host_memory();
+
+// An owning, move-only array of n values of T in a backend's memory; zeroed on allocation.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const MemoryOps& mem, int64_t n) : mem_(&mem), n_(n) {
+    if (n > 0) {
+      p_ = static_cast<T*>(mem.allocate(sizeof(T) * size_t(n)));
+      mem.zero(p_, sizeof(T) * size_t(n));
+    }
+  }
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (p_) mem_->release(p_);
+  }
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  const MemoryOps& memory() const { return *mem_; }
+
+  void zero() {
+    if (n_) mem_->zero(p_, sizeof(T) * size_t(n_));
+  }
+  // Copies n values from host memory into the buffer, starting at element `at`.
+  void upload(const T* host, int64_t n, int64_t at = 0) {
+    if (n) mem_->upload(p_ + at, host, sizeof(T) * size_t(n));
+  }
+  void download(T* host, int64_t n, int64_t at = 0) const {
+    if (n) mem_->download(host, p_ + at, sizeof(T) * size_t(n));
+  }
+  std::vector<T> to_vector() const {
+    std::vector<T> v(static_cast<size_t>(n_));
+    download(v.data(), n_);
+    return v;
+  }
+  // Replaces the contents from a host vector of the same length (or of any length converting
+  // to T, e.g. double checkpoints into a float model).
+  template <class U>
+  void assign(const std::vector<U>& host) {
+    std::vector<T> v(host.begin(), host.end());
+    upload(v.data(), int64_t(v.size()));
+  }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(mem_, o.mem_), std::swap(p_, o.p_), std::swap(n_, o.n_);
+  }
+  const MemoryOps* mem_ = nullptr;
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+}  // namespace divlab
