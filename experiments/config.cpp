@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 
+#include "kernels/backend.h"
 #include "kernels/registry.h"
 #include "kernels/shadow.h"
 
@@ -61,9 +62,10 @@ const std::vector<KeySpec>& schema() {
       {"train.precision",
        Type::String,
        "fp32",
-       "CPU working precision",
+       "working precision: fp32 | fp64 (cpu) | bf16 (cuda: bf16 tensor-core GEMMs, fp32 "
+       "accumulation and master weights)",
        Range::Any,
-       {"fp32", "fp64"}},
+       {"fp32", "fp64", "bf16"}},
       {"train.threads", Type::Int, "0", "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)",
        Range::NonNegative},
       {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)", Range::NonNegative},
@@ -78,6 +80,8 @@ const std::vector<KeySpec>& schema() {
       {"checkpoint.every", Type::Int, "100",
        "checkpoint weights and optimizer state every K steps, for --resume (0 = never)",
        Range::NonNegative},
+      {"debug.sync_kernels", Type::Bool, "false",
+       "cuda: synchronise after every kernel launch and name the kernel that failed (slow)"},
       {"debug.abort_at_step", Type::Int, "-1",
        "abort the process at this step (tests of crash handling; -1 = never)"},
   };
@@ -338,6 +342,7 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
   cfg.abort_at_step = i64("debug.abort_at_step");
+  cfg.sync_kernels = str("debug.sync_kernels") == "true";
   cfg.checkpoint_every = i64("checkpoint.every");
 
   // Cross-key rules.
@@ -352,15 +357,22 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
                      " positions is too large for model.vocab and model.d_model (2^31 elements)");
+  // Kernel names are checked against the backend's own catalogue. A cuda configuration read by
+  // a build without CUDA (e.g. analysing GPU traces on a laptop) is checked against the CPU's
+  // names; running it fails later with its own message.
+  const bool checkable = cfg.backend == "cpu" || cuda_built();
   try {
-    cpu_catalogue<float>().select(cfg.kernels);
+    const Catalogue<float>& cat =
+        checkable && cfg.precision != "fp64"
+            ? backend_catalogue<float>(cfg.backend, cfg.precision)
+            : cpu_catalogue<float>();
+    if (cfg.precision == "fp64") backend_catalogue<double>(cfg.backend, cfg.precision);
+    if (checkable || cfg.kernels.empty()) cat.select(cfg.kernels);
+    parse_shadow_specs(cfg.shadow_variants, cat);
   } catch (const UnknownKernel& e) {
     throw InputError(std::string("config key ") + e.what());
-  }
-  try {
-    parse_shadow_specs(cfg.shadow_variants);
-  } catch (const UnknownKernel& e) {
-    throw InputError(std::string("config key ") + e.what());
+  } catch (const BackendError& e) {
+    throw InputError(std::string("config: ") + e.what());
   }
   if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
     throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +

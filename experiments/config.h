@@ -25,7 +25,7 @@ struct RunConfig {
   int batch = 8;
   int64_t steps = 100;
   uint64_t seed = 0;
-  std::string precision = "fp32";  // fp32 | fp64 (CPU)
+  std::string precision = "fp32";  // fp32 | fp64 (cpu) | bf16 (cuda)
   int threads = 0;                 // 0: all cores
   int64_t eval_every = 0;          // 0: no evaluation
   int eval_batches = 4;
@@ -35,6 +35,7 @@ struct RunConfig {
   int64_t flush_steps = 10;
   double flush_seconds = 2.0;
   int64_t abort_at_step = -1;      // debug: std::abort() at this step
+  bool sync_kernels = false;       // debug: cuda synchronises after every launch
   int64_t checkpoint_every = 100;  // 0: no checkpoints
 
   // Every key with its resolved value, as TOML value text (strings quoted), in schema order.

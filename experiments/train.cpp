@@ -16,6 +16,7 @@
 #include "experiments/checkpoint.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
+#include "kernels/backend.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/shadow.h"
 #include "model/optimizer.h"
@@ -71,12 +72,13 @@ std::string shadow_group(const ShadowSpec& s) {
 
 // Root attributes, the resolved config, the dataset description, and every series.
 void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data,
-                   const std::vector<ParamInfo>& layout, int threads) {
+                   const std::vector<ParamInfo>& layout, int threads, const std::string& device) {
   w.attr("/", "divlab_version", std::string(kDivlabVersion));
   w.attr("/", "git_commit", std::string(kGitCommit));
   w.attr("/", "start_utc", utc_now());
   w.attr("/", "host", hostname());
   w.attr("/", "backend", cfg.backend);
+  w.attr("/", "device", device);
   w.attr("/", "precision", cfg.precision);
   w.attr("/", "threads", int64_t(threads));
   w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
@@ -200,22 +202,46 @@ std::vector<double> widen(const Buffer<T>& b) {
   return std::vector<double>(v.begin(), v.end());
 }
 
+// The device's share of a run: the model's buffers, optimizer state, backend scratch (attention
+// and embedding-gradient work space), in values of T.
+int64_t predicted_values(const RunConfig& cfg, int64_t params) {
+  const ModelConfig& m = cfg.model;
+  const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model;
+  const int64_t scratch = 9 * N * C + int64_t(cfg.batch) * m.n_heads * m.seq_len * m.seq_len +
+                          int64_t(m.vocab) * C + 64 * C + 4 * N;
+  const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params;
+  return optimizer + scratch;
+}
+
 template <class T>
 TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
-                       int threads, const Resume* resume) {
+                       int threads, const std::string& device, const Resume* resume) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
   const int64_t N = int64_t(B) * Tn;
-  const KernelSet<T> kernels = cpu_catalogue<T>().select(cfg.kernels);
-  const KernelSet<T> reference = cpu_catalogue<T>().select({});
+  const Catalogue<T>& catalogue = backend_catalogue<T>(cfg.backend, cfg.precision);
+  const KernelSet<T> kernels = catalogue.select(cfg.kernels);
+  const KernelSet<T> reference = catalogue.select({});
   const std::vector<ShadowSpec> shadow_specs = parse_shadow_specs(cfg.shadow_variants);
+  const int64_t values = Transformer<T>::allocated_values(m, B) + predicted_values(cfg, param_count(m));
+  check_backend_fits(cfg.backend, sizeof(T) * size_t(values), "this model at train.batch = " +
+                                                               std::to_string(B));
   std::unique_ptr<ShadowTap<T>> tap;
-  if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs);
+  if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs, catalogue);
   // What the model runs: the run's kernels, tapped for shadow evaluation when asked.
   const KernelSet<T> run_kernels = tap ? tap->kernels() : kernels;
-  Transformer<T> model(m, run_kernels, B);
+  std::unique_ptr<Transformer<T>> owned;
+  std::unique_ptr<Optimizer<T>> owned_optim;
+  try {
+    owned = std::make_unique<Transformer<T>>(m, run_kernels, B);
+    owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
+  } catch (const OutOfMemory& e) {
+    throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
+                     "; try a smaller batch or model)");
+  }
+  Transformer<T>& model = *owned;
+  Optimizer<T>& optim = *owned_optim;
   model.init(cfg.seed);
-  Optimizer<T> optim(cfg.optim, model.layout(), *kernels.memory);
   const int64_t n_params = int64_t(model.params().size());
   std::vector<int64_t> token_counts(m.vocab, 0);
   int64_t first_step = 0;
@@ -224,7 +250,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   // A resumed run writes a new trace beside the old one (history up to the checkpoint copied),
   // then renames it over the old: the old file stays resumable until the new one is.
   TraceWriter trace(resume ? opt.out + ".resume" : opt.out, resume ? true : opt.force);
-  lay_out_trace(trace, cfg, data.info(), model.layout(), threads);
+  lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device);
   if (cfg.checkpoint_every > 0)
     lay_out_checkpoints(trace, n_params, cfg.optim.kind == "adamw", m.vocab);
   if (resume) trace.attr("/", "resumed_at_step", resume->checkpoint.next_step);
@@ -324,10 +350,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
 
 namespace {
 TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* resume) {
-  if (cfg.backend != "cpu")
-    throw InputError("backend = '" + cfg.backend +
-                     "': this build has no CUDA backend yet; use "
-                     "backend = \"cpu\"");
+  std::string device;
+  try {
+    device = open_backend(cfg.backend);
+    backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision);
+  } catch (const BackendError& e) {
+    throw InputError(e.what());
+  }
+  set_kernel_debug_sync(cfg.sync_kernels);
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   omp_set_num_threads(threads);
   Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself
@@ -343,9 +373,15 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   g_stop_signal = 0;
   sigaction(SIGINT, &stop, &old_int);
   sigaction(SIGTERM, &stop, &old_term);
-  const TrainResult r = cfg.precision == "fp64"
-                            ? train_impl<double>(cfg, opt, *data, threads, resume)
-                            : train_impl<float>(cfg, opt, *data, threads, resume);
+  TrainResult r;
+  try {
+    r = cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads, device, resume)
+                                : train_impl<float>(cfg, opt, *data, threads, device, resume);
+  } catch (const BackendError& e) {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    throw InputError(e.what());
+  }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   return r;

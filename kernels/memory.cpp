@@ -2,14 +2,14 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <new>
+#include <string>
 
 namespace divlab {
 
 namespace {
 void* host_allocate(size_t bytes) {
   void* p = std::malloc(bytes);
-  if (!p) throw std::bad_alloc();
+  if (!p) throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) + " bytes");
   return p;
 }
 void host_release(void* p) {

@@ -7,15 +7,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 namespace divlab {
 
+// An allocation the backend could not satisfy (device memory exhausted); what() says how much.
+struct OutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct MemoryOps {
   const char* device = "cpu";  // "cpu" | "cuda"
   bool host_accessible = true;  // may host code dereference the pointers?
-  void* (*allocate)(size_t bytes);     // throws std::bad_alloc or a backend error
+  void* (*allocate)(size_t bytes);     // throws OutOfMemory
   void (*release)(void* p);            // p may be null
   void (*zero)(void* p, size_t bytes);
   void (*upload)(void* dst, const void* host_src, size_t bytes);

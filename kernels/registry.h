@@ -99,26 +99,36 @@ struct Catalogue {
   // Calls f(OpVariants&, KernelSet member pointer) for every op, in a fixed order.
   template <class F>
   void for_each_op(F&& f) const {
-    f(embedding_forward, &KernelSet<T>::embedding_forward);
-    f(rmsnorm_forward, &KernelSet<T>::rmsnorm_forward);
-    f(rmsnorm_backward, &KernelSet<T>::rmsnorm_backward);
-    f(linear_forward, &KernelSet<T>::linear_forward);
-    f(linear_backward, &KernelSet<T>::linear_backward);
-    f(attention_forward, &KernelSet<T>::attention_forward);
-    f(attention_backward, &KernelSet<T>::attention_backward);
-    f(gelu_forward, &KernelSet<T>::gelu_forward);
-    f(gelu_backward, &KernelSet<T>::gelu_backward);
-    f(add, &KernelSet<T>::add);
-    f(cross_entropy, &KernelSet<T>::cross_entropy);
-    f(embed_rmsnorm_backward, &KernelSet<T>::embed_rmsnorm_backward);
-    f(sum_squares, &KernelSet<T>::sum_squares);
-    f(sgd_step, &KernelSet<T>::sgd_step);
-    f(adamw_step, &KernelSet<T>::adamw_step);
+    visit(*this, f);
+  }
+  template <class F>
+  void for_each_op(F&& f) {
+    visit(*this, f);
   }
 
   // `choice` maps op name -> variant name; ops not named get "reference".
   // Throws UnknownKernel naming the valid ops or variants.
   KernelSet<T> select(const std::map<std::string, std::string>& choice) const;
+
+ private:
+  template <class Self, class F>
+  static void visit(Self& self, F& f) {
+    f(self.embedding_forward, &KernelSet<T>::embedding_forward);
+    f(self.rmsnorm_forward, &KernelSet<T>::rmsnorm_forward);
+    f(self.rmsnorm_backward, &KernelSet<T>::rmsnorm_backward);
+    f(self.linear_forward, &KernelSet<T>::linear_forward);
+    f(self.linear_backward, &KernelSet<T>::linear_backward);
+    f(self.attention_forward, &KernelSet<T>::attention_forward);
+    f(self.attention_backward, &KernelSet<T>::attention_backward);
+    f(self.gelu_forward, &KernelSet<T>::gelu_forward);
+    f(self.gelu_backward, &KernelSet<T>::gelu_backward);
+    f(self.add, &KernelSet<T>::add);
+    f(self.cross_entropy, &KernelSet<T>::cross_entropy);
+    f(self.embed_rmsnorm_backward, &KernelSet<T>::embed_rmsnorm_backward);
+    f(self.sum_squares, &KernelSet<T>::sum_squares);
+    f(self.sgd_step, &KernelSet<T>::sgd_step);
+    f(self.adamw_step, &KernelSet<T>::adamw_step);
+  }
 };
 
 // The CPU backend's catalogue (every op's Eigen reference and its CPU variants).

@@ -13,9 +13,20 @@ namespace {
 template <class T>
 ShadowTap<T>* g_tap = nullptr;
 
+// Copies n values the run's kernels just read (host or device memory) to host doubles.
 template <class T>
 std::vector<double> copy(const T* p, int64_t n) {
-  return std::vector<double>(p, p + n);
+  const MemoryOps& mem = *g_tap<T>->run_kernels().memory;
+  if (mem.host_accessible) return std::vector<double>(p, p + n);
+  std::vector<T> host(static_cast<size_t>(n));
+  mem.download(host.data(), p, sizeof(T) * size_t(n));
+  return std::vector<double>(host.begin(), host.end());
+}
+template <class T>
+std::vector<TokenId> copy_ids(const TokenId* p, int64_t n) {
+  std::vector<TokenId> ids(static_cast<size_t>(n));
+  g_tap<T>->run_kernels().memory->download(ids.data(), p, sizeof(TokenId) * size_t(n));
+  return ids;
 }
 
 // --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
@@ -30,7 +41,7 @@ void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, 
   const int64_t N = int64_t(B) * T_;
   t.store("embed_rmsnorm_backward", {{copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C),
                                       copy(w_norm, C), copy(rstd, N)},
-                                     std::vector<TokenId>(tokens, tokens + N),
+                                     copy_ids<T>(tokens, N),
                                      {B, T_, C, V},
                                      0.0});
 }
@@ -82,7 +93,7 @@ void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* ta
   t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
   if (t.wants("cross_entropy"))
     t.store("cross_entropy", {{copy(logits, int64_t(N) * V)},
-                              std::vector<TokenId>(targets, targets + N),
+                              copy_ids<T>(targets, N),
                               {N, V},
                               double(dloss)});
 }
@@ -95,12 +106,25 @@ struct Output {
   RowKey key;
 };
 
+// Inputs and outputs of one replay, in the memory of the kernels that run it.
 template <class U>
-std::vector<U> as(const std::vector<double>& v) {
-  return std::vector<U>(v.begin(), v.end());
-}
+struct ReplayMemory {
+  const MemoryOps& mem;
+  Buffer<U> in(const std::vector<double>& v) const {
+    Buffer<U> b(mem, int64_t(v.size()));
+    b.assign(v);
+    return b;
+  }
+  Buffer<TokenId> ids(const std::vector<TokenId>& v) const {
+    Buffer<TokenId> b(mem, int64_t(v.size()));
+    b.upload(v.data(), int64_t(v.size()));
+    return b;
+  }
+  Buffer<U> out(int64_t n) const { return Buffer<U>(mem, n); }
+};
 template <class U>
-std::vector<double> widen(const std::vector<U>& v) {
+std::vector<double> widen(const Buffer<U>& b) {
+  const std::vector<U> v = b.to_vector();
   return std::vector<double>(v.begin(), v.end());
 }
 
@@ -109,50 +133,54 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T>::C
                            const KernelSet<U>& k) {
   const auto& in = c.inputs;
   const auto& d = c.dims;
+  const ReplayMemory<U> m{*k.memory};
   if (op == "embed_rmsnorm_backward") {
     const int B = d[0], T_ = d[1], C = d[2], V = d[3];
-    std::vector<U> dwte(int64_t(V) * C, 0), dwpe(int64_t(T_) * C, 0), dw(C, 0);
-    auto dy = as<U>(in[0]), dres = as<U>(in[1]), x0 = as<U>(in[2]), w = as<U>(in[3]),
-         rstd = as<U>(in[4]);
+    auto dwte = m.out(int64_t(V) * C), dwpe = m.out(int64_t(T_) * C), dw = m.out(C);
+    auto dy = m.in(in[0]), dres = m.in(in[1]), x0 = m.in(in[2]), w = m.in(in[3]),
+         rstd = m.in(in[4]);
+    auto ids = m.ids(c.ids);
     k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
-                             w.data(), rstd.data(), c.ids.data(), B, T_, C, V);
+                             w.data(), rstd.data(), ids.data(), B, T_, C, V);
     return {{widen(dwte), V, C, RowKey::TokenId},
             {widen(dwpe), T_, C, RowKey::None},
             {widen(dw), 1, C, RowKey::None}};
   }
   if (op == "rmsnorm_forward") {
     const int N = d[0], C = d[1];
-    auto x = as<U>(in[0]), w = as<U>(in[1]);
-    std::vector<U> y(int64_t(N) * C, 0), rstd(N, 0);
+    auto x = m.in(in[0]), w = m.in(in[1]);
+    auto y = m.out(int64_t(N) * C), rstd = m.out(N);
     k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
     return {{widen(y), N, C, RowKey::Position}};
   }
   if (op == "rmsnorm_backward") {
     const int N = d[0], C = d[1];
-    auto dy = as<U>(in[0]), x = as<U>(in[1]), w = as<U>(in[2]), rstd = as<U>(in[3]);
-    std::vector<U> dx(int64_t(N) * C, 0), dw(C, 0);
+    auto dy = m.in(in[0]), x = m.in(in[1]), w = m.in(in[2]), rstd = m.in(in[3]);
+    auto dx = m.out(int64_t(N) * C), dw = m.out(C);
     k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
     return {{widen(dx), N, C, RowKey::Position}, {widen(dw), 1, C, RowKey::None}};
   }
   if (op == "linear_forward") {
     const int N = d[0], i = d[1], o = d[2];
-    auto x = as<U>(in[0]), W = as<U>(in[1]);
-    std::vector<U> y(int64_t(N) * o, 0);
+    auto x = m.in(in[0]), W = m.in(in[1]);
+    auto y = m.out(int64_t(N) * o);
     k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
     return {{widen(y), N, o, RowKey::Position}};
   }
   if (op == "attention_forward") {
     const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
-    auto qkv = as<U>(in[0]);
-    std::vector<U> out(int64_t(B) * T_ * C, 0), att(int64_t(B) * NH * T_ * T_, 0);
+    auto qkv = m.in(in[0]);
+    auto out = m.out(int64_t(B) * T_ * C), att = m.out(int64_t(B) * NH * T_ * T_);
     k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
     return {{widen(out), int64_t(B) * T_, C, RowKey::Position}};
   }
   if (op == "cross_entropy") {
     const int N = d[0], V = d[1];
-    auto logits = as<U>(in[0]);
-    std::vector<U> losses(N, 0), dlogits(int64_t(N) * V, 0);
-    k.cross_entropy(losses.data(), dlogits.data(), logits.data(), c.ids.data(), N, V, U(c.scalar));
+    auto logits = m.in(in[0]);
+    auto losses = m.out(N), dlogits = m.out(int64_t(N) * V);
+    auto targets = m.ids(c.ids);
+    k.cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V,
+                    U(c.scalar));
     return {{widen(losses), N, 1, RowKey::Position}, {widen(dlogits), N, V, RowKey::Position}};
   }
   throw std::logic_error("shadow: no replay for op " + op);
@@ -217,7 +245,8 @@ std::vector<std::string> shadowable_ops() {
           "linear_forward",         "attention_forward", "cross_entropy"};
 }
 
-std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries) {
+std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries,
+                                           const Catalogue<float>& catalogue) {
   std::vector<ShadowSpec> specs;
   const auto ops = shadowable_ops();
   for (const auto& e : entries) {
@@ -231,7 +260,7 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
       throw UnknownKernel("shadow.variants entry '" + e + "': shadow mode evaluates " + valid);
     }
     try {
-      cpu_catalogue<float>().select({{s.op, s.variant}});
+      catalogue.select({{s.op, s.variant}});
     } catch (const UnknownKernel& err) {
       throw UnknownKernel("shadow.variants entry '" + e + "': " + err.what());
     }
@@ -241,8 +270,9 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
 }
 
 template <class T>
-ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs)
-    : run_(run_kernels), tapped_(run_kernels), specs_(specs) {
+ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
+                        const Catalogue<T>& variants)
+    : run_(run_kernels), tapped_(run_kernels), variants_(variants), specs_(specs) {
   if (g_tap<T>) throw std::logic_error("shadow: only one tap may be active");
   g_tap<T> = this;
   for (const auto& s : specs) {
@@ -284,7 +314,7 @@ std::vector<ShadowMetrics> ShadowTap<T>::evaluate(const TokenId* batch, int64_t 
     auto& refs = ref_outputs[s.op];
     if (refs.empty())
       for (const auto& call : it->second) refs.push_back(replay<T, double>(s.op, call, reference));
-    const KernelSet<T> variant = cpu_catalogue<T>().select({{s.op, s.variant}});
+    const KernelSet<T> variant = variants_.select({{s.op, s.variant}});
     Tally t;
     for (size_t c = 0; c < it->second.size(); ++c)
       tally(t, replay<T, T>(s.op, it->second[c], variant), refs[c], id_count, batch);

@@ -19,9 +19,11 @@ namespace divlab {
 struct ShadowSpec {
   std::string op, variant;
 };
-// Parses "op=variant" entries; throws UnknownKernel naming the entry for an unknown op or
-// variant, or an op that shadow mode cannot evaluate.
-std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries);
+// Parses "op=variant" entries, variants named in `catalogue` (the run's backend); throws
+// UnknownKernel naming the entry for an unknown op or variant, or an op shadow mode cannot
+// evaluate.
+std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries,
+                                           const Catalogue<float>& catalogue = cpu_catalogue<float>());
 // Ops whose inputs the tap can capture.
 std::vector<std::string> shadowable_ops();
 
@@ -45,7 +47,10 @@ struct ShadowMetrics {
 template <class T>
 class ShadowTap {
  public:
-  ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs);
+  // The variants come from `variants` (the run's backend): on the GPU the candidates run as GPU
+  // kernels on uploaded copies of the recorded inputs; the fp64 reference always runs on the CPU.
+  ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
+            const Catalogue<T>& variants);
   ~ShadowTap();
   // The kernels the model should call: the run's own, with taps on the shadowed ops.
   const KernelSet<T>& kernels() const { return tapped_; }
@@ -69,6 +74,7 @@ class ShadowTap {
 
  private:
   KernelSet<T> run_, tapped_;
+  const Catalogue<T>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;
   std::map<std::string, std::vector<Capture>> captured_;

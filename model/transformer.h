@@ -40,6 +40,10 @@ class Transformer {
  public:
   Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels, int batch);
 
+  // How many values of T the constructor allocates (parameters, gradients, activations, scratch):
+  // lets a device backend refuse a model that will not fit before allocating any of it.
+  static int64_t allocated_values(const ModelConfig& cfg, int batch);
+
   // Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 n_layers) (GPT-2);
   // RMSNorm gains 1. Deterministic in `seed`.
   void init(uint64_t seed);

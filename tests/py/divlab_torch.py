@@ -18,17 +18,21 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, C, n_heads):
+    def __init__(self, C, n_heads, sdpa=False):
         super().__init__()
         self.qkv = nn.Linear(C, 3 * C, bias=False)
         self.proj = nn.Linear(C, C, bias=False)
         self.n_heads = n_heads
+        self.sdpa = sdpa  # fused scaled_dot_product_attention (the speed baseline)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         heads = lambda t: t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
         q, k, v = heads(q), heads(k), heads(v)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.n_heads)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = scores.masked_fill(mask, float("-inf")).softmax(-1)
@@ -46,9 +50,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, C, n_heads, eps):
+    def __init__(self, C, n_heads, eps, sdpa=False):
         super().__init__()
-        self.ln1, self.attn = RMSNorm(C, eps), Attention(C, n_heads)
+        self.ln1, self.attn = RMSNorm(C, eps), Attention(C, n_heads, sdpa)
         self.ln2, self.mlp = RMSNorm(C, eps), MLP(C)
 
     def forward(self, x):
@@ -57,11 +61,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5):
+    def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, eps) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, eps, sdpa) for _ in range(n_layers))
         self.ln_f = RMSNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
 

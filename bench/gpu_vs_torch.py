@@ -1,0 +1,118 @@
+"""GPU speed of `divlab train` against the same model in PyTorch, on the same GPU, in one run.
+
+    python3 bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml
+
+1. divlab: `divlab train` on the config with backend = cuda (trace writing included); the
+   median step time over the steps after the first few, from the trace's /metrics/wall_s.
+2. The same model (tests/py/divlab_torch.py, fused SDPA attention), batch, token count and
+   precision in PyTorch: eager, then torch.compile; SGD with momentum; bf16 autocast when divlab
+   runs bf16; loss.item() every step (divlab records every step's loss too).
+3. divlab again with shadow mode at every step and every 10th (the seed bug shadowed on the
+   embedding op): its cost as a fraction of step time.
+MFU: (6 x matmul parameters + 12 x layers x T x C) FLOPs per token against the GPU's dense bf16
+peak. Prints a table last.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "py"))
+import divlab_torch  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def run_divlab(args, extra):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "bench.h5")
+        cmd = [args.divlab, "train", "--config", args.config, "--out", out, "--quiet",
+               "--set", "backend=cuda", "--set", f"train.steps={args.steps}"]
+        for s in args.set + extra:
+            cmd += ["--set", s]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with h5py.File(out, "r", swmr=True) as f:
+            wall = f["/metrics/wall_s"][:]
+            cfg = {k: f["/config"].attrs[k] for k in f["/config"].attrs}
+            device = f.attrs["device"]
+    steps = [wall[i] - wall[i - 1] for i in range(max(5, len(wall) // 4), len(wall))]
+    return statistics.median(steps), statistics.mean(steps), cfg, device
+
+
+def as_str(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def run_torch(cfg, steps, compiled):
+    V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
+    NH, T, B = int(cfg["model.n_heads"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
+    bf16 = as_str(cfg["train.precision"]) == "bf16"
+    torch.manual_seed(0)
+    model = divlab_torch.Transformer(V, C, L, NH, T, sdpa=True).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=float(cfg["train.lr"]),
+                          momentum=float(cfg["train.momentum"]))
+    step_fn = torch.compile(model) if compiled else model
+    torch.backends.cuda.matmul.allow_tf32 = False
+    times = []
+    for s in range(steps):
+        idx = torch.randint(0, V, (B, T), device="cuda")
+        tgt = torch.randint(0, V, (B, T), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = step_fn(idx, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["train.grad_clip"]) or 1e9)
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[max(5, steps // 4):])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--divlab", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--set", action="append", default=[])
+    args = p.parse_args()
+
+    t_div, mean_div, cfg, device = run_divlab(args, [])
+    V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
+    T, B = int(cfg["model.seq_len"]), int(cfg["train.batch"])
+    tokens = B * T
+    flops_per_token = 6 * (L * 12 * C * C + V * C) + 12 * L * T * C
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    t_eager = run_torch(cfg, args.steps, compiled=False)
+    t_compile = run_torch(cfg, args.steps, compiled=True)
+    shadow = "shadow.variants=[embed_rmsnorm_backward=bf16_accum]"
+    _, mean_shadow1, _, _ = run_divlab(args, ["shadow.every=1", shadow])
+    _, mean_shadow10, _, _ = run_divlab(args, ["shadow.every=10", shadow])
+
+    def row(label, t, ratio=True):
+        mfu = f"{100 * flops_per_token * tokens / t / peak:5.1f}%" if peak else "   n/a"
+        extra = f"{t_eager / t:8.2f}x {t_compile / t:8.2f}x" if ratio else ""
+        print(f"{label:34s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s} {extra}")
+
+    print(f"\nGPU speed: {name} ({as_str(device)}); V={V} C={C} L={L} T={T} B={B}, "
+          f"precision {as_str(cfg['train.precision'])}, {args.steps} steps, median step")
+    print(f"{'implementation':34s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s} "
+          f"{'vs eager':>9s} {'vs compile':>9s}")
+    row("divlab cuda", t_div)
+    row("PyTorch eager (SDPA)", t_eager)
+    row("PyTorch torch.compile", t_compile)
+    # Mean step times here: with shadow.every=10 the median would skip the shadowed steps.
+    print(f"divlab shadow cost (mean step): every step {100 * (mean_shadow1 / mean_div - 1):.1f}%, "
+          f"every 10th step {100 * (mean_shadow10 / mean_div - 1):.1f}% (goal <= 15%)")
+
+
+if __name__ == "__main__":
+    main()

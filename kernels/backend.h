@@ -1,0 +1,38 @@
+// Backends: which kernel catalogue runs a configuration, and whether it can run here.
+//   cpu:  Eigen + OpenMP; precision fp32 or fp64.
+//   cuda: CUDA + cuBLAS (this build with the `cuda` preset); precision fp32 (fp32 GEMMs, for
+//         parity with the CPU) or bf16 (GEMMs on bf16 tensor cores, fp32 accumulation; fp32
+//         master weights and optimizer state).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/registry.h"
+
+namespace divlab {
+
+// A backend/precision combination that cannot run: what() is one line for the user (exit 2).
+struct BackendError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool cuda_built();
+
+// The catalogue for `backend` and `precision`. Touches no device, so configurations can be
+// checked anywhere. Throws BackendError for a combination this build does not have.
+template <class T>
+const Catalogue<T>& backend_catalogue(const std::string& backend, const std::string& precision);
+
+// Makes sure `backend` can run on this machine now (for cuda: a GPU of compute capability 9.0 or
+// newer) and returns a one-line description of the device. Throws BackendError.
+std::string open_backend(const std::string& backend);
+
+// Synchronise after every kernel launch (cuda), naming the kernel that failed.
+void set_kernel_debug_sync(bool on);
+
+// Throws BackendError when `bytes` of tensors will not fit in the backend's free memory (cuda;
+// a no-op on the cpu backend). `what` names the consumer.
+void check_backend_fits(const std::string& backend, size_t bytes, const std::string& what);
+
+}  // namespace divlab

@@ -1,0 +1,156 @@
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+
+namespace divlab::cuda {
+
+namespace {
+bool g_debug_sync = [] {
+  const char* env = std::getenv("DIVLAB_CUDA_SYNC");
+  return env && env[0] == '1';
+}();
+}  // namespace
+
+void fail(const std::string& what, const char* file, int line) {
+  throw CudaError(what + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+void check_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  const std::string what = std::string("CUDA error ") + cudaGetErrorName(e) + " (" +
+                           cudaGetErrorString(e) + ") in " + call;
+  if (e == cudaErrorMemoryAllocation)
+    throw OutOfDeviceMemory(what + " (" + file + ":" + std::to_string(line) + ")");
+  fail(what, file, line);
+}
+
+void check_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  fail(std::string("cuBLAS error ") + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) +
+           ") in " + call,
+       file, line);
+}
+
+void check_launch(const char* kernel, const char* file, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && g_debug_sync) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess)
+    fail(std::string("kernel ") + kernel + " failed: " + cudaGetErrorName(e) + " (" +
+             cudaGetErrorString(e) + ")",
+         file, line);
+}
+
+void set_debug_sync(bool on) {
+  g_debug_sync = on;
+}
+bool debug_sync() {
+  return g_debug_sync;
+}
+
+DeviceInfo query_device(std::string* error) {
+  DeviceInfo info;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (error)
+      *error = e != cudaSuccess ? std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e)
+                                : "no CUDA device";
+    cudaGetLastError();  // clear the sticky-free error so later queries start clean
+    return info;
+  }
+  cudaDeviceProp prop{};
+  DIVLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  info.count = count;
+  info.name = prop.name;
+  info.major = prop.major, info.minor = prop.minor;
+  DIVLAB_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+void check_fits(size_t bytes, const std::string& what) {
+  size_t free_bytes = 0, total = 0;
+  DIVLAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  const size_t margin = size_t(512) << 20;  // cuBLAS workspace, scratch, the CUDA context's slack
+  if (bytes + margin > free_bytes) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s needs %.2f GiB of device memory; %.2f GiB of %.2f GiB free",
+                  what.c_str(), double(bytes) / (1 << 30), double(free_bytes) / (1 << 30),
+                  double(total) / (1 << 30));
+    throw OutOfDeviceMemory(buf);
+  }
+}
+
+namespace {
+void* device_allocate(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "out of device memory: cudaMalloc of %.3f GiB failed (%.2f of %.2f GiB free)",
+                  double(bytes) / (1 << 30), double(free_bytes) / (1 << 30),
+                  double(total) / (1 << 30));
+    throw OutOfMemory(buf);
+  }
+  DIVLAB_CUDA_CHECK(e);
+  return p;
+}
+void device_release(void* p) {
+  cudaFree(p);  // never throws: called from destructors
+}
+void device_zero(void* p, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
+void device_upload(void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void device_download(void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+struct ScratchRegion {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+std::vector<ScratchRegion>& regions() {
+  static std::vector<ScratchRegion> r(size_t(Scratch::Count));
+  return r;
+}
+}  // namespace
+
+const MemoryOps& device_memory() {
+  static const MemoryOps ops{"cuda",      false,         device_allocate, device_release,
+                             device_zero, device_upload, device_download};
+  return ops;
+}
+
+cublasHandle_t cublas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    DIVLAB_CUBLAS_CHECK(cublasCreate(&h));
+    // Deterministic results need a fixed workspace and no atomics-based algorithms.
+    DIVLAB_CUBLAS_CHECK(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
+    DIVLAB_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    return h;
+  }();
+  return handle;
+}
+
+void* scratch(Scratch slot, size_t bytes) {
+  ScratchRegion& r = regions()[size_t(slot)];
+  if (r.bytes < bytes) {
+    if (r.p) DIVLAB_CUDA_CHECK(cudaFree(r.p));
+    r.p = nullptr, r.bytes = 0;
+    DIVLAB_CUDA_CHECK(cudaMalloc(&r.p, bytes));
+    r.bytes = bytes;
+  }
+  return r.p;
+}
+
+}  // namespace divlab::cuda

@@ -1,0 +1,73 @@
+// The CUDA backend's runtime: checked calls, device memory, the cuBLAS handle, scratch space.
+//
+// Every CUDA, cuBLAS and cuDNN call goes through a DIVLAB_*_CHECK macro and every launch through
+// check_launch(name): failures throw CudaError naming the call or kernel and the source line.
+// With debug sync on (`debug.sync_kernels = true`, or DIVLAB_CUDA_SYNC=1), each launch is
+// followed by a device synchronisation, so an asynchronous fault is reported at the kernel that
+// caused it rather than at some later call.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/memory.h"
+
+namespace divlab::cuda {
+
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Device memory exhausted (also predicted before allocating: see check_fits).
+struct OutOfDeviceMemory : CudaError {
+  using CudaError::CudaError;
+};
+
+[[noreturn]] void fail(const std::string& what, const char* file, int line);
+void check_cuda(cudaError_t e, const char* call, const char* file, int line);
+void check_cublas(cublasStatus_t s, const char* call, const char* file, int line);
+
+#define DIVLAB_CUDA_CHECK(call) ::divlab::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+#define DIVLAB_CUBLAS_CHECK(call) ::divlab::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+// After a <<<...>>> launch: reports launch errors, and with debug sync on, execution errors.
+void check_launch(const char* kernel, const char* file, int line);
+#define DIVLAB_LAUNCHED(kernel) ::divlab::cuda::check_launch(kernel, __FILE__, __LINE__)
+
+void set_debug_sync(bool on);
+bool debug_sync();
+
+// What the trainer needs to know before choosing the backend.
+struct DeviceInfo {
+  int count = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+};
+// Queries device 0; count = 0 (and `error` set) when there is no usable GPU.
+DeviceInfo query_device(std::string* error);
+// The compute capability this build runs on (sm_90 code plus compute_90 PTX).
+constexpr int kMinMajor = 9;
+// Throws OutOfDeviceMemory when `bytes` (plus a margin for cuBLAS and scratch) will not fit.
+void check_fits(size_t bytes, const std::string& what);
+
+const MemoryOps& device_memory();
+
+cublasHandle_t cublas();
+
+// Grow-only device scratch, one region per slot, valid until the next call with the same slot.
+enum class Scratch { A, B, C, D, E, F, G, H, I, Reduce, Count };
+void* scratch(Scratch slot, size_t bytes);
+template <class T>
+T* scratch_as(Scratch slot, size_t n) {
+  return static_cast<T*>(scratch(slot, n * sizeof(T)));
+}
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
+
+}  // namespace divlab::cuda

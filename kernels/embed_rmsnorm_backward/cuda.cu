@@ -1,0 +1,227 @@
+// The fused first-RMSNorm backward + embedding-gradient scatter on the GPU, and the candidates
+// the way they are written in the wild.
+//
+// All variants share the row part (dx0 = dresid + RMSNorm backward, per row), the norm gain's
+// gradient (fixed-order column sums) and the position gradient; they differ in how the rows of
+// dx0 reach the token-embedding gradient dwte:
+//   reference        stable radix sort of positions by token (CUB), then one block per token
+//                    segment summing its rows in position order in fp32: deterministic.
+//   fp64_accum       the same segments summed in double (a benign control).
+//   fp32_reordered   float atomicAdd straight into dwte: fp32, order varies run to run (control).
+//   bf16_accum       atomicAdd into a bf16 gradient buffer, converted and added at the end: the
+//                    seed bug. A frequent token's row collects thousands of adds; once its sum
+//                    is 2^8 times a term, the term rounds away.
+//   fp16_accum       the same with an fp16 buffer (11 bits; overflows at 65504).
+//   racy_scatter     non-atomic read-add-write into dwte from every position (lost updates when
+//                    two positions of one token race), and a per-block position-gradient sum in
+//                    shared memory without atomics (racecheck reports that one: it is in shared
+//                    memory; the global race is invisible to it).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace divlab::cuda {
+
+namespace {
+struct Rows {
+  const float* dx0;  // [N, C]
+  const float* prod;  // [N, C] dy * x0 * rstd, for the norm gain
+};
+
+// The parts every variant shares; returns the rows the scatter reads.
+Rows shared_rows(float* dw_norm, const float* dy_norm, const float* dresid, const float* x0,
+                 const float* w_norm, const float* rstd, int N, int C) {
+  float* dx0 = scratch_as<float>(Scratch::B, size_t(N) * C);
+  float* prod = scratch_as<float>(Scratch::C, size_t(N) * C);
+  rmsnorm_backward_rows(dx0, prod, dy_norm, x0, w_norm, rstd, N, C, false, dresid);
+  column_sums_add(dw_norm, prod, N, C);
+  return {dx0, prod};
+}
+
+// dwpe[t, c] += sum_b dx0[b, t, c], one thread per (t, c), b in order.
+__global__ void position_grad_kernel(float* dwpe, const float* dx0, int B, int T_, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T_) * C) return;
+  float s = 0;
+  for (int b = 0; b < B; ++b) s += dx0[int64_t(b) * T_ * C + i];
+  dwpe[i] += s;
+}
+void position_grad(float* dwpe, const float* dx0, int B, int T_, int C) {
+  position_grad_kernel<<<blocks_for(int64_t(T_) * C, 256), 256>>>(dwpe, dx0, B, T_, C);
+  DIVLAB_LAUNCHED("position_grad");
+}
+
+__global__ void iota_kernel(int* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = i;
+}
+
+// One block per sorted index; the block that starts a token's segment sums the segment's rows
+// in position order and adds the sum to that token's row of dwte.
+template <class Acc>
+__global__ void segment_sum_kernel(float* dwte, const float* dx0, const int* sorted_tokens,
+                                   const int* sorted_positions, int N, int C) {
+  const int i = blockIdx.x;
+  const int tok = sorted_tokens[i];
+  if (i > 0 && sorted_tokens[i - 1] == tok) return;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    Acc s = 0;
+    for (int j = i; j < N && sorted_tokens[j] == tok; ++j)
+      s += Acc(dx0[int64_t(sorted_positions[j]) * C + c]);
+    dwte[int64_t(tok) * C + c] += float(s);
+  }
+}
+
+template <class Acc>
+void sorted_scatter(float* dwte, const float* dx0, const TokenId* tokens, int N, int C, int V) {
+  int* ids = scratch_as<int>(Scratch::D, size_t(4) * N);
+  int *positions = ids, *sorted_tokens = ids + N, *sorted_positions = ids + 2 * N;
+  iota_kernel<<<blocks_for(N, 256), 256>>>(positions, N);
+  DIVLAB_LAUNCHED("iota");
+  int end_bit = 1;
+  while (end_bit < 31 && (1 << end_bit) < V) ++end_bit;
+  size_t temp_bytes = 0;
+  DIVLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, sorted_tokens,
+                                                    positions, sorted_positions, N, 0, end_bit));
+  void* temp = scratch(Scratch::E, temp_bytes);
+  // Radix sort is stable: equal tokens keep their positions in increasing order.
+  DIVLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tokens,
+                                                    positions, sorted_positions, N, 0, end_bit));
+  segment_sum_kernel<Acc><<<N, 128>>>(dwte, dx0, sorted_tokens, sorted_positions, N, C);
+  DIVLAB_LAUNCHED("segment_sum");
+}
+
+template <class Acc>
+void sorted_variant(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                    const float* dresid, const float* x0, const float* w_norm, const float* rstd,
+                    const TokenId* tokens, int B, int T_, int C, int V) {
+  const int N = B * T_;
+  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(dwpe, r.dx0, B, T_, C);
+  sorted_scatter<Acc>(dwte, r.dx0, tokens, N, C, V);
+}
+
+// --- atomics: into dwte itself (fp32) or into a low-precision buffer --------------------------
+__global__ void atomic_scatter_f32(float* dwte, const float* dx0, const TokenId* tokens, int C,
+                                   int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  atomicAdd(&dwte[int64_t(tokens[i / C]) * C + i % C], dx0[i]);
+}
+
+template <class Low>
+__device__ inline Low to_low(float x);
+template <>
+__device__ inline __nv_bfloat16 to_low(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ inline __half to_low(float x) {
+  return __float2half_rn(x);
+}
+
+template <class Low>
+__global__ void atomic_scatter_low(Low* acc, const float* dx0, const TokenId* tokens, int C,
+                                   int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  atomicAdd(&acc[int64_t(tokens[i / C]) * C + i % C], to_low<Low>(dx0[i]));
+}
+
+template <class Low>
+__global__ void add_low(float* dwte, const Low* acc, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dwte[i] += float(acc[i]);
+}
+
+void fp32_reordered(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                    const float* dresid, const float* x0, const float* w_norm, const float* rstd,
+                    const TokenId* tokens, int B, int T_, int C, int V) {
+  const int N = B * T_;
+  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(dwpe, r.dx0, B, T_, C);
+  const int64_t total = int64_t(N) * C;
+  atomic_scatter_f32<<<blocks_for(total, 256), 256>>>(dwte, r.dx0, tokens, C, total);
+  DIVLAB_LAUNCHED("atomic_scatter_f32");
+}
+
+template <class Low>
+void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                         const float* dresid, const float* x0, const float* w_norm,
+                         const float* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
+  const int N = B * T_;
+  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(dwpe, r.dx0, B, T_, C);
+  const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
+  Low* acc = static_cast<Low*>(scratch(Scratch::F, sizeof(Low) * size_t(table)));
+  DIVLAB_CUDA_CHECK(cudaMemset(acc, 0, sizeof(Low) * size_t(table)));
+  atomic_scatter_low<Low><<<blocks_for(total, 256), 256>>>(acc, r.dx0, tokens, C, total);
+  DIVLAB_LAUNCHED("atomic_scatter (low precision)");
+  add_low<Low><<<blocks_for(table, 256), 256>>>(dwte, acc, table);
+  DIVLAB_LAUNCHED("add_low");
+}
+
+// --- racy ---------------------------------------------------------------------------------
+__global__ void racy_scatter_kernel(float* dwte, const float* dx0, const TokenId* tokens, int C,
+                                    int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  float* dst = &dwte[int64_t(tokens[i / C]) * C + i % C];
+  const float old = *dst;  // two positions of one token may both read the same old value
+  *dst = old + dx0[i];
+}
+
+constexpr int kRacyLanes = 8;  // batch rows summed concurrently per channel
+__global__ void racy_position_grad_kernel(float* dwpe, const float* dx0, int B, int T_, int C) {
+  __shared__ float acc[32];
+  const int t = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+  if (threadIdx.y == 0) acc[threadIdx.x] = 0;
+  __syncthreads();
+  if (c < C)
+    for (int b = threadIdx.y; b < B; b += kRacyLanes)
+      acc[threadIdx.x] += dx0[(int64_t(b) * T_ + t) * C + c];  // unsynchronised across warps
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) dwpe[int64_t(t) * C + c] += acc[threadIdx.x];
+}
+
+void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                  const float* dresid, const float* x0, const float* w_norm, const float* rstd,
+                  const TokenId* tokens, int B, int T_, int C, int V) {
+  const int N = B * T_;
+  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes)>>>(dwpe, r.dx0, B,
+                                                                               T_, C);
+  DIVLAB_LAUNCHED("racy_position_grad");
+  const int64_t total = int64_t(N) * C;
+  racy_scatter_kernel<<<blocks_for(total, 256), 256>>>(dwte, r.dx0, tokens, C, total);
+  DIVLAB_LAUNCHED("racy_scatter");
+}
+}  // namespace
+
+void register_embed_rmsnorm_backward(Catalogue<float>& cat) {
+  auto& op = cat.embed_rmsnorm_backward;
+  op.what = "fused first-block RMSNorm backward + residual gradient + embedding scatter";
+  op.add("reference", sorted_variant<float>,
+         {"stable radix sort by token, one block per token segment, fp32 in position order", "",
+          "", ""});
+  op.add("bf16_accum", low_precision_accum<__nv_bfloat16>,
+         {"atomicAdd of each row into a bf16 [V, C] buffer, added to dwte at the end", "", "",
+          ""});
+  op.add("fp16_accum", low_precision_accum<__half>,
+         {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "",
+          ""});
+  op.add("racy_scatter", racy_scatter,
+         {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "",
+          "", ""});
+  op.add("fp32_reordered", fp32_reordered,
+         {"float atomicAdd into dwte: fp32, summation order varies run to run", "", "", ""});
+  op.add("fp64_accum", sorted_variant<double>,
+         {"the reference's segments summed in double", "", "", ""});
+}
+
+}  // namespace divlab::cuda

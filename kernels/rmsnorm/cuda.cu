@@ -1,0 +1,114 @@
+// RMSNorm on the GPU: one block per row; the weight gradient through a fixed-order column sum.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/runtime.h"
+
+namespace divlab::cuda {
+
+namespace {
+constexpr int kRowThreads = 256;
+
+enum class Rstd { Reference, EpsOutsideSqrt, NoEps };
+
+template <Rstd mode>
+__device__ inline float rstd_of(float mean_square, float eps) {
+  if (mode == Rstd::EpsOutsideSqrt) return 1.0f / (sqrtf(mean_square) + eps);
+  if (mode == Rstd::NoEps) return 1.0f / sqrtf(mean_square);
+  return 1.0f / sqrtf(mean_square + eps);
+}
+
+template <Rstd mode>
+__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
+                                       int C, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * C;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += xr[c] * xr[c];
+  ss = block_sum(ss, shared);
+  const float r = rstd_of<mode>(ss / float(C), eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) y[row * C + c] = xr[c] * r * w[c];
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+template <Rstd mode>
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C,
+                     float eps) {
+  rmsnorm_forward_kernel<mode><<<N, kRowThreads>>>(y, rstd, x, w, C, eps);
+  DIVLAB_LAUNCHED("rmsnorm_forward");
+}
+
+__global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const float* dy,
+                                             const float* x, const float* w, const float* rstd,
+                                             int C, bool accumulate, const float* dresid) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float r = rstd[row];
+  float dot = 0;  // sum_c dy w x
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    dot += dy[row * C + c] * w[c] * x[row * C + c];
+  dot = block_sum(dot, shared);
+  const float k = r * r * r * dot / float(C);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const int64_t i = row * C + c;
+    const float g = r * w[c] * dy[i] - x[i] * k;
+    const float base = dresid ? dresid[i] : (accumulate ? dx[i] : 0.0f);
+    dx[i] = base + g;
+    prod[i] = dy[i] * x[i] * r;
+  }
+}
+
+void rmsnorm_backward(float* dresid, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int N, int C) {
+  float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  column_sums_add(dw, prod, N, C);
+}
+
+// dw reduced over rows in a bf16 accumulator, one thread per channel in row order (the GPU form
+// of the CPU variant: a weight-gradient reduction kept in the parameter dtype).
+__global__ void bf16_column_sum_kernel(float* dw, const float* prod, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  __nv_bfloat16 acc = __float2bfloat16_rn(dw[c]);
+  for (int n = 0; n < N; ++n)
+    acc = __float2bfloat16_rn(__bfloat162float(acc) + prod[int64_t(n) * C + c]);
+  dw[c] = __bfloat162float(acc);
+}
+
+void bf16_reduce(float* dresid, float* dw, const float* dy, const float* x, const float* w,
+                 const float* rstd, int N, int C) {
+  float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  bf16_column_sum_kernel<<<blocks_for(C, 128), 128>>>(dw, prod, N, C);
+  DIVLAB_LAUNCHED("bf16_column_sum");
+}
+}  // namespace
+
+void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x,
+                           const float* w, const float* rstd, int N, int C, bool accumulate,
+                           const float* dresid) {
+  rmsnorm_backward_rows_kernel<<<N, kRowThreads>>>(dx, prod, dy, x, w, rstd, C, accumulate,
+                                                   dresid);
+  DIVLAB_LAUNCHED("rmsnorm_backward_rows");
+}
+
+void register_rmsnorm(Catalogue<float>& cat) {
+  cat.rmsnorm_forward.what = "RMSNorm forward, y = x * rsqrt(mean(x^2) + eps) * w";
+  cat.rmsnorm_forward.add("reference", rmsnorm_forward<Rstd::Reference>,
+                          {"one block per row, fixed-tree sum of squares", "", "", ""});
+  cat.rmsnorm_forward.add("eps_outside_sqrt", rmsnorm_forward<Rstd::EpsOutsideSqrt>,
+                          {"rstd = 1 / (sqrt(mean(x^2)) + eps)", "", "", ""});
+  cat.rmsnorm_forward.add("no_eps", rmsnorm_forward<Rstd::NoEps>,
+                          {"rstd = 1 / sqrt(mean(x^2))", "", "", ""});
+  cat.rmsnorm_backward.what = "RMSNorm backward (input and weight gradients)";
+  cat.rmsnorm_backward.add("reference", rmsnorm_backward,
+                           {"rows per block; dw by fixed-order column sums", "", "", ""});
+  cat.rmsnorm_backward.add("bf16_reduce", bf16_reduce,
+                           {"dw summed over rows in a bf16 accumulator, one thread per channel",
+                            "", "", ""});
+}
+
+}  // namespace divlab::cuda
