@@ -20,7 +20,8 @@ namespace divlab {
 namespace {
 
 int cmd_train(const std::string& config, const std::vector<std::string>& sets,
-              const std::string& out, bool force, bool quiet, const std::string& resume) {
+              const std::string& out, bool force, bool quiet, const std::string& resume,
+              bool profile) {
   if (!resume.empty()) {
     if (!config.empty() || !out.empty())
       throw InputError(
@@ -37,6 +38,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   opt.out = out;
   opt.force = force;
   opt.progress = !quiet;
+  opt.profile = profile;
   const TrainResult r = train(cfg, opt);
   std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
             << "  trace " << out << std::endl;
@@ -121,13 +123,16 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train one model and write its trace");
   std::string config, out;
   std::vector<std::string> sets;
-  bool force = false, quiet = false, help_config = false;
+  bool force = false, quiet = false, help_config = false, profile = false;
   train->add_option("--config", config, "TOML config file");
   train->add_option("--set", sets, "override keys: --set key=value [key=value ...]")
       ->allow_extra_args();
   train->add_option("--out", out, "trace file to write (HDF5)");
   train->add_flag("--force", force, "overwrite an existing trace");
   train->add_flag("--quiet", quiet, "no progress line");
+  train->add_flag("--profile", profile,
+                  "time every op call (synchronising around each) and print where a step's time "
+                  "goes");
   train->add_flag("--help-config", help_config, "list every config key and exit");
   std::string resume;
   train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace");
@@ -185,7 +190,7 @@ int main(int argc, char** argv) {
         std::cout << describe_config_keys();
         return 0;
       }
-      return cmd_train(config, sets, out, force, quiet, resume);
+      return cmd_train(config, sets, out, force, quiet, resume, profile);
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
     if (*kernels) return cmd_kernels(only_op, markdown);

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "datasets/dataset.h"
@@ -18,6 +20,7 @@
 #include "experiments/version.h"
 #include "kernels/backend.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
+#include "kernels/profile.h"
 #include "kernels/shadow.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
@@ -196,6 +199,23 @@ class Progress {
   bool enabled_;
 };
 
+// Where the steps' time went, op by op (stderr).
+void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
+  std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.seconds;
+  std::fprintf(stderr, "\nop time over %lld steps (each call between two synchronisations)\n",
+               (long long)steps);
+  std::fprintf(stderr, "%-24s %8s %12s %12s %7s\n", "op", "calls", "ms/step", "us/call", "share");
+  for (const auto& [op, t] : rows)
+    std::fprintf(stderr, "%-24s %8lld %12.3f %12.1f %6.1f%%\n", op.c_str(), (long long)t.calls,
+                 1e3 * t.seconds / double(std::max<int64_t>(1, steps)),
+                 1e6 * t.seconds / double(std::max<int64_t>(1, t.calls)), 100 * t.seconds / total);
+  std::fprintf(stderr, "%-24s %8s %12.3f\n", "total", "", 1e3 * total / double(std::max<int64_t>(1, steps)));
+}
+
 template <class T>
 std::vector<double> widen(const Buffer<T>& b) {
   const std::vector<T> v = b.to_vector();
@@ -228,8 +248,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                                                                std::to_string(B));
   std::unique_ptr<ShadowTap<T>> tap;
   if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs, catalogue);
-  // What the model runs: the run's kernels, tapped for shadow evaluation when asked.
-  const KernelSet<T> run_kernels = tap ? tap->kernels() : kernels;
+  // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
+  std::unique_ptr<OpProfiler<T>> profiler;
+  if (opt.profile) profiler = std::make_unique<OpProfiler<T>>(tap ? tap->kernels() : kernels);
+  const KernelSet<T> run_kernels = profiler ? profiler->kernels() : tap ? tap->kernels() : kernels;
   std::unique_ptr<Transformer<T>> owned;
   std::unique_ptr<Optimizer<T>> owned_optim;
   try {
@@ -341,6 +363,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     }
   }
   progress.done();
+  if (profiler) print_profile(profiler->times(), result.steps - first_step);
   trace.write_array("/dataset/token_counts", token_counts);
   trace.finish(result.status, nan_where);
   return result;

@@ -11,6 +11,7 @@ struct TrainOptions {
   std::string out;       // trace path
   bool force = false;    // overwrite an existing trace
   bool progress = true;  // progress line on stderr when it is a terminal
+  bool profile = false;  // time every op call; print the table on stderr at the end
 };
 
 struct TrainResult {

@@ -21,11 +21,12 @@ void host_zero(void* p, size_t bytes) {
 void host_copy(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
+void host_synchronize() {}
 }  // namespace
 
 const MemoryOps& host_memory() {
-  static const MemoryOps ops{"cpu", true, host_allocate, host_release, host_zero, host_copy,
-                             host_copy};
+  static const MemoryOps ops{"cpu",     true,      host_allocate, host_release,
+                             host_zero, host_copy, host_copy,     host_synchronize};
   return ops;
 }
 

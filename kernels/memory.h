@@ -26,6 +26,7 @@ struct MemoryOps {
   void (*zero)(void* p, size_t bytes);
   void (*upload)(void* dst, const void* host_src, size_t bytes);
   void (*download)(void* host_dst, const void* src, size_t bytes);
+  void (*synchronize)();  // waits for the backend's queued work (a no-op on the host)
 };
 
 // Plain host memory (malloc, memset, memcpy).

@@ -1,5 +1,7 @@
 #include "kernels/shadow.h"
 
+#include "kernels/common/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,14 +15,25 @@ namespace {
 template <class T>
 ShadowTap<T>* g_tap = nullptr;
 
+// Element-wise conversion on every core (captures run to tens of millions of values per step).
+constexpr int64_t kConvertChunk = 1 << 16;
+template <class To, class From>
+std::vector<To> convert(const From* p, int64_t n) {
+  std::vector<To> out(static_cast<size_t>(n));
+  parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = To(p[i]);
+  });
+  return out;
+}
+
 // Copies n values the run's kernels just read (host or device memory) to host doubles.
 template <class T>
 std::vector<double> copy(const T* p, int64_t n) {
   const MemoryOps& mem = *g_tap<T>->run_kernels().memory;
-  if (mem.host_accessible) return std::vector<double>(p, p + n);
+  if (mem.host_accessible) return convert<double>(p, n);
   std::vector<T> host(static_cast<size_t>(n));
   mem.download(host.data(), p, sizeof(T) * size_t(n));
-  return std::vector<double>(host.begin(), host.end());
+  return convert<double>(host.data(), n);
 }
 template <class T>
 std::vector<TokenId> copy_ids(const TokenId* p, int64_t n) {
@@ -112,7 +125,8 @@ struct ReplayMemory {
   const MemoryOps& mem;
   Buffer<U> in(const std::vector<double>& v) const {
     Buffer<U> b(mem, int64_t(v.size()));
-    b.assign(v);
+    const std::vector<U> u = convert<U>(v.data(), int64_t(v.size()));
+    b.upload(u.data(), int64_t(u.size()));
     return b;
   }
   Buffer<TokenId> ids(const std::vector<TokenId>& v) const {
@@ -125,7 +139,7 @@ struct ReplayMemory {
 template <class U>
 std::vector<double> widen(const Buffer<U>& b) {
   const std::vector<U> v = b.to_vector();
-  return std::vector<double>(v.begin(), v.end());
+  return convert<double>(v.data(), int64_t(v.size()));
 }
 
 template <class T, class U>
@@ -204,25 +218,37 @@ struct Tally {
   }
 };
 
+// Per-row sums in parallel (rows are independent), folded in row order: the metrics do not
+// depend on the thread count.
 void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& ref,
            const std::vector<int64_t>& id_count, const TokenId* batch) {
-  double &diff = t.diff, &norm_r = t.norm_r, &norm_v = t.norm_v, &dot = t.dot, &max_row = t.max_row;
+  struct RowSums {
+    double diff, ref, got, dot;
+  };
   for (size_t o = 0; o < got.size(); ++o) {
     const Output &v = got[o], &r = ref[o];
-    for (int64_t row = 0; row < r.rows; ++row) {
-      double rd = 0, rr = 0;
-      for (int64_t c = 0; c < r.cols; ++c) {
-        const double a = v.values[row * r.cols + c], b = r.values[row * r.cols + c];
-        rd += (a - b) * (a - b), rr += b * b, norm_v += a * a, dot += a * b;
+    std::vector<RowSums> rows(static_cast<size_t>(r.rows));
+    parallel_chunks(r.rows, 64, [&](int64_t row0, int64_t row1) {
+      for (int64_t row = row0; row < row1; ++row) {
+        RowSums s{0, 0, 0, 0};
+        for (int64_t c = 0; c < r.cols; ++c) {
+          const double a = v.values[row * r.cols + c], b = r.values[row * r.cols + c];
+          s.diff += (a - b) * (a - b), s.ref += b * b, s.got += a * a, s.dot += a * b;
+        }
+        rows[row] = s;
       }
-      diff += rd, norm_r += rr;
-      if (rr > 0 || rd > 0) max_row = std::max(max_row, rr > 0 ? std::sqrt(rd / rr) : INFINITY);
-      if (std::isnan(rd)) max_row = NAN;
+    });
+    for (int64_t row = 0; row < r.rows; ++row) {
+      const RowSums& s = rows[row];
+      t.diff += s.diff, t.norm_r += s.ref, t.norm_v += s.got, t.dot += s.dot;
+      if (s.ref > 0 || s.diff > 0)
+        t.max_row = std::max(t.max_row, s.ref > 0 ? std::sqrt(s.diff / s.ref) : INFINITY);
+      if (std::isnan(s.diff)) t.max_row = NAN;
       const int64_t count = r.key == RowKey::TokenId    ? id_count[row]
                             : r.key == RowKey::Position ? id_count[batch[row]]
                                                         : 0;
       const int b = frequency_bucket(count);
-      if (b >= 0) t.bucket_diff[b] += rd, t.bucket_ref[b] += rr;
+      if (b >= 0) t.bucket_diff[b] += s.diff, t.bucket_ref[b] += s.ref;
     }
   }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build the cuda preset, run the gpu-labelled tests and the
-# benchmarks, print a short table last. Usage: scripts/gpu.sh [--all-tests] [--reproduce]
+# benchmarks, print a short table last.
+# Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce` on configs/reproduce-gpu.toml, which needs
 # the Brown corpus carried along: data/brown.)
@@ -21,9 +22,9 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records pass/fail
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"
-all_tests=0 reproduce=0
+all_tests=0 reproduce=0 sanitize=0
 for a in "$@"; do
-  case $a in --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; esac
+  case $a in --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;; esac
 done
 py=$(command -v python3)
 if [ $all_tests = 1 ]; then
@@ -33,10 +34,15 @@ step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
 # The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
 step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining.LossTracks*:*GpuTraining.Gradients*'
 step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
+step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
+  --profile --quiet --force --out "$out/profile.h5"
 step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml
 step bench_gpu_small "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab \
   --config configs/bench-gpu.toml --set model.vocab=2048 --set model.d_model=128 \
   --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=128 --set train.batch=64
+if [ $sanitize = 1 ]; then
+  step sanitize env OUT="$out" scripts/sanitize-gpu.sh
+fi
 if [ $reproduce = 1 ]; then
   rm -rf "$out/reproduce"
   step reproduce build/cuda/divlab reproduce --config configs/reproduce-gpu.toml \
@@ -46,13 +52,15 @@ fi
 echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
-for k in configure build cpu_tests gpu_tests gpu_bands bench_cpu bench_gpu bench_gpu_small reproduce; do
+for k in configure build cpu_tests gpu_tests gpu_bands bench_cpu profile_gpu bench_gpu bench_gpu_small sanitize reproduce; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out"/gpu_tests.log 2>/dev/null | tail -12
 tail -7 "$out/bench_cpu.log" 2>/dev/null
 grep -E "max relative loss gap" "$out/gpu_bands.log" 2>/dev/null
+grep -A18 "^op time" "$out/profile_gpu.log" 2>/dev/null
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null
+cat "$out/sanitize.log" 2>/dev/null
 grep -iE "cells|verdict|wall|minutes" "$out/reproduce.log" 2>/dev/null | tail -6

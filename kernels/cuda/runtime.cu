@@ -114,6 +114,10 @@ void device_download(void* dst, const void* src, size_t bytes) {
   DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void device_synchronize() {
+  DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 struct ScratchRegion {
   void* p = nullptr;
   size_t bytes = 0;
@@ -125,8 +129,9 @@ std::vector<ScratchRegion>& regions() {
 }  // namespace
 
 const MemoryOps& device_memory() {
-  static const MemoryOps ops{"cuda",      false,         device_allocate, device_release,
-                             device_zero, device_upload, device_download};
+  static const MemoryOps ops{"cuda",        false,           device_allocate,
+                             device_release, device_zero,     device_upload,
+                             device_download, device_synchronize};
   return ops;
 }
 

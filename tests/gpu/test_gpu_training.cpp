@@ -95,8 +95,9 @@ TEST_P(GpuTraining, GradientsPerTensorAgreeWithTheCpu) {
   c.backward();
   const auto gg = g.grads().to_vector();
   const auto cg = c.grads().to_vector();
-  // Bands: fp32 GEMMs keep every tensor within 1e-4 of fp64; bf16 GEMM inputs within 5e-2.
-  const double band = GetParam() == GemmMode::Fp32 ? 1e-4 : 5e-2;
+  // Bands (measured on an H200: fp32 2e-7 to 3.3e-7, bf16 2.9e-4 to 7.3e-4 per tensor):
+  // fp32 within 1e-5 of fp64, bf16 GEMM inputs within 5e-3.
+  const double band = GetParam() == GemmMode::Fp32 ? 1e-5 : 5e-3;
   for (const auto& p : g.layout()) {
     double diff = 0, norm = 0;
     for (int64_t i = p.offset; i < p.offset + p.size; ++i)

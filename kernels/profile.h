@@ -1,0 +1,40 @@
+// Per-op wall time of a real training step: wraps every op of a KernelSet so that each call is
+// timed between two backend synchronisations. For finding where a step's time goes (and what a
+// candidate kernel costs inside real training); the synchronisations add launch latency, so
+// compare ops with each other, not with an unprofiled step.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "kernels/registry.h"
+
+namespace divlab {
+
+struct OpTime {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+template <class T>
+class OpProfiler {
+ public:
+  explicit OpProfiler(const KernelSet<T>& inner);
+  ~OpProfiler();
+  const KernelSet<T>& kernels() const { return timed_; }
+  const std::map<std::string, OpTime>& times() const { return times_; }
+  void reset() { times_.clear(); }
+
+  // Used by the timing wrappers.
+  const KernelSet<T>& inner() const { return inner_; }
+  void add(const char* op, double seconds) {
+    OpTime& t = times_[op];
+    t.seconds += seconds, ++t.calls;
+  }
+
+ private:
+  KernelSet<T> inner_, timed_;
+  std::map<std::string, OpTime> times_;
+};
+
+}  // namespace divlab

@@ -1,0 +1,62 @@
+// The GPU backend through the trainer's front door: a trace written by a cuda run (with shadow
+// mode on the GPU), and a model too large for the device refused before anything is allocated or
+// written.
+#include <unistd.h>
+
+#include "experiments/config.h"
+#include "experiments/trace.h"
+#include "experiments/train.h"
+#include "tests/gpu/gpu_check.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+using namespace testing;
+
+TEST(GpuTrain, WritesACompleteTraceWithGpuShadowMetrics) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_train"), out = dir + "/run.h5";
+  const RunConfig cfg = load_config(
+      "", {"backend=cuda", "train.precision=bf16", "data=zipf:1.1", "model.vocab=512",
+           "model.seq_len=64", "train.batch=64", "train.steps=30", "shadow.every=10",
+           "shadow.variants=[embed_rmsnorm_backward=bf16_accum, embed_rmsnorm_backward=fp64_accum]",
+           "train.seed=" + std::to_string(test_seed() % 1000)});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  EXPECT_EQ(train(cfg, opt).status, "completed");
+  const TraceReader r(out);
+  EXPECT_EQ(r.string_attr("/", "backend"), "cuda");
+  EXPECT_NE(r.string_attr("/", "device").find("sm_"), std::string::npos);
+  EXPECT_EQ(r.floats("/metrics/loss").size(), 30u);
+  const auto bug = r.floats("/shadow/embed_rmsnorm_backward/bf16_accum/rel_l2");
+  const auto control = r.floats("/shadow/embed_rmsnorm_backward/fp64_accum/rel_l2");
+  ASSERT_EQ(bug.size(), 3u);
+  // 4096 Zipf tokens per step: the hottest rows collect hundreds of adds, which bf16 loses.
+  for (size_t i = 0; i < bug.size(); ++i) {
+    EXPECT_GT(bug[i], 1e-2) << "step " << i * 10;
+    EXPECT_LT(control[i], 1e-5) << "step " << i * 10;
+  }
+  unlink(out.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_oom"), out = dir + "/run.h5";
+  const RunConfig cfg =
+      load_config("", {"backend=cuda", "model.vocab=65536", "model.d_model=4096",
+                       "model.n_layers=48", "model.n_heads=32", "model.seq_len=1024",
+                       "train.batch=16", "train.optimizer=adamw", "train.steps=1"});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  try {
+    train(cfg, opt);
+    ADD_FAILURE() << "a ~10-billion-parameter model at batch 16 trained on one GPU";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train.batch = 16"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(access(out.c_str(), F_OK), 0) << "nothing may be written";
+  rmdir(dir.c_str());
+}
+
+}  // namespace divlab
