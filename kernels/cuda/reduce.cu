@@ -1,5 +1,4 @@
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
 
 namespace divlab::cuda {
@@ -36,20 +35,4 @@ void column_sums_add(float* out, const float* in, int rows, int cols) {
   DIVLAB_LAUNCHED("column_add_partials");
 }
 
-}  // namespace divlab::cuda
-
-#include <cuda_bf16.h>
-
-namespace divlab::cuda {
-namespace {
-__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
-}
-}  // namespace
-
-void to_bf16(void* dst, const float* src, int64_t n) {
-  to_bf16_kernel<<<blocks_for(n, 256), 256>>>(static_cast<__nv_bfloat16*>(dst), src, n);
-  DIVLAB_LAUNCHED("to_bf16");
-}
 }  // namespace divlab::cuda
