@@ -46,6 +46,21 @@ class BadInput(unittest.TestCase):
     def test_negative_learning_rate(self):
         self.check(["train", "--set", "train.lr=-0.1", "--out", "{d}/r.h5"], "'train.lr'")
 
+    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
+                     "a GPU is present: backend = cuda runs here")
+    def test_cuda_backend_without_a_gpu(self):
+        # A CPU-only build says it has no CUDA backend; a cuda build without a GPU says so.
+        self.check(["train", "--set", *SMALL, "backend=cuda", "--out", "{d}/r.h5"],
+                   'backend = "cuda"')
+
+    def test_bf16_precision_on_the_cpu(self):
+        self.check(["train", "--set", *SMALL, "train.precision=bf16", "--out", "{d}/r.h5"],
+                   'train.precision = "bf16" needs backend = "cuda"')
+
+    def test_fp64_precision_on_the_gpu(self):
+        self.check(["train", "--set", *SMALL, "backend=cuda", "train.precision=fp64", "--out",
+                    "{d}/r.h5"], 'train.precision = "fp64" runs on backend = "cpu" only')
+
     def test_unreadable_config(self):
         self.check(["train", "--config", "{d}/missing.toml", "--out", "{d}/r.h5"], "missing.toml")
 
