@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/backend.h"
+#include "kernels/plugins.h"
 #include "kernels/registry.h"
 #include "kernels/shadow.h"
 
@@ -30,6 +31,8 @@ const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       {"backend", Type::String, "cpu", "where the run executes", Range::Any, {"cpu", "cuda"}},
       {"data", Type::String, "uniform", "dataset spec: uniform | zipf:S | text:PATH | brown"},
+      {"plugins", Type::List, "",
+       "shared libraries with candidate kernels (C ABI: kernels/plugin_abi.h)"},
       {"model.vocab", Type::Int, "256", "vocabulary size V", Range::Positive},
       {"model.d_model", Type::Int, "64", "residual width C", Range::Positive},
       {"model.n_layers", Type::Int, "2", "transformer blocks", Range::Positive},
@@ -340,6 +343,7 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   cfg.eval_every = i64("eval.every"), cfg.eval_batches = int(i64("eval.batches"));
   cfg.shadow_every = i64("shadow.every");
   if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
+  if (raw.count("plugins")) cfg.plugins = raw["plugins"];
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
   cfg.abort_at_step = i64("debug.abort_at_step");
   cfg.sync_kernels = str("debug.sync_kernels") == "true";
@@ -357,6 +361,12 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
                      " positions is too large for model.vocab and model.d_model (2^31 elements)");
+  // Plug-ins first: their variants are valid kernel names from here on.
+  try {
+    load_plugins(cfg.plugins);
+  } catch (const PluginError& e) {
+    throw InputError(std::string("config key 'plugins': ") + e.what());
+  }
   // Kernel names are checked against the backend's own catalogue. A cuda configuration read by
   // a build without CUDA (e.g. analysing GPU traces on a laptop) is checked against the CPU's
   // names; running it fails later with its own message.

@@ -32,6 +32,7 @@ struct RunConfig {
   std::map<std::string, std::string> kernels;  // op -> variant
   int64_t shadow_every = 0;
   std::vector<std::string> shadow_variants;
+  std::vector<std::string> plugins;  // shared libraries with candidate kernels
   int64_t flush_steps = 10;
   double flush_seconds = 2.0;
   int64_t abort_at_step = -1;      // debug: std::abort() at this step

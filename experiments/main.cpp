@@ -14,6 +14,7 @@
 #include "experiments/sweep.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
+#include "kernels/plugins.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -71,7 +72,13 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
 }
 
 // Lists every op and variant with its documentation; --markdown writes docs/kernels.md's body.
-int cmd_kernels(const std::string& only_op, bool markdown) {
+int cmd_kernels(const std::string& only_op, bool markdown,
+                const std::vector<std::string>& plugins) {
+  try {
+    load_plugins(plugins);
+  } catch (const PluginError& e) {
+    throw InputError(std::string("--plugins: ") + e.what());
+  }
   bool found = only_op.empty();
   cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
     if (!only_op.empty() && ops.op != only_op) return;
@@ -152,6 +159,8 @@ int main(int argc, char** argv) {
   bool markdown = false;
   kernels->add_option("--op", only_op, "only this op");
   kernels->add_flag("--markdown", markdown, "as Markdown tables (docs/kernels.md)");
+  std::vector<std::string> kernel_plugins;
+  kernels->add_option("--plugins", kernel_plugins, "also list the variants of these plug-ins");
 
   auto* sweep = app.add_subcommand("sweep", "run every cell of an experiment grid");
   SweepOptions sw;
@@ -193,7 +202,7 @@ int main(int argc, char** argv) {
       return cmd_train(config, sets, out, force, quiet, resume, profile);
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
-    if (*kernels) return cmd_kernels(only_op, markdown);
+    if (*kernels) return cmd_kernels(only_op, markdown, kernel_plugins);
     if (*sweep) {
       const SweepSummary r = run_sweep(sw);
       if (!sw.emit_slurm)

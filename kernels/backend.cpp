@@ -48,6 +48,16 @@ const Catalogue<float>& backend_catalogue(const std::string& backend,
 #endif
 }
 
+std::vector<Catalogue<float>*> device_catalogues(const std::string& device) {
+  if (device == "cpu") return {&mutable_cpu_catalogue()};
+  if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
+#ifdef DIVLAB_HAVE_CUDA
+  return {&cuda::mutable_catalogue(cuda::GemmMode::Fp32), &cuda::mutable_catalogue(cuda::GemmMode::Bf16)};
+#else
+  throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
+#endif
+}
+
 std::string open_backend(const std::string& backend) {
   if (backend == "cpu") return "cpu";
 #ifdef DIVLAB_HAVE_CUDA

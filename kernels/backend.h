@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/registry.h"
 
@@ -18,6 +19,10 @@ struct BackendError : std::runtime_error {
 };
 
 bool cuda_built();
+
+// Every fp32 catalogue whose kernels take pointers of `device` ("cpu" | "cuda"), for plug-ins
+// to add variants to. Throws BackendError for cuda in a build without it.
+std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
 
 // The catalogue for `backend` and `precision`. Touches no device, so configurations can be
 // checked anywhere. Throws BackendError for a combination this build does not have.

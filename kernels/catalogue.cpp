@@ -40,9 +40,18 @@ std::string join(const std::vector<std::string>& v) {
 }  // namespace
 
 template <class T>
-const Catalogue<T>& cpu_catalogue() {
-  static const Catalogue<T> cat = build_cpu_catalogue<T>();
+Catalogue<T>& catalogue_instance() {
+  static Catalogue<T> cat = build_cpu_catalogue<T>();
   return cat;
+}
+
+template <class T>
+const Catalogue<T>& cpu_catalogue() {
+  return catalogue_instance<T>();
+}
+
+Catalogue<float>& mutable_cpu_catalogue() {
+  return catalogue_instance<float>();
 }
 
 template <class T>

@@ -28,6 +28,7 @@ struct OpVariants {
     VariantDoc doc;
     Fn fn;
   };
+  using Function = Fn;
   explicit OpVariants(std::string op_name) : op(std::move(op_name)) {}
   std::string op;
   std::string what;  // one line on what the op computes
@@ -35,6 +36,13 @@ struct OpVariants {
 
   void add(std::string name, Fn fn, VariantDoc doc) {
     entries.push_back({std::move(name), std::move(doc), fn});
+  }
+  void remove(const std::string& name) {
+    for (auto it = entries.begin(); it != entries.end(); ++it)
+      if (it->name == name) {
+        entries.erase(it);
+        return;
+      }
   }
   const Entry* find(const std::string& name) const {
     for (const auto& e : entries)
@@ -134,6 +142,8 @@ struct Catalogue {
 // The CPU backend's catalogue (every op's Eigen reference and its CPU variants).
 template <class T>
 const Catalogue<T>& cpu_catalogue();
+// The same, for adding plug-in variants (kernels/plugins.h).
+Catalogue<float>& mutable_cpu_catalogue();
 
 // Names of every op, in catalogue order.
 std::vector<std::string> op_names();

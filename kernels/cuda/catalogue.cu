@@ -38,10 +38,14 @@ Catalogue<float> build(GemmMode mode) {
 }
 }  // namespace
 
-const Catalogue<float>& catalogue(GemmMode mode) {
-  static const Catalogue<float> fp32 = build(GemmMode::Fp32);
-  static const Catalogue<float> bf16 = build(GemmMode::Bf16);
+Catalogue<float>& mutable_catalogue(GemmMode mode) {
+  static Catalogue<float> fp32 = build(GemmMode::Fp32);
+  static Catalogue<float> bf16 = build(GemmMode::Bf16);
   return mode == GemmMode::Fp32 ? fp32 : bf16;
+}
+
+const Catalogue<float>& catalogue(GemmMode mode) {
+  return mutable_catalogue(mode);
 }
 
 }  // namespace divlab::cuda

@@ -14,6 +14,7 @@ namespace divlab::cuda {
 enum class GemmMode { Fp32, Bf16 };
 
 const Catalogue<float>& catalogue(GemmMode mode);
+Catalogue<float>& mutable_catalogue(GemmMode mode);  // for plug-in variants
 
 void register_embedding(Catalogue<float>& cat);
 void register_rmsnorm(Catalogue<float>& cat);

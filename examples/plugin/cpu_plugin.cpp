@@ -1,0 +1,82 @@
+// An example CPU plug-in: two candidates for the fused embedding-gradient op, written only
+// against kernels/plugin_abi.h, the way a kernel author outside divlab would.
+//   example_fp32_rows  correct: every token row accumulated in fp32, in position order.
+//   example_bf16_rows  the seed bug by hand: token rows accumulated in a bf16 accumulator.
+// Build: part of the project's CMake (target divlab_example_plugin), or by hand:
+//   g++ -O2 -shared -fPIC -I<divlab> cpu_plugin.cpp -o libexample.so
+// Use: divlab train --set plugins=[path/libdivlab_example_plugin.so]
+//                         kernels.embed_rmsnorm_backward=example_bf16_rows
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/plugin_abi.h"
+
+namespace {
+
+// Round-to-nearest-even to bf16 (the top 16 bits of an fp32), kept in a float.
+float bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// dx0 rows (residual gradient plus the RMSNorm backward) and the norm gain's gradient.
+std::vector<float> input_grad(float* dw_norm, const float* dy, const float* dresid, const float* x,
+                              const float* w, const float* rstd, int N, int C) {
+  std::vector<float> dx0(size_t(N) * C);
+  for (int n = 0; n < N; ++n) {
+    const float* dyr = dy + size_t(n) * C;
+    const float* xr = x + size_t(n) * C;
+    const float r = rstd[n];
+    float dot = 0;
+    for (int c = 0; c < C; ++c) dot += dyr[c] * w[c] * xr[c];
+    const float k = r * r * r * dot / float(C);
+    for (int c = 0; c < C; ++c) {
+      dx0[size_t(n) * C + c] = dresid[size_t(n) * C + c] + r * w[c] * dyr[c] - xr[c] * k;
+      dw_norm[c] += dyr[c] * xr[c] * r;
+    }
+  }
+  return dx0;
+}
+
+template <bool bf16_rows>
+void embed_rmsnorm_backward(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                            const float* dresid, const float* x0, const float* w_norm,
+                            const float* rstd, const divlab_token* tokens, int B, int T, int C,
+                            int V) {
+  const int N = B * T;
+  const std::vector<float> dx0 = input_grad(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  std::vector<float> acc(size_t(V) * C, 0.0f);
+  for (int n = 0; n < N; ++n) {
+    float* row = acc.data() + size_t(tokens[n]) * C;
+    for (int c = 0; c < C; ++c) {
+      row[c] += dx0[size_t(n) * C + c];
+      if (bf16_rows) row[c] = bf16(row[c]);
+    }
+    for (int c = 0; c < C; ++c) dwpe[size_t(n % T) * C + c] += dx0[size_t(n) * C + c];
+  }
+  for (size_t i = 0; i < acc.size(); ++i) dwte[i] += acc[i];
+}
+
+const divlab_variant kVariants[] = {
+    {"embed_rmsnorm_backward", "example_fp32_rows", "cpu",
+     reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<false>),
+     "example plug-in: token rows summed in fp32, position order", "", "", ""},
+    {"embed_rmsnorm_backward", "example_bf16_rows", "cpu",
+     reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<true>),
+     "example plug-in: token rows summed in a bf16 accumulator",
+     "a frequent token's row stalls once its sum is 2^8 times a contribution",
+     "skewed token streams (Zipf, real text), many tokens per step",
+     "uniform tokens; AdamW"},
+};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
+
+}  // namespace
+
+extern "C" const divlab_plugin* divlab_plugin_register(void) {
+  return &kPlugin;
+}

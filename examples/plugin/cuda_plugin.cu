@@ -1,0 +1,102 @@
+// An example CUDA plug-in: two GPU candidates for the fused embedding-gradient op, written only
+// against kernels/plugin_abi.h.
+//   example_cuda_fp32_atomic  correct up to fp32 rounding: float atomicAdd into dwte (the order,
+//                             and so the last bits, vary from run to run).
+//   example_cuda_bf16_atomic  the seed bug as written in the wild: atomicAdd into a bf16 buffer.
+// Build: part of the project's CMake with the cuda preset (target divlab_example_cuda_plugin).
+#include <cuda_bf16.h>
+
+#include "kernels/plugin_abi.h"
+
+namespace {
+
+__global__ void rows_kernel(float* dx0, float* prod, const float* dy, const float* dresid,
+                            const float* x, const float* w, const float* rstd, int C) {
+  __shared__ float part[256];
+  const size_t row = blockIdx.x;
+  float dot = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    dot += dy[row * C + c] * w[c] * x[row * C + c];
+  part[threadIdx.x] = dot;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float r = rstd[row], k = r * r * r * part[0] / float(C);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const size_t i = row * C + c;
+    dx0[i] = dresid[i] + r * w[c] * dy[i] - x[i] * k;
+    prod[i] = dy[i] * x[i] * r;
+  }
+}
+
+// One thread per column: sums the rows of `in` (rows x cols) into out[col].
+__global__ void column_sum_kernel(float* out, const float* in, int rows, int cols, int stride_rows) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0;
+  for (int r = 0; r < rows; ++r) s += in[size_t(r) * stride_rows * cols + c];
+  out[c] += s;
+}
+
+template <bool bf16>
+__global__ void scatter_kernel(float* dwte, __nv_bfloat16* acc, const float* dx0,
+                               const divlab_token* tokens, int C, size_t total) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const size_t dst = size_t(tokens[i / C]) * C + i % C;
+  if (bf16)
+    atomicAdd(&acc[dst], __float2bfloat16_rn(dx0[i]));
+  else
+    atomicAdd(&dwte[dst], dx0[i]);
+}
+
+__global__ void add_bf16_kernel(float* dwte, const __nv_bfloat16* acc, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dwte[i] += __bfloat162float(acc[i]);
+}
+
+template <bool bf16>
+void embed_rmsnorm_backward(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                            const float* dresid, const float* x0, const float* w_norm,
+                            const float* rstd, const divlab_token* tokens, int B, int T, int C,
+                            int V) {
+  const int N = B * T;
+  float *dx0 = nullptr, *prod = nullptr;
+  cudaMalloc(&dx0, sizeof(float) * size_t(N) * C);
+  cudaMalloc(&prod, sizeof(float) * size_t(N) * C);
+  rows_kernel<<<N, 256>>>(dx0, prod, dy_norm, dresid, x0, w_norm, rstd, C);
+  column_sum_kernel<<<(C + 127) / 128, 128>>>(dw_norm, prod, N, C, 1);
+  // dwpe[t] = sum over b of dx0[b, t]: rows b*T + t, i.e. B rows T*C apart, for each of T*C.
+  column_sum_kernel<<<(T * C + 127) / 128, 128>>>(dwpe, dx0, B, T * C, 1);
+  const size_t total = size_t(N) * C, table = size_t(V) * C;
+  __nv_bfloat16* acc = nullptr;
+  if (bf16) {
+    cudaMalloc(&acc, sizeof(__nv_bfloat16) * table);
+    cudaMemset(acc, 0, sizeof(__nv_bfloat16) * table);
+  }
+  scatter_kernel<bf16><<<unsigned((total + 255) / 256), 256>>>(dwte, acc, dx0, tokens, C, total);
+  if (bf16) add_bf16_kernel<<<unsigned((table + 255) / 256), 256>>>(dwte, acc, table);
+  cudaFree(acc);
+  cudaFree(dx0);
+  cudaFree(prod);
+}
+
+const divlab_variant kVariants[] = {
+    {"embed_rmsnorm_backward", "example_cuda_fp32_atomic", "cuda",
+     reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<false>),
+     "example CUDA plug-in: float atomicAdd into dwte", "", "", ""},
+    {"embed_rmsnorm_backward", "example_cuda_bf16_atomic", "cuda",
+     reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<true>),
+     "example CUDA plug-in: atomicAdd into a bf16 buffer",
+     "a frequent token's row stalls once its sum is 2^8 times a contribution",
+     "skewed token streams (Zipf, real text), many tokens per step", "uniform tokens; AdamW"},
+};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
+
+}  // namespace
+
+extern "C" const divlab_plugin* divlab_plugin_register(void) {
+  return &kPlugin;
+}

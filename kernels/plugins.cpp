@@ -1,0 +1,132 @@
+#include "kernels/plugins.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <tuple>
+
+#include "kernels/backend.h"
+#include "kernels/plugin_abi.h"
+#include "kernels/registry.h"
+
+namespace divlab {
+
+namespace {
+struct Loaded {
+  std::string path;
+  void* handle;
+  // (catalogue, op, variant) of every entry this library added
+  std::vector<std::tuple<Catalogue<float>*, std::string, std::string>> added;
+};
+std::vector<Loaded>& loaded() {
+  static std::vector<Loaded> l;
+  return l;
+}
+
+std::string str(const char* s) {
+  return s ? s : "";
+}
+
+bool valid_name(const std::string& n) {
+  return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+// Adds one variant to `cat`; returns false (with `why`) if its op is unknown or not pluggable, or
+// its name is taken.
+bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* why) {
+  const std::string op = str(v.op), name = str(v.name);
+  if (op == "sum_squares" || op == "sgd_step" || op == "adamw_step") {
+    *why = "op '" + op + "' is not replaceable by plug-ins (ABI 1 covers the model's ops)";
+    return false;
+  }
+  bool done = false;
+  cat.for_each_op([&](auto& ops, auto) {
+    if (ops.op != op || done) return;
+    done = true;
+    if (ops.find(name)) {
+      *why = "variant '" + name + "' of " + op + " already exists";
+      return;
+    }
+    using Fn = typename std::decay_t<decltype(ops)>::Function;
+    ops.add(name, reinterpret_cast<Fn>(v.fn),
+            {str(v.summary) + " [plug-in]", str(v.wrong), str(v.exposed_by), str(v.masked_by)});
+  });
+  if (!done) *why = "unknown op '" + op + "'";
+  return done && why->empty();
+}
+
+void remove_added(const Loaded& l) {
+  for (const auto& [cat, op, name] : l.added)
+    cat->for_each_op([&](auto& ops, auto) {
+      if (ops.op == op) ops.remove(name);
+    });
+}
+
+void load_one(const std::string& path) {
+  for (const auto& l : loaded())
+    if (l.path == path) return;
+  auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
+  dlerror();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) fail(std::string("cannot load: ") + dlerror());
+  Loaded l{path, handle, {}};
+  try {
+    auto reg = reinterpret_cast<divlab_plugin_register_fn>(
+        dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));
+    if (!reg)
+      fail("does not export " DIVLAB_PLUGIN_REGISTER_SYMBOL "() (see kernels/plugin_abi.h)");
+    const divlab_plugin* p = reg();
+    if (!p) fail(DIVLAB_PLUGIN_REGISTER_SYMBOL "() returned null");
+    if (p->abi_version != DIVLAB_PLUGIN_ABI_VERSION)
+      fail("built for plug-in ABI " + std::to_string(p->abi_version) + "; this divlab speaks ABI " +
+           std::to_string(DIVLAB_PLUGIN_ABI_VERSION) + " (rebuild it against kernels/plugin_abi.h)");
+    if (p->count == 0 || !p->variants) fail("registers no variants");
+    for (uint32_t i = 0; i < p->count; ++i) {
+      const divlab_variant& v = p->variants[i];
+      const std::string name = str(v.name), where = "variant " + std::to_string(i) + " ('" + name + "')";
+      if (!valid_name(name)) fail(where + ": a name needs letters, digits or '_'");
+      if (!v.fn) fail(where + ": no function");
+      std::vector<Catalogue<float>*> cats;
+      try {
+        cats = device_catalogues(str(v.device));
+      } catch (const BackendError& e) {
+        fail(where + ": " + e.what());
+      }
+      for (Catalogue<float>* cat : cats) {
+        std::string why;
+        if (!add_variant(*cat, v, &why)) fail(where + ": " + why);
+        l.added.emplace_back(cat, str(v.op), name);
+      }
+    }
+  } catch (...) {
+    remove_added(l);
+    dlclose(handle);
+    throw;
+  }
+  loaded().push_back(std::move(l));
+}
+}  // namespace
+
+void load_plugins(const std::vector<std::string>& paths) {
+  for (const auto& p : paths) load_one(p);
+}
+
+void unload_plugins() {
+  for (auto it = loaded().rbegin(); it != loaded().rend(); ++it) {
+    remove_added(*it);
+    dlclose(it->handle);
+  }
+  loaded().clear();
+}
+
+std::vector<std::string> loaded_plugins() {
+  std::vector<std::string> out;
+  for (const auto& l : loaded()) out.push_back(l.path);
+  return out;
+}
+
+}  // namespace divlab

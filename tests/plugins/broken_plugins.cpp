@@ -1,0 +1,26 @@
+// Deliberately broken plug-ins for the loader's error tests; one source, built three times with
+// BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
+// op). A fourth library, no_register.cpp, exports no registration function at all.
+#include "kernels/plugin_abi.h"
+
+namespace {
+void noop(float*, float*, const float*, const float*, const float*, const float*, int, int) {}
+
+#if BROKEN_KIND == 1
+const divlab_variant kVariants[] = {{"rmsnorm_backward", "from_the_future", "cpu",
+                                     reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
+const divlab_plugin kPlugin = {999u, 1, kVariants};
+#elif BROKEN_KIND == 2
+const divlab_variant kVariants[] = {{"rmsnorm_backward", "reference", "cpu",
+                                     reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
+#else
+const divlab_variant kVariants[] = {{"layernorm_backward", "mine", "cpu",
+                                     reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
+#endif
+}  // namespace
+
+extern "C" const divlab_plugin* divlab_plugin_register(void) {
+  return &kPlugin;
+}

@@ -1,0 +1,89 @@
+// Plug-ins: the example library loads, its variants appear in the catalogue with their
+// documentation, compute what they claim (the correct one matches fp64, the buggy one loses the
+// hot row), and go away on unload; broken libraries are refused with the reason named.
+#include "kernels/plugins.h"
+
+#include <random>
+
+#include "kernels/registry.h"
+#include "tests/support/check.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+struct Unload {
+  ~Unload() { unload_plugins(); }
+};
+
+std::string error_of(const std::string& path) {
+  try {
+    load_plugins({path});
+  } catch (const PluginError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// dwte of the embedding op for one hot token at every position, with `k`, against fp64.
+double hot_row_error(const KernelSet<float>& k) {
+  const int B = 16, T = 64, C = 16, V = 32, N = B * T;
+  std::mt19937_64 gen(test_seed());
+  std::vector<float> dy = randn<float>(N * C, gen, 0.1), dres = randn<float>(N * C, gen, 0.1),
+                     x = randn<float>(N * C, gen), w(C, 1.0f), rstd(N, 1.0f);
+  for (auto& v : dy) v += 1.0f;  // same-sign contributions per channel
+  std::vector<TokenId> tok(N, 3);
+  std::vector<float> dwte(V * C, 0), dwpe(T * C, 0), dw(C, 0);
+  k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x.data(),
+                           w.data(), rstd.data(), tok.data(), B, T, C, V);
+  auto to_d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  std::vector<double> rwte(V * C, 0), rwpe(T * C, 0), rw(C, 0);
+  const auto dyd = to_d(dy), dresd = to_d(dres), xd = to_d(x), wd = to_d(w), rd = to_d(rstd);
+  cpu_catalogue<double>().select({}).embed_rmsnorm_backward(
+      rwte.data(), rwpe.data(), rw.data(), dyd.data(), dresd.data(), xd.data(), wd.data(),
+      rd.data(), tok.data(), B, T, C, V);
+  EXPECT_CLOSE(dwpe, rwpe, 1e-5, "dwpe");
+  EXPECT_CLOSE(dw, rw, 1e-5, "dw_norm");
+  return compare(dwte, rwte).error;
+}
+}  // namespace
+
+TEST(Plugins, ExampleLoadsComputesAndUnloads) {
+  Unload guard;
+  load_plugins({DIVLAB_EXAMPLE_PLUGIN});
+  load_plugins({DIVLAB_EXAMPLE_PLUGIN});  // a second load of the same path is a no-op
+  ASSERT_EQ(loaded_plugins().size(), 1u);
+  const auto& ops = cpu_catalogue<float>().embed_rmsnorm_backward;
+  const auto* good = ops.find("example_fp32_rows");
+  const auto* bad = ops.find("example_bf16_rows");
+  ASSERT_TRUE(good && bad);
+  EXPECT_NE(bad->doc.summary.find("[plug-in]"), std::string::npos);
+  EXPECT_NE(bad->doc.exposed_by.find("Zipf"), std::string::npos);
+  const auto& cat = cpu_catalogue<float>();
+  EXPECT_LT(hot_row_error(cat.select({{"embed_rmsnorm_backward", "example_fp32_rows"}})), 1e-5);
+  EXPECT_GT(hot_row_error(cat.select({{"embed_rmsnorm_backward", "example_bf16_rows"}})), 0.3);
+  unload_plugins();
+  EXPECT_EQ(ops.find("example_bf16_rows"), nullptr);
+  EXPECT_TRUE(loaded_plugins().empty());
+  EXPECT_THROW(cat.select({{"embed_rmsnorm_backward", "example_bf16_rows"}}), UnknownKernel);
+}
+
+TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
+  Unload guard;
+  EXPECT_NE(error_of("/no/such/libx.so").find("'/no/such/libx.so': cannot load"),
+            std::string::npos);
+  EXPECT_NE(error_of(DIVLAB_NOT_A_PLUGIN).find("does not export divlab_plugin_register"),
+            std::string::npos);
+  const std::string abi = error_of(DIVLAB_BROKEN_ABI_PLUGIN);
+  EXPECT_NE(abi.find("built for plug-in ABI 999; this divlab speaks ABI 1"), std::string::npos)
+      << abi;
+  EXPECT_NE(error_of(DIVLAB_CLASHING_PLUGIN).find("variant 'reference' of rmsnorm_backward already exists"),
+            std::string::npos);
+  EXPECT_NE(error_of(DIVLAB_UNKNOWN_OP_PLUGIN).find("unknown op 'layernorm_backward'"),
+            std::string::npos);
+  // Nothing of a refused library stays registered or loaded.
+  EXPECT_TRUE(loaded_plugins().empty());
+  EXPECT_EQ(cpu_catalogue<float>().rmsnorm_backward.find("from_the_future"), nullptr);
+}
+
+}  // namespace divlab
