@@ -9,6 +9,7 @@
 
 #include "analysis/analyze.h"
 #include "datasets/dataset.h"
+#include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
 #include "experiments/sweep.h"
@@ -144,6 +145,22 @@ int main(int argc, char** argv) {
   std::string resume;
   train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace");
 
+  auto* check = app.add_subcommand(
+      "check", "stress one kernel variant against the fp64 reference (kernel authors)");
+  CheckOptions ck;
+  check->add_option("target", ck.target, "OP=VARIANT, e.g. embed_rmsnorm_backward=bf16_accum")
+      ->required();
+  check->add_option("--backend", ck.backend, "cpu | cuda (where the variant runs)")
+      ->capture_default_str();
+  check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
+  check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)");
+  check->add_flag("--train", ck.train, "then run the short reproduce grid with the candidate");
+  check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");
+  check->add_option("--jobs", ck.jobs, "--train: cells at a time");
+  bool check_no_plots = false, check_no_sanitizer = false;
+  check->add_flag("--no-sanitizer", check_no_sanitizer, "cuda: skip the compute-sanitizer pass");
+  check->add_flag("--no-plots", check_no_plots, "--train: skip the matplotlib figures");
+
   auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
   std::string spec;
   int vocab = 256, batch = 16, seq = 64;
@@ -203,6 +220,11 @@ int main(int argc, char** argv) {
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
     if (*kernels) return cmd_kernels(only_op, markdown, kernel_plugins);
+    if (*check) {
+      ck.plots = !check_no_plots;
+      ck.sanitizer = !check_no_sanitizer;
+      return cmd_check(ck);
+    }
     if (*sweep) {
       const SweepSummary r = run_sweep(sw);
       if (!sw.emit_slurm)

@@ -34,8 +34,8 @@ std::vector<TokenId> zipf_ids(int n, int vocab, std::mt19937_64& gen) {
 template <class F>
 void expect_matches_fp64(const std::string& what, const OpInputs& x, const KernelSet<float>& gpu_set,
                          double tol, F&& call) {
-  const auto ref = run_op<double>(cpu_catalogue<double>().select({}), x, call);
-  const auto got = run_op<float>(gpu_set, x, call);
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
+  const auto got = run_checked<float>(gpu_set, x, call);
   for (size_t o = 0; o < ref.size(); ++o)
     EXPECT_CLOSE(got[o], ref[o], tol, what + " output " + std::to_string(o));
 }
@@ -123,7 +123,7 @@ TEST_P(GpuOps, GemmOpsMatchFp64) {
   // The backward's saved probabilities come from the CPU reference forward, so both backends
   // differentiate at the same point.
   OpInputs fwd{{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
-  const auto saved = run_op<double>(
+  const auto saved = run_checked<double>(
       cpu_catalogue<double>().select({}), fwd,
       OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
   expect_matches_fp64("attention_backward",
@@ -174,8 +174,8 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
   const int in_f = 256, out_f = 128;
   const OpInputs x{{normal(N * in_f, gen), normal(out_f * in_f, gen)}, {}, {zeros(N * out_f)}};
   auto call = OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); };
-  const auto ref = run_op<double>(cpu_catalogue<double>().select({}), x, call);
-  const auto got = run_op<float>(gpu(GemmMode::Bf16).select({}), x, call);
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
+  const auto got = run_checked<float>(gpu(GemmMode::Bf16).select({}), x, call);
   EXPECT_GT(compare(got[0], ref[0]).error, 1e-4);
 }
 
@@ -185,8 +185,8 @@ TEST(GpuVariants, MatchTheirCpuNamesakes) {
   Fixture f;
   auto both = [&](const std::string& op, const std::string& variant, const OpInputs& x,
                   auto call) {
-    const auto cpu = run_op<float>(cpu_catalogue<float>().select({{op, variant}}), x, call);
-    const auto got = run_op<float>(gpu().select({{op, variant}}), x, call);
+    const auto cpu = run_checked<float>(cpu_catalogue<float>().select({{op, variant}}), x, call);
+    const auto got = run_checked<float>(gpu().select({{op, variant}}), x, call);
     for (size_t o = 0; o < cpu.size(); ++o)
       EXPECT_CLOSE(got[o], cpu[o], 1e-4, op + "=" + variant + " output " + std::to_string(o));
   };
@@ -242,9 +242,9 @@ struct Scatter {
   }
   // Normalised error of dwte against the fp64 CPU reference.
   double dwte_error(const std::string& variant) const {
-    const auto ref = run_op<double>(cpu_catalogue<double>().select({}), x, call());
+    const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call());
     const auto got =
-        run_op<float>(gpu().select({{"embed_rmsnorm_backward", variant}}), x, call());
+        run_checked<float>(gpu().select({{"embed_rmsnorm_backward", variant}}), x, call());
     return compare(got[0], ref[0]).error;
   }
 };
@@ -262,8 +262,8 @@ TEST(GpuEmbedScatter, Bf16AtomicsLoseTheHotRowWhileTheVerifierPasses) {
   REQUIRE_GPU();
   std::mt19937_64 gen(test_seed());
   const Scatter hot(gen, true);
-  const auto ref = run_op<double>(cpu_catalogue<double>().select({}), hot.x, hot.call());
-  const auto got = run_op<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}), hot.x,
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), hot.x, hot.call());
+  const auto got = run_checked<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}), hot.x,
                                  hot.call());
   // 4096 same-sign adds into one bf16 value stall near 2^8-2^9 of them.
   EXPECT_GT(compare(got[0], ref[0]).error, 0.5);
@@ -271,8 +271,8 @@ TEST(GpuEmbedScatter, Bf16AtomicsLoseTheHotRowWhileTheVerifierPasses) {
   EXPECT_GE(verifier_pass_fraction(got[0], ref[0]), 0.99);
   // With uniform tokens (about 8 adds per row) it passes as well (measured: 99.93 %).
   const Scatter uniform(gen, false);
-  const auto uref = run_op<double>(cpu_catalogue<double>().select({}), uniform.x, uniform.call());
-  const auto ugot = run_op<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}),
+  const auto uref = run_checked<double>(cpu_catalogue<double>().select({}), uniform.x, uniform.call());
+  const auto ugot = run_checked<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}),
                                   uniform.x, uniform.call());
   EXPECT_GE(verifier_pass_fraction(ugot[0], uref[0]), 0.99);
   EXPECT_GT(Scatter(gen, true).dwte_error("fp16_accum"), 1e-3);  // 11 bits stall near 2^11
@@ -302,14 +302,14 @@ TEST(GpuDeterminism, ReferencesAreBitwiseRepeatable) {
   for (GemmMode mode : {GemmMode::Fp32, GemmMode::Bf16}) {
     const auto k = gpu(mode).select({});
     const Scatter s(gen, true);
-    EXPECT_EQ(run_op<float>(k, s.x, s.call()), run_op<float>(k, s.x, s.call()));
+    EXPECT_EQ(run_checked<float>(k, s.x, s.call()), run_checked<float>(k, s.x, s.call()));
     OpInputs fwd{{normal(N * 3 * C, gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
     auto att = OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); };
-    const auto a = run_op<float>(k, fwd, att);
-    EXPECT_EQ(a, run_op<float>(k, fwd, att));
+    const auto a = run_checked<float>(k, fwd, att);
+    EXPECT_EQ(a, run_checked<float>(k, fwd, att));
     OpInputs bwd{{normal(N * C, gen), fwd.values[0], a[1]}, {}, {zeros(N * 3 * C)}};
     auto back = OP_CALL { k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH); };
-    EXPECT_EQ(run_op<float>(k, bwd, back), run_op<float>(k, bwd, back));
+    EXPECT_EQ(run_checked<float>(k, bwd, back), run_checked<float>(k, bwd, back));
   }
 }
 
