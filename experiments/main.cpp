@@ -9,6 +9,7 @@
 
 #include "analysis/analyze.h"
 #include "datasets/dataset.h"
+#include "experiments/bisect.h"
 #include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
@@ -161,6 +162,18 @@ int main(int argc, char** argv) {
   check->add_flag("--no-sanitizer", check_no_sanitizer, "cuda: skip the compute-sanitizer pass");
   check->add_flag("--no-plots", check_no_plots, "--train: skip the matplotlib figures");
 
+  auto* bisect = app.add_subcommand(
+      "bisect", "find which swapped kernels make a run diverge (delta debugging)");
+  BisectOptions bs;
+  bisect->add_option("source", bs.source, "a trace or a config with non-reference kernels")
+      ->required();
+  bisect->add_option("--set", bs.overrides, "override keys of the source's config")
+      ->allow_extra_args();
+  bisect->add_option("--seeds", bs.seeds, "seeds per decision")->capture_default_str();
+  bisect->add_option("--steps", bs.steps, "train.steps of each run (default: the config's)");
+  bisect->add_option("--out", bs.out, "working folder")->capture_default_str();
+  bisect->add_option("--jobs", bs.jobs, "runs at a time (default: number of cores)");
+
   auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
   std::string spec;
   int vocab = 256, batch = 16, seq = 64;
@@ -220,6 +233,7 @@ int main(int argc, char** argv) {
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
     if (*kernels) return cmd_kernels(only_op, markdown, kernel_plugins);
+    if (*bisect) return cmd_bisect(bs);
     if (*check) {
       ck.plots = !check_no_plots;
       ck.sanitizer = !check_no_sanitizer;

@@ -33,6 +33,8 @@ fi
 step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
 # The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
 step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining.LossTracks*:*GpuTraining.Gradients*'
+# divlab check on the GPU candidates (exit 1 = the kernel fails its check, as bf16_accum must).
+step check_gpu bash -c 'build/cuda/divlab check embed_rmsnorm_backward=bf16_accum --backend cuda; test $? = 1 && build/cuda/divlab check embed_rmsnorm_backward=reference --backend cuda'
 step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
 step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
   --profile --quiet --force --out "$out/profile.h5"
@@ -52,13 +54,14 @@ fi
 echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
-for k in configure build cpu_tests gpu_tests gpu_bands bench_cpu profile_gpu bench_gpu bench_gpu_small sanitize reproduce; do
+for k in configure build cpu_tests gpu_tests gpu_bands check_gpu bench_cpu profile_gpu bench_gpu bench_gpu_small sanitize reproduce; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out"/gpu_tests.log 2>/dev/null | tail -12
 tail -7 "$out/bench_cpu.log" 2>/dev/null
 grep -E "max relative loss gap" "$out/gpu_bands.log" 2>/dev/null
+grep -E "^(tokens|verdict|compute-sanitizer)" "$out/check_gpu.log" 2>/dev/null
 grep -A18 "^op time" "$out/profile_gpu.log" 2>/dev/null
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null

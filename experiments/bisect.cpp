@@ -1,0 +1,200 @@
+#include "experiments/bisect.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "analysis/analyze.h"
+#include "experiments/config.h"
+#include "experiments/sweep.h"
+#include "experiments/trace.h"
+#include "kernels/backend.h"
+
+namespace divlab {
+
+namespace {
+using Subset = std::vector<std::string>;  // sorted "op=variant"
+
+std::string join(const Subset& s, const char* sep) {
+  std::string out;
+  for (const auto& x : s) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
+RunConfig load_source(const BisectOptions& opt) {
+  struct stat st {};
+  if (stat(opt.source.c_str(), &st) != 0)
+    throw InputError("bisect '" + opt.source + "': no such file");
+  std::ifstream f(opt.source, std::ios::binary);
+  char magic[8] = {0};
+  f.read(magic, 8);
+  if (std::string(magic, 8) == "\x89HDF\r\n\x1a\n") {
+    const TraceReader r(opt.source);
+    return load_config_text(r.string_attr("/", "config_toml"), "trace '" + opt.source + "'",
+                            opt.overrides);
+  }
+  return load_config(opt.source, opt.overrides);
+}
+
+class Bisector {
+ public:
+  Bisector(const BisectOptions& opt, const RunConfig& cfg) : opt_(opt), cfg_(cfg) {
+    mkdir(opt.out.c_str(), 0755);
+    // The base config: everything but the kernels; short runs, no checkpoints.
+    RunConfig base = cfg;
+    base.resolved.erase(std::remove_if(base.resolved.begin(), base.resolved.end(),
+                                       [](const auto& kv) {
+                                         return kv.first.rfind("kernels.", 0) == 0;
+                                       }),
+                        base.resolved.end());
+    for (auto& [k, v] : base.resolved) {
+      if (k == "checkpoint.every") v = "0";
+      if (k == "train.steps" && opt.steps > 0) v = std::to_string(opt.steps);
+    }
+    std::ofstream(opt.out + "/base.toml") << base.to_toml();
+    // Benign controls of the swapped ops: the noise floor of every decision.
+    const auto& cat = backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32"
+                                                                                    : cfg.precision);
+    for (const auto& [op, variant] : cfg.kernels) {
+      if (variant == "reference") continue;
+      cat.for_each_op([&](const auto& ops, auto) {
+        if (ops.op != op) return;
+        for (const auto& e : ops.entries)
+          if (e.doc.benign) {
+            controls_.push_back(op + "=" + e.name);
+            return;
+          }
+      });
+    }
+  }
+
+  BisectDecision test(const Subset& s) {
+    const std::string key = join(s, "+");
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    const std::string dir = opt_.out + "/d" + std::to_string(cache_.size());
+    // Arms on one axis: the value sets the first op's kernel, the rest come as overrides.
+    auto arm = [&](const Subset& kernels) {
+      std::string v = "reference";
+      std::string rest;
+      for (const auto& k : kernels) {
+        const auto eq = k.find('=');
+        if (k.substr(0, eq) == axis_op(s)) v = k.substr(eq + 1);
+        else rest += " kernels." + k;
+      }
+      return "\"" + v + rest + "\"";
+    };
+    std::string arms = arm({}) + ", " + arm(s);
+    for (const auto& c : controls_) arms += ", " + arm({c});
+    std::string seeds;
+    for (int i = 0; i < opt_.seeds; ++i) seeds += (i ? ", " : "") + std::to_string(i);
+    {
+      std::ofstream g(dir + ".grid.toml");
+      g << "config = \"base.toml\"\n\n[axes.kernels]\n"
+        << axis_op(s) << " = [" << arms << "]\n\n[axes.train]\nseed = [" << seeds << "]\n";
+    }
+    SweepOptions sw;
+    sw.grid = dir + ".grid.toml", sw.out = dir, sw.jobs = opt_.jobs, sw.verbose = false;
+    const SweepSummary sum = run_sweep(sw);
+    runs_ += sum.completed + sum.nan + sum.failed;
+    AnalyzeOptions an;
+    an.dir = dir, an.plots = false, an.verbose = false;
+    BisectDecision d;
+    d.subset = s;
+    for (const Verdict& v : analyze(an))
+      if (v.variant == key) {
+        d.verdict = v.verdict, d.gap = v.gap, d.p = v.p_welch, d.onset = v.onset;
+        d.fails = v.verdict == "diverged" || v.verdict == "lower-loss" || v.verdict == "nan";
+      }
+    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), d.verdict.c_str(), d.gap, d.p);
+    std::fflush(stdout);
+    decisions_.push_back(d);
+    return cache_[key] = d;
+  }
+
+  int runs() const { return runs_; }
+  const std::vector<BisectDecision>& decisions() const { return decisions_; }
+
+ private:
+  static std::string axis_op(const Subset& s) { return s.front().substr(0, s.front().find('=')); }
+
+  const BisectOptions& opt_;
+  const RunConfig& cfg_;
+  Subset controls_;
+  std::map<std::string, BisectDecision> cache_;
+  std::vector<BisectDecision> decisions_;
+  int runs_ = 0;
+};
+
+// Zeller's ddmin: the smallest subset of `c` that still fails (1-minimal).
+Subset ddmin(Subset c, Bisector& b) {
+  size_t n = 2;
+  while (c.size() >= 2) {
+    const size_t chunk = (c.size() + n - 1) / n;
+    std::vector<Subset> parts;
+    for (size_t i = 0; i < c.size(); i += chunk)
+      parts.emplace_back(c.begin() + long(i), c.begin() + long(std::min(c.size(), i + chunk)));
+    bool reduced = false;
+    for (const auto& p : parts)
+      if (b.test(p).fails) {
+        c = p, n = 2, reduced = true;
+        break;
+      }
+    if (!reduced && parts.size() > 2)
+      for (const auto& p : parts) {
+        Subset rest;
+        std::set_difference(c.begin(), c.end(), p.begin(), p.end(), std::back_inserter(rest));
+        if (b.test(rest).fails) {
+          c = rest, n = std::max<size_t>(n - 1, 2), reduced = true;
+          break;
+        }
+      }
+    if (reduced) continue;
+    if (n >= c.size()) break;
+    n = std::min(2 * n, c.size());
+  }
+  return c;
+}
+}  // namespace
+
+BisectResult run_bisect(const BisectOptions& opt) {
+  if (opt.seeds < 2) throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
+  const RunConfig cfg = load_source(opt);
+  BisectResult r;
+  for (const auto& [op, variant] : cfg.kernels)
+    if (variant != "reference") r.swapped.push_back(op + "=" + variant);
+  std::sort(r.swapped.begin(), r.swapped.end());
+  if (r.swapped.empty())
+    throw InputError("bisect '" + opt.source + "': every kernel is the reference; nothing to bisect");
+  Bisector b(opt, cfg);
+  std::printf("bisect: %zu swapped kernels: %s; %d seeds per decision\n", r.swapped.size(),
+              join(r.swapped, ", ").c_str(), opt.seeds);
+  const BisectDecision all = b.test(r.swapped);
+  if (all.fails) {
+    r.culprits = ddmin(r.swapped, b);
+    const BisectDecision d = b.test(r.culprits);
+    r.verdict = d.verdict, r.onset = d.onset;
+  }
+  r.runs = b.runs();
+  r.decisions = b.decisions();
+  return r;
+}
+
+int cmd_bisect(const BisectOptions& opt) {
+  const BisectResult r = run_bisect(opt);
+  if (r.culprits.empty()) {
+    std::printf("\nbisect: with every swapped kernel the run does not leave the control band "
+                "(%s); nothing to blame. %d runs.\n",
+                r.decisions.front().verdict.c_str(), r.runs);
+    return 1;
+  }
+  std::printf("\nbisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",
+              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(), r.verdict.c_str(),
+              r.onset, r.decisions.size(), r.runs);
+  return 0;
+}
+
+}  // namespace divlab

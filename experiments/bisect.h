@@ -1,0 +1,45 @@
+// `divlab bisect RUN_OR_CONFIG`: which of a diverging run's swapped kernels are responsible?
+//
+// Delta debugging (Zeller's ddmin) over the set of non-reference kernels: each decision runs a
+// small grid (the reference, the subset under test, and the benign controls of the ops involved,
+// over a few seeds, with short runs) and asks `divlab analyze` whether the subset's gap leaves the
+// control band: the same decision the analysis makes for any grid. Reports the minimal subset
+// that still diverges, its onset step, and how many runs it took.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace divlab {
+
+struct BisectOptions {
+  std::string source;                   // a trace (its config) or a config file
+  std::vector<std::string> overrides;   // --set key=value
+  int seeds = 3;
+  long long steps = 0;                  // 0: the config's train.steps
+  std::string out = "runs/bisect";
+  int jobs = 0;
+};
+
+struct BisectDecision {
+  std::vector<std::string> subset;  // "op=variant"
+  std::string verdict;              // analyze's verdict for the subset
+  double gap = 0, p = 1;
+  long long onset = -1;
+  bool fails = false;
+};
+
+struct BisectResult {
+  std::vector<std::string> swapped;  // every non-reference kernel of the source
+  std::vector<std::string> culprits;  // the minimal failing subset (empty: nothing diverged)
+  std::string verdict;                // the culprits' verdict (diverged | lower-loss | nan)
+  long long onset = -1;
+  int runs = 0;                       // training runs executed
+  std::vector<BisectDecision> decisions;
+};
+
+// Throws InputError for an unreadable source or one without non-reference kernels.
+BisectResult run_bisect(const BisectOptions& opt);
+int cmd_bisect(const BisectOptions& opt);
+
+}  // namespace divlab
