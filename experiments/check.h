@@ -8,6 +8,7 @@
 // stray writes. The verdict states its criteria (see kCriteria in check.cpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
