@@ -395,7 +395,10 @@ namespace {
 std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
   if (std::system("command -v compute-sanitizer > /dev/null 2>&1") != 0)
     return "not run (compute-sanitizer not on PATH)";
-  std::string cmd = "compute-sanitizer --tool memcheck --error-exitcode 99 /proc/self/exe check " +
+  char self[4096] = {0};
+  if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "not run (no /proc/self/exe)";
+  std::string cmd = "compute-sanitizer --tool memcheck --error-exitcode 99 '" + std::string(self) +
+                    "' check " +
                     opt.target + " --backend cuda --no-sanitizer --seed " + std::to_string(seed);
   for (const auto& p : opt.plugins) cmd += " --plugins '" + p + "'";
   const std::string log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";

@@ -69,6 +69,13 @@ std::string hostname() {
   return buf;
 }
 
+// Shadow specs named in the run's own backend catalogue (plug-in and GPU-only variants included).
+std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
+  return parse_shadow_specs(
+      cfg.shadow_variants,
+      backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision));
+}
+
 std::string shadow_group(const ShadowSpec& s) {
   return "/shadow/" + s.op + "/" + s.variant;
 }
@@ -117,7 +124,7 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
     w.series("/eval/step", K::Int64);
     w.series("/eval/val_loss", K::Float64);
   }
-  for (const auto& s : parse_shadow_specs(cfg.shadow_variants)) {
+  for (const auto& s : shadow_specs_of(cfg)) {
     const std::string g = shadow_group(s);
     for (const char* m : {"rel_l2", "max_row_rel", "cosine"}) w.series(g + "/" + m, K::Float64);
     w.series(g + "/step", K::Int64);
@@ -242,7 +249,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const Catalogue<T>& catalogue = backend_catalogue<T>(cfg.backend, cfg.precision);
   const KernelSet<T> kernels = catalogue.select(cfg.kernels);
   const KernelSet<T> reference = catalogue.select({});
-  const std::vector<ShadowSpec> shadow_specs = parse_shadow_specs(cfg.shadow_variants);
+  const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
   const int64_t values = Transformer<T>::allocated_values(m, B) + predicted_values(cfg, param_count(m));
   check_backend_fits(cfg.backend, sizeof(T) * size_t(values), "this model at train.batch = " +
                                                                std::to_string(B));
