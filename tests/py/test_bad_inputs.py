@@ -1,0 +1,72 @@
+"""The bad-input catalogue (tests/bad_inputs/cases.toml): configs, command lines, corpora, traces
+and sweep folders, including truncated and corrupt HDF5 given to resume, bisect and analyze.
+Every case: exit code 2, one line on stderr naming the culprit, no file created or modified."""
+import os
+import tomllib
+import unittest
+
+from cli import ROOT, SMALL, assert_rejected, run
+
+CASES = os.path.join(ROOT, "tests", "bad_inputs", "cases.toml")
+SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing")}
+
+FIXTURE_GRID = """
+[set]
+data = "zipf:1.2"
+[set.model]
+vocab = 64
+d_model = 32
+n_layers = 1
+n_heads = 2
+seq_len = 16
+[set.train]
+batch = 4
+steps = 10
+[axes.train]
+seed = [0, 1, 2]
+"""
+
+
+def setup_for(case):
+    def setup(d):
+        for name in case.get("trace", []):
+            run("train", "--set", *SMALL, "checkpoint.every=5", "--out", os.path.join(d, name),
+                check=True)
+        for name in case.get("grid", []):
+            grid = os.path.join(d, "fixture-grid.toml")
+            with open(grid, "w") as f:
+                f.write(FIXTURE_GRID)
+            run("sweep", "--config", grid, "--out", os.path.join(d, name), "--jobs", "2",
+                check=True)
+        for name, text in case.get("files", {}).items():
+            path = os.path.join(d, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        for name, length in case.get("truncate", {}).items():
+            os.truncate(os.path.join(d, name), length)
+        for name, offset in case.get("corrupt", {}).items():
+            with open(os.path.join(d, name), "r+b") as f:
+                f.seek(offset)
+                f.write(bytes((i * 97 + 13) % 256 for i in range(4096)))
+    return setup
+
+
+class BadInputCatalogue(unittest.TestCase):
+    def test_catalogue_is_large_enough(self):
+        with open(CASES, "rb") as f:
+            self.assertGreaterEqual(len(tomllib.load(f)["case"]), 30)
+
+    def test_every_case(self):
+        with open(CASES, "rb") as f:
+            cases = tomllib.load(f)["case"]
+        for case in cases:
+            with self.subTest(case["name"]):
+                args = case["args"]
+                for k, v in SUBST.items():
+                    args = [a.replace(k, v) for a in args]
+                assert_rejected(self, args, case["needle"], setup_for(case))
+
+
+if __name__ == "__main__":
+    unittest.main()
