@@ -95,7 +95,8 @@ Cell load_cell(const std::string& path) {
   c.seed = std::stoll(c.config.count("train.seed") ? c.config["train.seed"] : "0");
   std::vector<std::string> swapped;
   bool all_benign = true;
-  for (const auto& [key, value] : c.config) {
+  for (const auto& kv : c.config) {
+    const std::string &key = kv.first, &value = kv.second;
     if (key.rfind("kernels.", 0) != 0 || value == "reference") continue;
     const std::string op = key.substr(8);
     swapped.push_back(op + "=" + value);

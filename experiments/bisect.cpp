@@ -59,7 +59,8 @@ class Bisector {
     // Benign controls of the swapped ops: the noise floor of every decision.
     const auto& cat = backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32"
                                                                                     : cfg.precision);
-    for (const auto& [op, variant] : cfg.kernels) {
+    for (const auto& kv : cfg.kernels) {
+      const std::string &op = kv.first, &variant = kv.second;
       if (variant == "reference") continue;
       cat.for_each_op([&](const auto& ops, auto) {
         if (ops.op != op) return;

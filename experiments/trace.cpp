@@ -292,8 +292,14 @@ struct TraceReader::Impl {
 TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
   H5::Exception::dontPrint();
   if (access(path.c_str(), R_OK) != 0) throw InputError("trace '" + path + "': cannot be read");
+  // A SWMR reader retries a metadata read whose checksum fails (the writer may be mid-flush),
+  // 100 times with growing sleeps by default: a corrupt file then takes minutes to refuse (found
+  // by fuzz/fuzz_trace.cpp). A few attempts cover a concurrent flush.
+  H5::FileAccPropList access_props;
+  H5Pset_metadata_read_attempts(access_props.getId(), 4);
   try {
-    impl_->file = H5::H5File(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ);
+    impl_->file = H5::H5File(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ,
+                             H5::FileCreatPropList::DEFAULT, access_props);
   } catch (const H5::Exception&) {
     try {  // a file written without SWMR (e.g. by h5py) opens the ordinary way
       impl_->file = H5::H5File(path, H5F_ACC_RDONLY);
@@ -352,8 +358,15 @@ std::vector<V> read_1d(H5::H5File& f, const std::string& path, const std::string
                        const H5::PredType& type) {
   try {
     H5::DataSet ds = f.openDataSet(path);
+    const H5::DataSpace space = ds.getSpace();
+    if (space.getSimpleExtentNdims() != 1)
+      throw InputError("trace '" + file + "': dataset " + path + " is not one-dimensional");
     hsize_t n = 0;
-    ds.getSpace().getSimpleExtentDims(&n);
+    space.getSimpleExtentDims(&n);
+    // A damaged header can claim any length: refuse more than the file could hold.
+    if (n > (hsize_t(1) << 34) / sizeof(V))
+      throw InputError("trace '" + file + "': dataset " + path + " claims " + std::to_string(n) +
+                       " values (corrupt?)");
     std::vector<V> out(n);
     if (n) ds.read(out.data(), type);
     return out;
@@ -375,7 +388,11 @@ std::string TraceReader::blob(const std::string& path) const {
 }
 
 bool TraceReader::is_group(const std::string& path) const {
-  return exists(path) && impl_->file.childObjType(path) == H5O_TYPE_GROUP;
+  try {
+    return exists(path) && impl_->file.childObjType(path) == H5O_TYPE_GROUP;
+  } catch (const H5::Exception&) {  // a link to a damaged object header (found by fuzzing)
+    throw InputError("trace '" + path_ + "': unreadable object " + path + " (corrupt?)");
+  }
 }
 
 std::vector<std::string> TraceReader::children(const std::string& group) const {

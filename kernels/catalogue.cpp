@@ -56,7 +56,8 @@ Catalogue<float>& mutable_cpu_catalogue() {
 
 template <class T>
 KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choice) const {
-  for (const auto& [op, variant] : choice) {
+  for (const auto& entry : choice) {
+    const std::string& op = entry.first;  // (structured bindings cannot be captured before C++20)
     bool known = false;
     for_each_op([&](const auto& ops, auto) { known = known || ops.op == op; });
     if (!known)

@@ -60,10 +60,12 @@ bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* wh
 }
 
 void remove_added(const Loaded& l) {
-  for (const auto& [cat, op, name] : l.added)
-    cat->for_each_op([&](auto& ops, auto) {
+  for (const auto& added : l.added) {
+    const std::string &op = std::get<1>(added), &name = std::get<2>(added);
+    std::get<0>(added)->for_each_op([&](auto& ops, auto) {
       if (ops.op == op) ops.remove(name);
     });
+  }
 }
 
 void load_one(const std::string& path) {

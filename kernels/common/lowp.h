@@ -5,6 +5,8 @@
 // many same-sign contributions of similar size, a bf16 sum stalls near 256 of them.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -44,9 +46,26 @@ inline float bf16_stochastic(float x, uint32_t random16) {
   return from_bits(u & 0xffff0000u);
 }
 
+// float -> IEEE half -> float in software, round to nearest even: 11 significant bits for
+// normals, a fixed quantum of 2^-24 below 2^-14, inf above 65504. For compilers without
+// _Float16 on the target (clang 14 on x86-64: the fuzz preset); tested against _Float16.
+inline float fp16_rne_soft(float x) {
+  if (!std::isfinite(x)) return x;
+  const float a = std::fabs(x);
+  if (a >= 65520.0f) return std::copysign(INFINITY, x);  // halfway above 65504 rounds up
+  int e = 0;
+  std::frexp(a, &e);
+  const float quantum = std::ldexp(1.0f, std::max(e - 11, -24));
+  return std::copysign(std::nearbyint(a / quantum) * quantum, x);
+}
+
 // float -> IEEE half -> float, round to nearest even; overflows to inf above 65504.
 inline float fp16_rne(float x) {
+#ifdef __FLT16_MAX__
   return float(static_cast<_Float16>(x));
+#else
+  return fp16_rne_soft(x);
+#endif
 }
 
 }  // namespace divlab::lowp

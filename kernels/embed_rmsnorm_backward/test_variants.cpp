@@ -165,3 +165,19 @@ TEST(Catalogue, EveryVariantIsDocumented) {
   });
 }
 }  // namespace divlab
+
+#ifdef __FLT16_MAX__
+// The software fp16 rounding (used where the compiler has no _Float16) equals the hardware
+// conversion: normals, subnormals, ties, overflow, on fresh random values of every magnitude.
+TEST(Fp16Rounding, SoftwareMatchesFloat16) {
+  std::mt19937_64 gen(divlab::testing::test_seed());
+  std::uniform_real_distribution<double> exponent(-30.0, 17.0), mantissa(1.0, 2.0);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = float((gen() & 1 ? -1 : 1) * mantissa(gen) * std::exp2(exponent(gen)));
+    const float hw = float(static_cast<_Float16>(x)), sw = divlab::lowp::fp16_rne_soft(x);
+    ASSERT_TRUE(hw == sw || (std::isnan(hw) && std::isnan(sw))) << x << ": " << hw << " vs " << sw;
+  }
+  for (float x : {65504.0f, 65519.99f, 65520.0f, 1e-8f, 2.9802322e-8f, 5.9604645e-8f, 0.0f, -0.0f})
+    EXPECT_EQ(float(static_cast<_Float16>(x)), divlab::lowp::fp16_rne_soft(x)) << x;
+}
+#endif
