@@ -10,10 +10,11 @@
 namespace divlab::cuda {
 
 namespace {
-// Between qkv [N, 3C] (`which` = 0, 1, 2 for q, k, v) and a per-head [B, NH, T, hs] layout.
+// Between a row-major [N, stride] tensor, whose columns col0 .. col0 + C hold NH heads, and a
+// per-head [B, NH, T, hs] layout. qkv: stride 3C, col0 = 0, C, 2C for q, k, v; out: stride C.
 template <bool to_heads>
-__global__ void permute_kernel(float* heads, float* qkv, int which, int T_, int C, int NH,
-                               int64_t total) {
+__global__ void permute_kernel(float* heads, float* rows, int stride, int col0, int T_, int C,
+                               int NH, int64_t total) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int hs = C / NH;
@@ -21,44 +22,27 @@ __global__ void permute_kernel(float* heads, float* qkv, int which, int T_, int 
   const int64_t t = (i / hs) % T_;
   const int64_t h = (i / (int64_t(hs) * T_)) % NH;
   const int64_t b = i / (int64_t(hs) * T_ * NH);
-  const int64_t j = (b * T_ + t) * 3 * C + which * C + h * hs + d;
+  const int64_t j = (b * T_ + t) * stride + col0 + h * hs + d;
   if (to_heads)
-    heads[i] = qkv[j];
+    heads[i] = rows[j];
   else
-    qkv[j] = heads[i];
+    rows[j] = heads[i];
 }
-// y [B, NH, T, hs] -> out [N, C]
-__global__ void merge_heads_kernel(float* out, const float* y, int T_, int C, int NH,
-                                   int64_t total) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const int hs = C / NH;
-  const int d = int(i % hs);
-  const int64_t t = (i / hs) % T_;
-  const int64_t h = (i / (int64_t(hs) * T_)) % NH;
-  const int64_t b = i / (int64_t(hs) * T_ * NH);
-  out[(b * T_ + t) * C + h * hs + d] = y[i];
-}
-// out [N, C] -> y [B, NH, T, hs]
-__global__ void split_heads_kernel(float* y, const float* out, int T_, int C, int NH,
-                                   int64_t total) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const int hs = C / NH;
-  const int d = int(i % hs);
-  const int64_t t = (i / hs) % T_;
-  const int64_t h = (i / (int64_t(hs) * T_)) % NH;
-  const int64_t b = i / (int64_t(hs) * T_ * NH);
-  y[i] = out[(b * T_ + t) * C + h * hs + d];
+
+template <bool to_heads>
+void permute(float* heads, const float* rows, int stride, int col0, int B, int T_, int C, int NH,
+             const char* what) {
+  const int64_t total = int64_t(B) * T_ * C;
+  // Only the destination is written: `rows` when scattering back, `heads` when gathering.
+  permute_kernel<to_heads><<<blocks_for(total, 256), 256>>>(heads, const_cast<float*>(rows),
+                                                            stride, col0, T_, C, NH, total);
+  DIVLAB_LAUNCHED(what);
 }
 
 void gather_qkv(float* q, float* k, float* v, const float* qkv, int B, int T_, int C, int NH) {
-  const int64_t total = int64_t(B) * T_ * C;
-  float* src = const_cast<float*>(qkv);  // read only when gathering
-  permute_kernel<true><<<blocks_for(total, 256), 256>>>(q, src, 0, T_, C, NH, total);
-  permute_kernel<true><<<blocks_for(total, 256), 256>>>(k, src, 1, T_, C, NH, total);
-  permute_kernel<true><<<blocks_for(total, 256), 256>>>(v, src, 2, T_, C, NH, total);
-  DIVLAB_LAUNCHED("attention gather_qkv");
+  permute<true>(q, qkv, 3 * C, 0, B, T_, C, NH, "attention gather q");
+  permute<true>(k, qkv, 3 * C, C, B, T_, C, NH, "attention gather k");
+  permute<true>(v, qkv, 3 * C, 2 * C, B, T_, C, NH, "attention gather v");
 }
 
 // One warp per score row (b, h, t): softmax over s <= t + lookahead, zeros beyond.
@@ -113,8 +97,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T_, 
   // y^T[d, t] = sum_s v[s, d] att[t, s]
   gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, hs, head, att, T_, square,
                      0.0f, y, hs, head, BH);
-  merge_heads_kernel<<<blocks_for(int64_t(n), 256), 256>>>(out, y, T_, C, NH, int64_t(n));
-  DIVLAB_LAUNCHED("attention merge_heads");
+  permute<false>(y, out, C, 0, B, T_, C, NH, "attention merge_heads");
 }
 
 template <GemmMode mode>
@@ -129,8 +112,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         *dv = scratch_as<float>(Scratch::I, n);
   float* datt = scratch_as<float>(Scratch::F, size_t(BH) * T_ * T_);
   gather_qkv(q, k, v, qkv, B, T_, C, NH);
-  split_heads_kernel<<<blocks_for(int64_t(n), 256), 256>>>(dy, dout, T_, C, NH, int64_t(n));
-  DIVLAB_LAUNCHED("attention split_heads");
+  permute<true>(dy, dout, C, 0, B, T_, C, NH, "attention split_heads");
   // datt[t, s] = sum_d dy[t, d] v[s, d]
   gemm_batched<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, v, hs, head, dy, hs, head, 0.0f,
                      datt, T_, square, BH);
@@ -146,11 +128,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                      0.0f, dq, hs, head, BH);
   gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, hs, head, datt, T_, square,
                      0.0f, dk, hs, head, BH);
-  const int64_t total = int64_t(n);
-  permute_kernel<false><<<blocks_for(total, 256), 256>>>(dq, dqkv, 0, T_, C, NH, total);
-  permute_kernel<false><<<blocks_for(total, 256), 256>>>(dk, dqkv, 1, T_, C, NH, total);
-  permute_kernel<false><<<blocks_for(total, 256), 256>>>(dv, dqkv, 2, T_, C, NH, total);
-  DIVLAB_LAUNCHED("attention scatter dqkv");
+  permute<false>(dq, dqkv, 3 * C, 0, B, T_, C, NH, "attention scatter dq");
+  permute<false>(dk, dqkv, 3 * C, C, B, T_, C, NH, "attention scatter dk");
+  permute<false>(dv, dqkv, 3 * C, 2 * C, B, T_, C, NH, "attention scatter dv");
 }
 
 template <GemmMode mode>
