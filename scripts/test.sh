@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, run the whole CPU test suite, then fuzz the
-# config parser and the trace reader for a bounded time (DIVLAB_FUZZ_SECONDS, default 60 each).
+# README command 2: install what is missing, build, run the whole CPU test suite; then, in the
+# clang + ASan + UBSan build (preset fuzz), fuzz the config parser and the trace reader for a
+# bounded time (DIVLAB_FUZZ_SECONDS, default 60 each) and run the C++ tests under the sanitizers.
+# (The whole suite, Python-driven tests included, under ASan: the asan preset, ~20 min on 2
+# cores; docs/reliability.md.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh cpu
 ctest --preset cpu -j "$(nproc)" --timeout 900
 scripts/fuzz.sh "${DIVLAB_FUZZ_SECONDS:-60}"
+cmake --build --preset fuzz -j "$(nproc)" > /dev/null
+ASAN_OPTIONS=detect_leaks=0 ctest --preset fuzz -E '^py[.]' -j "$(nproc)" --timeout 900
