@@ -163,6 +163,8 @@ Subset ddmin(Subset c, Bisector& b) {
 
 BisectResult run_bisect(const BisectOptions& opt) {
   if (opt.seeds < 2) throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
+  if (opt.steps < 0)
+    throw InputError("bisect --steps " + std::to_string(opt.steps) + ": need >= 1 (0: the config's)");
   const RunConfig cfg = load_source(opt);
   BisectResult r;
   for (const auto& [op, variant] : cfg.kernels)

@@ -273,6 +273,8 @@ CheckReport run_check(const CheckOptions& opt) {
   if (eq == std::string::npos)
     throw InputError("check '" + opt.target + "': expected OP=VARIANT, e.g. "
                      "embed_rmsnorm_backward=bf16_accum");
+  if (opt.backend != "cpu" && opt.backend != "cuda")
+    throw InputError("check --backend '" + opt.backend + "': expected cpu or cuda");
   CheckReport rep;
   rep.op = opt.target.substr(0, eq), rep.variant = opt.target.substr(eq + 1);
   rep.backend = opt.backend;
