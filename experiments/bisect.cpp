@@ -46,19 +46,18 @@ class Bisector {
     mkdir(opt.out.c_str(), 0755);
     // The base config: everything but the kernels; short runs, no checkpoints.
     RunConfig base = cfg;
-    base.resolved.erase(std::remove_if(base.resolved.begin(), base.resolved.end(),
-                                       [](const auto& kv) {
-                                         return kv.first.rfind("kernels.", 0) == 0;
-                                       }),
-                        base.resolved.end());
+    base.resolved.erase(
+        std::remove_if(base.resolved.begin(), base.resolved.end(),
+                       [](const auto& kv) { return kv.first.rfind("kernels.", 0) == 0; }),
+        base.resolved.end());
     for (auto& [k, v] : base.resolved) {
       if (k == "checkpoint.every") v = "0";
       if (k == "train.steps" && opt.steps > 0) v = std::to_string(opt.steps);
     }
     std::ofstream(opt.out + "/base.toml") << base.to_toml();
     // Benign controls of the swapped ops: the noise floor of every decision.
-    const auto& cat = backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32"
-                                                                                    : cfg.precision);
+    const auto& cat =
+        backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision);
     for (const auto& kv : cfg.kernels) {
       const std::string &op = kv.first, &variant = kv.second;
       if (variant == "reference") continue;
@@ -83,8 +82,10 @@ class Bisector {
       std::string rest;
       for (const auto& k : kernels) {
         const auto eq = k.find('=');
-        if (k.substr(0, eq) == axis_op(s)) v = k.substr(eq + 1);
-        else rest += " kernels." + k;
+        if (k.substr(0, eq) == axis_op(s))
+          v = k.substr(eq + 1);
+        else
+          rest += " kernels." + k;
       }
       return "\"" + v + rest + "\"";
     };
@@ -162,16 +163,19 @@ Subset ddmin(Subset c, Bisector& b) {
 }  // namespace
 
 BisectResult run_bisect(const BisectOptions& opt) {
-  if (opt.seeds < 2) throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
+  if (opt.seeds < 2)
+    throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
   if (opt.steps < 0)
-    throw InputError("bisect --steps " + std::to_string(opt.steps) + ": need >= 1 (0: the config's)");
+    throw InputError("bisect --steps " + std::to_string(opt.steps) +
+                     ": need >= 1 (0: the config's)");
   const RunConfig cfg = load_source(opt);
   BisectResult r;
   for (const auto& [op, variant] : cfg.kernels)
     if (variant != "reference") r.swapped.push_back(op + "=" + variant);
   std::sort(r.swapped.begin(), r.swapped.end());
   if (r.swapped.empty())
-    throw InputError("bisect '" + opt.source + "': every kernel is the reference; nothing to bisect");
+    throw InputError("bisect '" + opt.source +
+                     "': every kernel is the reference; nothing to bisect");
   Bisector b(opt, cfg);
   std::printf("bisect: %zu swapped kernels: %s; %d seeds per decision\n", r.swapped.size(),
               join(r.swapped, ", ").c_str(), opt.seeds);
@@ -189,9 +193,10 @@ BisectResult run_bisect(const BisectOptions& opt) {
 int cmd_bisect(const BisectOptions& opt) {
   const BisectResult r = run_bisect(opt);
   if (r.culprits.empty()) {
-    std::printf("\nbisect: with every swapped kernel the run does not leave the control band "
-                "(%s); nothing to blame. %d runs.\n",
-                r.decisions.front().verdict.c_str(), r.runs);
+    std::printf(
+        "\nbisect: with every swapped kernel the run does not leave the control band "
+        "(%s); nothing to blame. %d runs.\n",
+        r.decisions.front().verdict.c_str(), r.runs);
     return 1;
   }
   std::printf("\nbisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",

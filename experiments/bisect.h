@@ -13,10 +13,10 @@
 namespace divlab {
 
 struct BisectOptions {
-  std::string source;                   // a trace (its config) or a config file
-  std::vector<std::string> overrides;   // --set key=value
+  std::string source;                  // a trace (its config) or a config file
+  std::vector<std::string> overrides;  // --set key=value
   int seeds = 3;
-  long long steps = 0;                  // 0: the config's train.steps
+  long long steps = 0;  // 0: the config's train.steps
   std::string out = "runs/bisect";
   int jobs = 0;
 };
@@ -30,11 +30,11 @@ struct BisectDecision {
 };
 
 struct BisectResult {
-  std::vector<std::string> swapped;  // every non-reference kernel of the source
+  std::vector<std::string> swapped;   // every non-reference kernel of the source
   std::vector<std::string> culprits;  // the minimal failing subset (empty: nothing diverged)
   std::string verdict;                // the culprits' verdict (diverged | lower-loss | nan)
   long long onset = -1;
-  int runs = 0;                       // training runs executed
+  int runs = 0;  // training runs executed
   std::vector<BisectDecision> decisions;
 };
 

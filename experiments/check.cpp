@@ -1,14 +1,14 @@
 #include "experiments/check.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "datasets/dataset.h"
 #include "experiments/config.h"
@@ -42,7 +42,7 @@ struct Shape {
 // rounding alone does not. Used by the ops that gather or scatter by token id.
 constexpr Shape kDose{"dose", 8, 1024, 64, 4, 8192};
 constexpr Shape kTiny{"tiny", 1, 1, 4, 1, 5};
-constexpr Shape kOdd{"odd", 3, 37, 72, 4, 301};       // multiples of neither 8, 32 nor 128
+constexpr Shape kOdd{"odd", 3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
 constexpr Shape kAligned{"aligned", 4, 64, 128, 4, 512};
 constexpr Shape kLarge{"large", 8, 256, 256, 4, 2048};
 
@@ -71,10 +71,12 @@ std::vector<Condition> conditions() {
 }
 
 const std::vector<std::string>& checkable_ops() {
-  static const std::vector<std::string> ops = {
-      "embedding_forward", "rmsnorm_forward",    "rmsnorm_backward",   "linear_forward",
-      "linear_backward",   "attention_forward",  "attention_backward", "gelu_forward",
-      "gelu_backward",     "add",                "cross_entropy",      "embed_rmsnorm_backward"};
+  static const std::vector<std::string> ops = {"embedding_forward",  "rmsnorm_forward",
+                                               "rmsnorm_backward",   "linear_forward",
+                                               "linear_backward",    "attention_forward",
+                                               "attention_backward", "gelu_forward",
+                                               "gelu_backward",      "add",
+                                               "cross_entropy",      "embed_rmsnorm_backward"};
   return ops;
 }
 
@@ -134,8 +136,8 @@ constexpr double kEps = 1e-5;
 template <class U>
 OpRun call_op(const std::string& op, const KernelSet<U>& k, const OpInputs& x, const Shape& s);
 
-Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& tokens,
-           Values values, std::mt19937_64& gen) {
+Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& tokens, Values values,
+           std::mt19937_64& gen) {
   const int B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
   const size_t NC = size_t(N) * C;
   auto act = [&](size_t n, int64_t row) {
@@ -169,8 +171,8 @@ Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& to
     const auto qkv = act(3 * NC, 3 * C);
     Case fwd = build("attention_forward", s, tokens, Values::Normal, gen);
     fwd.x.values = {qkv};
-    const OpRun ref = call_op<double>("attention_forward", cpu_catalogue<double>().select({}),
-                                      fwd.x, s);
+    const OpRun ref =
+        call_op<double>("attention_forward", cpu_catalogue<double>().select({}), fwd.x, s);
     c.x.values = {act(NC, C), qkv, ref.outputs[1]};
     c.x.outputs = {zeros(3 * NC)}, c.cols = {3 * C};
   } else if (op == "gelu_forward") {
@@ -216,13 +218,11 @@ OpRun call_op(const std::string& op, const KernelSet<U>& k, const OpInputs& x, c
     if (op == "linear_forward") kk.linear_forward(out[0], in[0], in[1], N, C, V);
     if (op == "linear_backward") kk.linear_backward(out[0], out[1], in[0], in[1], in[2], N, C, V);
     if (op == "attention_forward") kk.attention_forward(out[0], out[1], in[0], B, T, C, NH);
-    if (op == "attention_backward")
-      kk.attention_backward(out[0], in[0], in[1], in[2], B, T, C, NH);
+    if (op == "attention_backward") kk.attention_backward(out[0], in[0], in[1], in[2], B, T, C, NH);
     if (op == "gelu_forward") kk.gelu_forward(out[0], in[0], NC);
     if (op == "gelu_backward") kk.gelu_backward(out[0], in[0], in[1], NC);
     if (op == "add") kk.add(out[0], in[0], in[1], NC);
-    if (op == "cross_entropy")
-      kk.cross_entropy(out[0], out[1], in[0], ids, N, V, U(1.0 / N));
+    if (op == "cross_entropy") kk.cross_entropy(out[0], out[1], in[0], ids, N, V, U(1.0 / N));
     if (op == "embed_rmsnorm_backward")
       kk.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
                                 T, C, V);
@@ -250,7 +250,8 @@ void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
         abs_v += std::abs(v[i]), abs_r += std::abs(b[i]);
       }
       const double rel = r2 > 0 ? std::sqrt(d2 / r2) : (d2 > 0 ? INFINITY : 0.0);
-      if (!(rel <= r.row_error)) r.row_error = std::isnan(rel) ? INFINITY : std::max(r.row_error, rel);
+      if (!(rel <= r.row_error))
+        r.row_error = std::isnan(rel) ? INFINITY : std::max(r.row_error, rel);
     }
     const double norm = max_ref > 0 ? max_diff / max_ref : max_diff;
     r.norm_error = std::isnan(norm) ? INFINITY : std::max(r.norm_error, norm);
@@ -271,7 +272,8 @@ std::string fmt(double x) {
 CheckReport run_check(const CheckOptions& opt) {
   const auto eq = opt.target.find('=');
   if (eq == std::string::npos)
-    throw InputError("check '" + opt.target + "': expected OP=VARIANT, e.g. "
+    throw InputError("check '" + opt.target +
+                     "': expected OP=VARIANT, e.g. "
                      "embed_rmsnorm_backward=bf16_accum");
   if (opt.backend != "cpu" && opt.backend != "cuda")
     throw InputError("check --backend '" + opt.backend + "': expected cpu or cuda");
@@ -365,9 +367,9 @@ std::string format_check(const CheckReport& r) {
       o << line;
       continue;
     }
-    const std::string result = c.failed ? "FAIL: " + c.why
+    const std::string result = c.failed                    ? "FAIL: " + c.why
                                : c.norm_error > kFp32Grade ? "ok (bf16-grade)"
-                                                          : "ok";
+                                                           : "ok";
     std::snprintf(line, sizeof line, "%-22s %-20s %10s %10s %9s %+10.2e  %s%s\n", c.name.c_str(),
                   c.shape.c_str(), fmt(c.norm_error).c_str(), fmt(c.row_error).c_str(),
                   c.verifier_pass >= 0.99 && c.finite ? "pass" : "FAIL", c.bias, result.c_str(),
@@ -400,8 +402,8 @@ std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
   char self[4096] = {0};
   if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "not run (no /proc/self/exe)";
   std::string cmd = "compute-sanitizer --tool memcheck --error-exitcode 99 '" + std::string(self) +
-                    "' check " +
-                    opt.target + " --backend cuda --no-sanitizer --seed " + std::to_string(seed);
+                    "' check " + opt.target + " --backend cuda --no-sanitizer --seed " +
+                    std::to_string(seed);
   for (const auto& p : opt.plugins) cmd += " --plugins '" + p + "'";
   const std::string log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";
   const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());

@@ -15,11 +15,11 @@
 namespace divlab {
 
 struct CheckOptions {
-  std::string target;                 // "op=variant"
-  std::string backend = "cpu";        // where the variant runs
-  std::vector<std::string> plugins;   // libraries to load first
-  bool train = false;                 // then run the short reproduce grid for the candidate
-  std::string out;                    // --train: grid output folder
+  std::string target;                // "op=variant"
+  std::string backend = "cpu";       // where the variant runs
+  std::vector<std::string> plugins;  // libraries to load first
+  bool train = false;                // then run the short reproduce grid for the candidate
+  std::string out;                   // --train: grid output folder
   int jobs = 0;
   bool plots = true;
   uint64_t seed = 0;
@@ -27,15 +27,15 @@ struct CheckOptions {
 };
 
 struct ConditionResult {
-  std::string name;       // e.g. "tokens zipf:1.1"
-  std::string shape;      // e.g. "B16 T128 C64 V512"
-  bool ran = true;        // false: skipped (note says why)
+  std::string name;   // e.g. "tokens zipf:1.1"
+  std::string shape;  // e.g. "B16 T128 C64 V512"
+  bool ran = true;    // false: skipped (note says why)
   std::string note;
-  double row_error = 0;   // max over rows of ||v - r|| / ||r||
-  double norm_error = 0;  // max |v - r| / max |r|
-  double verifier_pass = 1;  // fraction with |v - r| <= 1e-2 + 1e-2 |r|
-  double bias = 0;        // sum(|v| - |r|) / sum |r|: systematic shrinking (<0) or growth (>0)
-  bool finite = true;     // no NaN/inf where the reference is finite
+  double row_error = 0;       // max over rows of ||v - r|| / ||r||
+  double norm_error = 0;      // max |v - r| / max |r|
+  double verifier_pass = 1;   // fraction with |v - r| <= 1e-2 + 1e-2 |r|
+  double bias = 0;            // sum(|v| - |r|) / sum |r|: systematic shrinking (<0) or growth (>0)
+  bool finite = true;         // no NaN/inf where the reference is finite
   bool deterministic = true;  // the repeat condition: bitwise equal across two calls
   std::vector<std::string> stray_writes;
   bool failed = false;
@@ -46,7 +46,7 @@ struct CheckReport {
   std::string op, variant, backend;
   std::vector<ConditionResult> conditions;
   bool pass = true;
-  std::string grade;  // "fp32" (every row within 1e-4) or "bf16" (within 1e-2)
+  std::string grade;                 // "fp32" (every row within 1e-4) or "bf16" (within 1e-2)
   std::vector<std::string> failing;  // names of the conditions that break it
   bool verifier_passes_all = true;
   uint64_t seed = 0;

@@ -372,10 +372,9 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   // names; running it fails later with its own message.
   const bool checkable = cfg.backend == "cpu" || cuda_built();
   try {
-    const Catalogue<float>& cat =
-        checkable && cfg.precision != "fp64"
-            ? backend_catalogue<float>(cfg.backend, cfg.precision)
-            : cpu_catalogue<float>();
+    const Catalogue<float>& cat = checkable && cfg.precision != "fp64"
+                                      ? backend_catalogue<float>(cfg.backend, cfg.precision)
+                                      : cpu_catalogue<float>();
     if (cfg.precision == "fp64") backend_catalogue<double>(cfg.backend, cfg.precision);
     if (checkable || cfg.kernels.empty()) cat.select(cfg.kernels);
     parse_shadow_specs(cfg.shadow_variants, cat);

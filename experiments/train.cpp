@@ -220,7 +220,8 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
     std::fprintf(stderr, "%-24s %8lld %12.3f %12.1f %6.1f%%\n", op.c_str(), (long long)t.calls,
                  1e3 * t.seconds / double(std::max<int64_t>(1, steps)),
                  1e6 * t.seconds / double(std::max<int64_t>(1, t.calls)), 100 * t.seconds / total);
-  std::fprintf(stderr, "%-24s %8s %12.3f\n", "total", "", 1e3 * total / double(std::max<int64_t>(1, steps)));
+  std::fprintf(stderr, "%-24s %8s %12.3f\n", "total", "",
+               1e3 * total / double(std::max<int64_t>(1, steps)));
 }
 
 template <class T>
@@ -250,9 +251,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const KernelSet<T> kernels = catalogue.select(cfg.kernels);
   const KernelSet<T> reference = catalogue.select({});
   const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
-  const int64_t values = Transformer<T>::allocated_values(m, B) + predicted_values(cfg, param_count(m));
-  check_backend_fits(cfg.backend, sizeof(T) * size_t(values), "this model at train.batch = " +
-                                                               std::to_string(B));
+  const int64_t values =
+      Transformer<T>::allocated_values(m, B) + predicted_values(cfg, param_count(m));
+  check_backend_fits(cfg.backend, sizeof(T) * size_t(values),
+                     "this model at train.batch = " + std::to_string(B));
   std::unique_ptr<ShadowTap<T>> tap;
   if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs, catalogue);
   // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
@@ -357,11 +359,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     }
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
         step + 1 < cfg.steps) {
-      write_checkpoint(trace,
-                       {step + 1, widen(model.params()), widen(optim.first_moment()),
-                        widen(optim.second_moment()), token_counts,
-                        stochastic_rounding_calls().load()},
-                       int(((step + 1) / cfg.checkpoint_every) % 2));
+      write_checkpoint(
+          trace,
+          {step + 1, widen(model.params()), widen(optim.first_moment()),
+           widen(optim.second_moment()), token_counts, stochastic_rounding_calls().load()},
+          int(((step + 1) / cfg.checkpoint_every) % 2));
     }
     if (g_stop_signal) {
       result.status = "interrupted";

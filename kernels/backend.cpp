@@ -36,8 +36,9 @@ const Catalogue<float>& backend_catalogue(const std::string& backend,
                                           const std::string& precision) {
   if (backend == "cpu") {
     if (precision == "bf16")
-      throw BackendError("train.precision = \"bf16\" needs backend = \"cuda\" (the CPU runs fp32 "
-                         "or fp64)");
+      throw BackendError(
+          "train.precision = \"bf16\" needs backend = \"cuda\" (the CPU runs fp32 "
+          "or fp64)");
     return cpu_catalogue<float>();
   }
   if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
@@ -52,7 +53,8 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device) {
   if (device == "cpu") return {&mutable_cpu_catalogue()};
   if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
-  return {&cuda::mutable_catalogue(cuda::GemmMode::Fp32), &cuda::mutable_catalogue(cuda::GemmMode::Bf16)};
+  return {&cuda::mutable_catalogue(cuda::GemmMode::Fp32),
+          &cuda::mutable_catalogue(cuda::GemmMode::Bf16)};
 #else
   throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
 #endif

@@ -57,7 +57,8 @@ OpRun run_op(const KernelSet<U>& k, const OpInputs& x, F&& call) {
       before = before || !(host[g] == U(kGuardSentinel));
       after = after || !(host[kGuardValues + n + g] == U(kGuardSentinel));
     }
-    if (before) r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
+    if (before)
+      r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
     if (after) r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
     r.outputs.emplace_back(host.begin() + kGuardValues, host.begin() + kGuardValues + int64_t(n));
   }

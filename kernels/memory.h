@@ -19,10 +19,10 @@ struct OutOfMemory : std::runtime_error {
 };
 
 struct MemoryOps {
-  const char* device = "cpu";  // "cpu" | "cuda"
-  bool host_accessible = true;  // may host code dereference the pointers?
-  void* (*allocate)(size_t bytes);     // throws OutOfMemory
-  void (*release)(void* p);            // p may be null
+  const char* device = "cpu";       // "cpu" | "cuda"
+  bool host_accessible = true;      // may host code dereference the pointers?
+  void* (*allocate)(size_t bytes);  // throws OutOfMemory
+  void (*release)(void* p);         // p may be null
   void (*zero)(void* p, size_t bytes);
   void (*upload)(void* dst, const void* host_src, size_t bytes);
   void (*download)(void* host_dst, const void* src, size_t bytes);

@@ -77,19 +77,21 @@ void load_one(const std::string& path) {
   if (!handle) fail(std::string("cannot load: ") + dlerror());
   Loaded l{path, handle, {}};
   try {
-    auto reg = reinterpret_cast<divlab_plugin_register_fn>(
-        dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));
+    auto reg =
+        reinterpret_cast<divlab_plugin_register_fn>(dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));
     if (!reg)
       fail("does not export " DIVLAB_PLUGIN_REGISTER_SYMBOL "() (see kernels/plugin_abi.h)");
     const divlab_plugin* p = reg();
     if (!p) fail(DIVLAB_PLUGIN_REGISTER_SYMBOL "() returned null");
     if (p->abi_version != DIVLAB_PLUGIN_ABI_VERSION)
       fail("built for plug-in ABI " + std::to_string(p->abi_version) + "; this divlab speaks ABI " +
-           std::to_string(DIVLAB_PLUGIN_ABI_VERSION) + " (rebuild it against kernels/plugin_abi.h)");
+           std::to_string(DIVLAB_PLUGIN_ABI_VERSION) +
+           " (rebuild it against kernels/plugin_abi.h)");
     if (p->count == 0 || !p->variants) fail("registers no variants");
     for (uint32_t i = 0; i < p->count; ++i) {
       const divlab_variant& v = p->variants[i];
-      const std::string name = str(v.name), where = "variant " + std::to_string(i) + " ('" + name + "')";
+      const std::string name = str(v.name),
+                        where = "variant " + std::to_string(i) + " ('" + name + "')";
       if (!valid_name(name)) fail(where + ": a name needs letters, digits or '_'");
       if (!v.fn) fail(where + ": no function");
       std::vector<Catalogue<float>*> cats;

@@ -35,11 +35,11 @@ struct Timed<T, Member, R (*)(Args...)> {
 template <class T, auto Member, class R, class... Args>
 const char* Timed<T, Member, R (*)(Args...)>::name = "";
 
-#define DIVLAB_TIME_OP(op)                                                           \
-  do {                                                                               \
-    using W = Timed<T, &KernelSet<T>::op, decltype(KernelSet<T>::op)>;               \
-    W::name = #op;                                                                   \
-    timed.op = &W::call;                                                             \
+#define DIVLAB_TIME_OP(op)                                             \
+  do {                                                                 \
+    using W = Timed<T, &KernelSet<T>::op, decltype(KernelSet<T>::op)>; \
+    W::name = #op;                                                     \
+    timed.op = &W::call;                                               \
   } while (0)
 
 template <class T>

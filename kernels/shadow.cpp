@@ -1,11 +1,11 @@
 #include "kernels/shadow.h"
 
-#include "kernels/common/parallel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+
+#include "kernels/common/parallel.h"
 
 namespace divlab {
 
@@ -105,10 +105,8 @@ void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* ta
   ShadowTap<T>& t = *g_tap<T>;
   t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
   if (t.wants("cross_entropy"))
-    t.store("cross_entropy", {{copy(logits, int64_t(N) * V)},
-                              copy_ids<T>(targets, N),
-                              {N, V},
-                              double(dloss)});
+    t.store("cross_entropy",
+            {{copy(logits, int64_t(N) * V)}, copy_ids<T>(targets, N), {N, V}, double(dloss)});
 }
 
 // --- Replaying a capture with some kernel set, in precision U. ------------------------------

@@ -22,8 +22,9 @@ struct ShadowSpec {
 // Parses "op=variant" entries, variants named in `catalogue` (the run's backend); throws
 // UnknownKernel naming the entry for an unknown op or variant, or an op shadow mode cannot
 // evaluate.
-std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries,
-                                           const Catalogue<float>& catalogue = cpu_catalogue<float>());
+std::vector<ShadowSpec> parse_shadow_specs(
+    const std::vector<std::string>& entries,
+    const Catalogue<float>& catalogue = cpu_catalogue<float>());
 // Ops whose inputs the tap can capture.
 std::vector<std::string> shadowable_ops();
 

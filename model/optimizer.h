@@ -48,7 +48,7 @@ class Optimizer {
  private:
   OptimConfig cfg_;
   std::vector<ParamInfo> layout_;
-  Buffer<T> m_, v_;            // SGD uses m_ as the momentum buffer
+  Buffer<T> m_, v_;             // SGD uses m_ as the momentum buffer
   Buffer<double> sum_squares_;  // per layout entry, filled on the backend, downloaded at once
 };
 

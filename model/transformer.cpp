@@ -80,9 +80,9 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels,
 template <class T>
 int64_t Transformer<T>::allocated_values(const ModelConfig& cfg, int batch) {
   const int64_t N = int64_t(batch) * cfg.seq_len, C = cfg.d_model, V = cfg.vocab;
-  const int64_t per_layer =
-      N * C * 5 + N * 2 + N * 3 * C + int64_t(batch) * cfg.n_heads * cfg.seq_len * cfg.seq_len +
-      N * 4 * C * 2;
+  const int64_t per_layer = N * C * 5 + N * 2 + N * 3 * C +
+                            int64_t(batch) * cfg.n_heads * cfg.seq_len * cfg.seq_len +
+                            N * 4 * C * 2;
   return 2 * param_count(cfg) + 2 * N + (cfg.n_layers + 1) * N * C + cfg.n_layers * per_layer +
          N * C + N + 2 * N * V + N + N * (C * 4 + 3 * C + 4 * C * 2);
 }

@@ -32,7 +32,8 @@ TEST(Model, GradcheckEveryParameterInDouble) {
   model.backward();
   const std::vector<double> analytic = model.grads().to_vector();
   auto objective = [&] { return model.forward(in.data(), tgt.data(), false); };
-  const std::vector<double> numeric = numeric_grad(objective, model.params().data(), model.params().size());
+  const std::vector<double> numeric =
+      numeric_grad(objective, model.params().data(), model.params().size());
   for (const auto& p : model.layout()) {
     std::vector<double> a(analytic.begin() + p.offset, analytic.begin() + p.offset + p.size);
     std::vector<double> n(numeric.begin() + p.offset, numeric.begin() + p.offset + p.size);

@@ -1,10 +1,9 @@
 // Plug-ins: the example library loads, its variants appear in the catalogue with their
 // documentation, compute what they claim (the correct one matches fp64, the buggy one loses the
 // hot row), and go away on unload; broken libraries are refused with the reason named.
-#include "kernels/plugins.h"
-
 #include <random>
 
+#include "kernels/plugins.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
 
@@ -77,7 +76,8 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   const std::string abi = error_of(DIVLAB_BROKEN_ABI_PLUGIN);
   EXPECT_NE(abi.find("built for plug-in ABI 999; this divlab speaks ABI 1"), std::string::npos)
       << abi;
-  EXPECT_NE(error_of(DIVLAB_CLASHING_PLUGIN).find("variant 'reference' of rmsnorm_backward already exists"),
+  EXPECT_NE(error_of(DIVLAB_CLASHING_PLUGIN)
+                .find("variant 'reference' of rmsnorm_backward already exists"),
             std::string::npos);
   EXPECT_NE(error_of(DIVLAB_UNKNOWN_OP_PLUGIN).find("unknown op 'layernorm_backward'"),
             std::string::npos);

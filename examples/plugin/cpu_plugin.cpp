@@ -70,8 +70,7 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<true>),
      "example plug-in: token rows summed in a bf16 accumulator",
      "a frequent token's row stalls once its sum is 2^8 times a contribution",
-     "skewed token streams (Zipf, real text), many tokens per step",
-     "uniform tokens; AdamW"},
+     "skewed token streams (Zipf, real text), many tokens per step", "uniform tokens; AdamW"},
 };
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
 

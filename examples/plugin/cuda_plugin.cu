@@ -15,8 +15,7 @@ __global__ void rows_kernel(float* dx0, float* prod, const float* dy, const floa
   __shared__ float part[256];
   const size_t row = blockIdx.x;
   float dot = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    dot += dy[row * C + c] * w[c] * x[row * C + c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dot += dy[row * C + c] * w[c] * x[row * C + c];
   part[threadIdx.x] = dot;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s /= 2) {
@@ -32,7 +31,8 @@ __global__ void rows_kernel(float* dx0, float* prod, const float* dy, const floa
 }
 
 // One thread per column: sums the rows of `in` (rows x cols) into out[col].
-__global__ void column_sum_kernel(float* out, const float* in, int rows, int cols, int stride_rows) {
+__global__ void column_sum_kernel(float* out, const float* in, int rows, int cols,
+                                  int stride_rows) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float s = 0;

@@ -34,8 +34,8 @@ void permute(float* heads, const float* rows, int stride, int col0, int B, int T
              const char* what) {
   const int64_t total = int64_t(B) * T_ * C;
   // Only the destination is written: `rows` when scattering back, `heads` when gathering.
-  permute_kernel<to_heads><<<blocks_for(total, 256), 256>>>(heads, const_cast<float*>(rows),
-                                                            stride, col0, T_, C, NH, total);
+  permute_kernel<to_heads><<<blocks_for(total, 256), 256>>>(heads, const_cast<float*>(rows), stride,
+                                                            col0, T_, C, NH, total);
   DIVLAB_LAUNCHED(what);
 }
 
@@ -88,15 +88,14 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T_, 
   gather_qkv(q, k, v, qkv, B, T_, C, NH);
   const long long head = (long long)T_ * hs, square = (long long)T_ * T_;
   // att^T[s, t] (column-major) = scale sum_d k[s, d] q[t, d]: row-major att[t, s]
-  gemm_batched<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, hs, head,
-                     q, hs, head, 0.0f, att, T_, square, BH);
+  gemm_batched<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, hs, head, q,
+                     hs, head, 0.0f, att, T_, square, BH);
   const int64_t rows = int64_t(BH) * T_;
-  causal_softmax_kernel<lookahead, subtract_max>
-      <<<blocks_for(rows, 8), 256>>>(att, T_, rows);
+  causal_softmax_kernel<lookahead, subtract_max><<<blocks_for(rows, 8), 256>>>(att, T_, rows);
   DIVLAB_LAUNCHED("causal_softmax");
   // y^T[d, t] = sum_s v[s, d] att[t, s]
-  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, hs, head, att, T_, square,
-                     0.0f, y, hs, head, BH);
+  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, hs, head, att, T_, square, 0.0f,
+                     y, hs, head, BH);
   permute<false>(y, out, C, 0, B, T_, C, NH, "attention merge_heads");
 }
 
@@ -135,18 +134,18 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 template <GemmMode mode>
 void register_modes(Catalogue<float>& cat, const char* how) {
-  cat.attention_forward.add("reference", attention_forward<mode, 0, true>,
-                            {std::string("batched cuBLAS GEMMs (") + how +
-                                 ") around a warp-per-row causal softmax",
-                             "", "", ""});
+  cat.attention_forward.add(
+      "reference", attention_forward<mode, 0, true>,
+      {std::string("batched cuBLAS GEMMs (") + how + ") around a warp-per-row causal softmax", "",
+       "", ""});
   cat.attention_forward.add("mask_off_by_one", attention_forward<mode, 1, true>,
                             {"causal mask off by one: position i attends to 0..i+1", "", "", ""});
   cat.attention_forward.add("no_max_subtraction", attention_forward<mode, 0, false>,
                             {"softmax without subtracting the row max", "", "", ""});
-  cat.attention_backward.add("reference", attention_backward<mode>,
-                             {std::string("batched cuBLAS GEMMs (") + how +
-                                  ") around a warp-per-row softmax backward",
-                              "", "", ""});
+  cat.attention_backward.add(
+      "reference", attention_backward<mode>,
+      {std::string("batched cuBLAS GEMMs (") + how + ") around a warp-per-row softmax backward", "",
+       "", ""});
 }
 }  // namespace
 

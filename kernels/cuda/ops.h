@@ -28,8 +28,7 @@ void register_optimizer(Catalogue<float>& cat);
 // Shared by rmsnorm and embed_rmsnorm_backward: per row n,
 //   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd
 // (prod feeds the norm weight's gradient). `accumulate` adds into dx instead of overwriting.
-void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x,
-                           const float* w, const float* rstd, int N, int C, bool accumulate,
-                           const float* dresid);
+void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x, const float* w,
+                           const float* rstd, int N, int C, bool accumulate, const float* dresid);
 
 }  // namespace divlab::cuda

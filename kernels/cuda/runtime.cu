@@ -129,9 +129,8 @@ std::vector<ScratchRegion>& regions() {
 }  // namespace
 
 const MemoryOps& device_memory() {
-  static const MemoryOps ops{"cuda",        false,           device_allocate,
-                             device_release, device_zero,     device_upload,
-                             device_download, device_synchronize};
+  static const MemoryOps ops{"cuda",      false,         device_allocate, device_release,
+                             device_zero, device_upload, device_download, device_synchronize};
   return ops;
 }
 

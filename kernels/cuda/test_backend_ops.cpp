@@ -32,8 +32,8 @@ std::vector<TokenId> zipf_ids(int n, int vocab, std::mt19937_64& gen) {
 
 // Runs `call` with the fp64 CPU reference and with `gpu_set`; compares every output.
 template <class F>
-void expect_matches_fp64(const std::string& what, const OpInputs& x, const KernelSet<float>& gpu_set,
-                         double tol, F&& call) {
+void expect_matches_fp64(const std::string& what, const OpInputs& x,
+                         const KernelSet<float>& gpu_set, double tol, F&& call) {
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(gpu_set, x, call);
   for (size_t o = 0; o < ref.size(); ++o)
@@ -63,14 +63,16 @@ class GpuOps : public ::testing::TestWithParam<GemmMode> {
 TEST_P(GpuOps, PointwiseAndRowOpsMatchFp64) {
   const auto k = reference();
   // No GEMMs here: fp32 tolerance in either mode.
-  expect_matches_fp64("embedding_forward",
-                      {{normal(V * C, f.gen), normal(Tn * C, f.gen)}, f.tokens, {zeros(N * C)}}, k,
-                      kTolGpuFp32, OP_CALL { k.embedding_forward(out[0], ids, in[0], in[1], B, Tn, C); });
-  expect_matches_fp64("rmsnorm_forward",
-                      {{normal(N * C, f.gen, 3.0), normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}},
-                      k, kTolGpuFp32, OP_CALL {
-                        k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, Value<decltype(in[0])>(1e-5));
-                      });
+  expect_matches_fp64(
+      "embedding_forward",
+      {{normal(V * C, f.gen), normal(Tn * C, f.gen)}, f.tokens, {zeros(N * C)}}, k, kTolGpuFp32,
+      OP_CALL { k.embedding_forward(out[0], ids, in[0], in[1], B, Tn, C); });
+  expect_matches_fp64(
+      "rmsnorm_forward",
+      {{normal(N * C, f.gen, 3.0), normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}}, k, kTolGpuFp32,
+      OP_CALL {
+        k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, Value<decltype(in[0])>(1e-5));
+      });
   expect_matches_fp64(
       "rmsnorm_backward",
       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
@@ -78,20 +80,21 @@ TEST_P(GpuOps, PointwiseAndRowOpsMatchFp64) {
        {normal(N * C, f.gen), normal(C, f.gen)}},
       k, kTolGpuFp32,
       OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
-  expect_matches_fp64("gelu_forward", {{normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k,
-                      kTolGpuFp32, OP_CALL { k.gelu_forward(out[0], in[0], int64_t(N) * C); });
-  expect_matches_fp64("gelu_backward",
-                      {{normal(N * C, f.gen), normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k,
-                      kTolGpuFp32,
-                      OP_CALL { k.gelu_backward(out[0], in[0], in[1], int64_t(N) * C); });
-  expect_matches_fp64("add", {{normal(N * C, f.gen), normal(N * C, f.gen)}, {}, {zeros(N * C)}}, k,
-                      kTolGpuFp32, OP_CALL { k.add(out[0], in[0], in[1], int64_t(N) * C); });
+  expect_matches_fp64(
+      "gelu_forward", {{normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k, kTolGpuFp32,
+      OP_CALL { k.gelu_forward(out[0], in[0], int64_t(N) * C); });
+  expect_matches_fp64(
+      "gelu_backward", {{normal(N * C, f.gen), normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k,
+      kTolGpuFp32, OP_CALL { k.gelu_backward(out[0], in[0], in[1], int64_t(N) * C); });
+  expect_matches_fp64(
+      "add", {{normal(N * C, f.gen), normal(N * C, f.gen)}, {}, {zeros(N * C)}}, k, kTolGpuFp32,
+      OP_CALL { k.add(out[0], in[0], in[1], int64_t(N) * C); });
   std::vector<TokenId> targets = zipf_ids(N, V, f.gen);
-  expect_matches_fp64("cross_entropy",
-                      {{normal(N * V, f.gen, 5.0)}, targets, {zeros(N), zeros(N * V)}}, k,
-                      kTolGpuFp32, OP_CALL {
-                        k.cross_entropy(out[0], out[1], in[0], ids, N, V, Value<decltype(in[0])>(1.0 / N));
-                      });
+  expect_matches_fp64(
+      "cross_entropy", {{normal(N * V, f.gen, 5.0)}, targets, {zeros(N), zeros(N * V)}}, k,
+      kTolGpuFp32, OP_CALL {
+        k.cross_entropy(out[0], out[1], in[0], ids, N, V, Value<decltype(in[0])>(1.0 / N));
+      });
   expect_matches_fp64(
       "embed_rmsnorm_backward",
       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
@@ -107,9 +110,10 @@ TEST_P(GpuOps, PointwiseAndRowOpsMatchFp64) {
 TEST_P(GpuOps, GemmOpsMatchFp64) {
   const auto k = reference();
   const int in_f = 72, out_f = 217;
-  expect_matches_fp64("linear_forward",
-                      {{normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)}, {}, {zeros(N * out_f)}},
-                      k, tol(), OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
+  expect_matches_fp64(
+      "linear_forward",
+      {{normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)}, {}, {zeros(N * out_f)}}, k, tol(),
+      OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
   expect_matches_fp64(
       "linear_backward",
       {{normal(N * out_f, f.gen), normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)},
@@ -117,20 +121,20 @@ TEST_P(GpuOps, GemmOpsMatchFp64) {
        {zeros(N * in_f), normal(out_f * in_f, f.gen)}},
       k, tol(),
       OP_CALL { k.linear_backward(out[0], out[1], in[0], in[1], in[2], N, in_f, out_f); });
-  expect_matches_fp64("attention_forward",
-                      {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, k,
-                      tol(), OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+  expect_matches_fp64(
+      "attention_forward",
+      {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, k, tol(),
+      OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
   // The backward's saved probabilities come from the CPU reference forward, so both backends
   // differentiate at the same point.
   OpInputs fwd{{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
   const auto saved = run_checked<double>(
       cpu_catalogue<double>().select({}), fwd,
       OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
-  expect_matches_fp64("attention_backward",
-                      {{normal(N * C, f.gen), fwd.values[0], saved[1]}, {}, {zeros(N * 3 * C)}}, k,
-                      tol(), OP_CALL {
-                        k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH);
-                      });
+  expect_matches_fp64(
+      "attention_backward",
+      {{normal(N * C, f.gen), fwd.values[0], saved[1]}, {}, {zeros(N * 3 * C)}}, k, tol(),
+      OP_CALL { k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH); });
 }
 
 TEST_P(GpuOps, OptimizerOpsMatchFp64) {
@@ -173,7 +177,9 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
   std::mt19937_64 gen(test_seed());
   const int in_f = 256, out_f = 128;
   const OpInputs x{{normal(N * in_f, gen), normal(out_f * in_f, gen)}, {}, {zeros(N * out_f)}};
-  auto call = OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); };
+  auto call = OP_CALL {
+    k.linear_forward(out[0], in[0], in[1], N, in_f, out_f);
+  };
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(gpu(GemmMode::Bf16).select({}), x, call);
   EXPECT_GT(compare(got[0], ref[0]).error, 1e-4);
@@ -183,36 +189,43 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
 TEST(GpuVariants, MatchTheirCpuNamesakes) {
   REQUIRE_GPU();
   Fixture f;
-  auto both = [&](const std::string& op, const std::string& variant, const OpInputs& x,
-                  auto call) {
+  auto both = [&](const std::string& op, const std::string& variant, const OpInputs& x, auto call) {
     const auto cpu = run_checked<float>(cpu_catalogue<float>().select({{op, variant}}), x, call);
     const auto got = run_checked<float>(gpu().select({{op, variant}}), x, call);
     for (size_t o = 0; o < cpu.size(); ++o)
       EXPECT_CLOSE(got[o], cpu[o], 1e-4, op + "=" + variant + " output " + std::to_string(o));
   };
-  std::vector<double> x = normal(N * C, f.gen, 1e-3);  // RMS near eps: where the eps variants differ
+  std::vector<double> x =
+      normal(N * C, f.gen, 1e-3);  // RMS near eps: where the eps variants differ
   for (const char* v : {"eps_outside_sqrt", "no_eps"})
-    both("rmsnorm_forward", v, {{x, normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}},
-         OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, 1e-5f); });
-  both("rmsnorm_backward", "bf16_reduce",
-       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
-        {},
-        {zeros(N * C), zeros(C)}},
-       OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
+    both(
+        "rmsnorm_forward", v, {{x, normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}},
+        OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, 1e-5f); });
+  both(
+      "rmsnorm_backward", "bf16_reduce",
+      {{normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
+       {},
+       {zeros(N * C), zeros(C)}},
+      OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
   for (const char* v : {"mask_off_by_one", "no_max_subtraction"})
-    both("attention_forward", v, {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}},
-         OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
-  both("cross_entropy", "no_max_subtraction", {{normal(N * V, f.gen)}, f.tokens, {zeros(N), zeros(N * V)}},
-       OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, 1.0f / N); });
-  both("embed_rmsnorm_backward", "fp64_accum",
-       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
-         normal(N, f.gen, 0.5)},
-        f.tokens,
-        {zeros(V * C), zeros(Tn * C), zeros(C)}},
-       OP_CALL {
-         k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids,
-                                  B, Tn, C, V);
-       });
+    both(
+        "attention_forward", v,
+        {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}},
+        OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+  both(
+      "cross_entropy", "no_max_subtraction",
+      {{normal(N * V, f.gen)}, f.tokens, {zeros(N), zeros(N * V)}},
+      OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, 1.0f / N); });
+  both(
+      "embed_rmsnorm_backward", "fp64_accum",
+      {{normal(N * C, f.gen), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
+        normal(N, f.gen, 0.5)},
+       f.tokens,
+       {zeros(V * C), zeros(Tn * C), zeros(C)}},
+      OP_CALL {
+        k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
+                                 Tn, C, V);
+      });
 }
 
 // --- the embedding-gradient candidates, at the dose that exposes them ------------------------
@@ -229,15 +242,15 @@ struct Scatter {
     // token's row tend to be.
     std::vector<double> dy = normal(size_t(n) * C, gen, 0.1);
     for (auto& v : dy) v += 1.0;
-    x = {{dy, normal(size_t(n) * C, gen, 0.1), normal(size_t(n) * C, gen), std::vector<double>(C, 1.0),
-          std::vector<double>(n, 1.0)},
+    x = {{dy, normal(size_t(n) * C, gen, 0.1), normal(size_t(n) * C, gen),
+          std::vector<double>(C, 1.0), std::vector<double>(n, 1.0)},
          ids,
          {zeros(size_t(V) * C), zeros(size_t(T) * C), zeros(C)}};
   }
   auto call() const {
     return OP_CALL {
-      k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
-                               T, C, V);
+      k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B, T,
+                               C, V);
     };
   }
   // Normalised error of dwte against the fp64 CPU reference.
@@ -263,17 +276,18 @@ TEST(GpuEmbedScatter, Bf16AtomicsLoseTheHotRowWhileTheVerifierPasses) {
   std::mt19937_64 gen(test_seed());
   const Scatter hot(gen, true);
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), hot.x, hot.call());
-  const auto got = run_checked<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}), hot.x,
-                                 hot.call());
+  const auto got = run_checked<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}),
+                                      hot.x, hot.call());
   // 4096 same-sign adds into one bf16 value stall near 2^8-2^9 of them.
   EXPECT_GT(compare(got[0], ref[0]).error, 0.5);
   // ... yet the hot row is 64 of 32768 elements: the benchmark's 99 % rule passes it.
   EXPECT_GE(verifier_pass_fraction(got[0], ref[0]), 0.99);
   // With uniform tokens (about 8 adds per row) it passes as well (measured: 99.93 %).
   const Scatter uniform(gen, false);
-  const auto uref = run_checked<double>(cpu_catalogue<double>().select({}), uniform.x, uniform.call());
+  const auto uref =
+      run_checked<double>(cpu_catalogue<double>().select({}), uniform.x, uniform.call());
   const auto ugot = run_checked<float>(gpu().select({{"embed_rmsnorm_backward", "bf16_accum"}}),
-                                  uniform.x, uniform.call());
+                                       uniform.x, uniform.call());
   EXPECT_GE(verifier_pass_fraction(ugot[0], uref[0]), 0.99);
   EXPECT_GT(Scatter(gen, true).dwte_error("fp16_accum"), 1e-3);  // 11 bits stall near 2^11
 }
@@ -304,11 +318,15 @@ TEST(GpuDeterminism, ReferencesAreBitwiseRepeatable) {
     const Scatter s(gen, true);
     EXPECT_EQ(run_checked<float>(k, s.x, s.call()), run_checked<float>(k, s.x, s.call()));
     OpInputs fwd{{normal(N * 3 * C, gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
-    auto att = OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); };
+    auto att = OP_CALL {
+      k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH);
+    };
     const auto a = run_checked<float>(k, fwd, att);
     EXPECT_EQ(a, run_checked<float>(k, fwd, att));
     OpInputs bwd{{normal(N * C, gen), fwd.values[0], a[1]}, {}, {zeros(N * 3 * C)}};
-    auto back = OP_CALL { k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH); };
+    auto back = OP_CALL {
+      k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH);
+    };
     EXPECT_EQ(run_checked<float>(k, bwd, back), run_checked<float>(k, bwd, back));
   }
 }

@@ -29,7 +29,7 @@ namespace divlab::cuda {
 
 namespace {
 struct Rows {
-  const float* dx0;  // [N, C]
+  const float* dx0;   // [N, C]
   const float* prod;  // [N, C] dy * x0 * rstd, for the norm gain
 };
 
@@ -194,8 +194,8 @@ void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm
                   const TokenId* tokens, int B, int T_, int C, int V) {
   const int N = B * T_;
   const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes)>>>(dwpe, r.dx0, B,
-                                                                               T_, C);
+  racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes)>>>(dwpe, r.dx0, B, T_,
+                                                                               C);
   DIVLAB_LAUNCHED("racy_position_grad");
   const int64_t total = int64_t(N) * C;
   racy_scatter_kernel<<<blocks_for(total, 256), 256>>>(dwte, r.dx0, tokens, C, total);
@@ -207,17 +207,16 @@ void register_embed_rmsnorm_backward(Catalogue<float>& cat) {
   auto& op = cat.embed_rmsnorm_backward;
   op.what = "fused first-block RMSNorm backward + residual gradient + embedding scatter";
   op.add("reference", sorted_variant<float>,
-         {"stable radix sort by token, one block per token segment, fp32 in position order", "",
-          "", ""});
+         {"stable radix sort by token, one block per token segment, fp32 in position order", "", "",
+          ""});
   op.add("bf16_accum", low_precision_accum<__nv_bfloat16>,
-         {"atomicAdd of each row into a bf16 [V, C] buffer, added to dwte at the end", "", "",
-          ""});
-  op.add("fp16_accum", low_precision_accum<__half>,
-         {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "",
-          ""});
+         {"atomicAdd of each row into a bf16 [V, C] buffer, added to dwte at the end", "", "", ""});
+  op.add(
+      "fp16_accum", low_precision_accum<__half>,
+      {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "", ""});
   op.add("racy_scatter", racy_scatter,
-         {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "",
-          "", ""});
+         {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "", "",
+          ""});
   op.add("fp32_reordered", fp32_reordered,
          {"float atomicAdd into dwte: fp32, summation order varies run to run", "", "", ""});
   op.add("fp64_accum", sorted_variant<double>,

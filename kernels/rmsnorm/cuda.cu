@@ -20,8 +20,8 @@ __device__ inline float rstd_of(float mean_square, float eps) {
 }
 
 template <Rstd mode>
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
-                                       int C, float eps) {
+__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w, int C,
+                                       float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * C;
@@ -47,8 +47,7 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const float
   const int64_t row = blockIdx.x;
   const float r = rstd[row];
   float dot = 0;  // sum_c dy w x
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    dot += dy[row * C + c] * w[c] * x[row * C + c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dot += dy[row * C + c] * w[c] * x[row * C + c];
   dot = block_sum(dot, shared);
   const float k = r * r * r * dot / float(C);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -87,11 +86,9 @@ void bf16_reduce(float* dresid, float* dw, const float* dy, const float* x, cons
 }
 }  // namespace
 
-void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x,
-                           const float* w, const float* rstd, int N, int C, bool accumulate,
-                           const float* dresid) {
-  rmsnorm_backward_rows_kernel<<<N, kRowThreads>>>(dx, prod, dy, x, w, rstd, C, accumulate,
-                                                   dresid);
+void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x, const float* w,
+                           const float* rstd, int N, int C, bool accumulate, const float* dresid) {
+  rmsnorm_backward_rows_kernel<<<N, kRowThreads>>>(dx, prod, dy, x, w, rstd, C, accumulate, dresid);
   DIVLAB_LAUNCHED("rmsnorm_backward_rows");
 }
 
@@ -106,9 +103,9 @@ void register_rmsnorm(Catalogue<float>& cat) {
   cat.rmsnorm_backward.what = "RMSNorm backward (input and weight gradients)";
   cat.rmsnorm_backward.add("reference", rmsnorm_backward,
                            {"rows per block; dw by fixed-order column sums", "", "", ""});
-  cat.rmsnorm_backward.add("bf16_reduce", bf16_reduce,
-                           {"dw summed over rows in a bf16 accumulator, one thread per channel",
-                            "", "", ""});
+  cat.rmsnorm_backward.add(
+      "bf16_reduce", bf16_reduce,
+      {"dw summed over rows in a bf16 accumulator, one thread per channel", "", "", ""});
 }
 
 }  // namespace divlab::cuda

@@ -68,8 +68,7 @@ TEST_P(GpuTraining, LossTracksTheCpuFor200Steps) {
   const int steps = 200;
   const double tol = GetParam() == GemmMode::Fp32 ? 1e-4 : 2e-2;
   const auto cpu = train_losses(cpu_catalogue<float>().select({}), sgd(steps), steps, test_seed());
-  const auto gpu_losses =
-      train_losses(gpu(GetParam()).select({}), sgd(steps), steps, test_seed());
+  const auto gpu_losses = train_losses(gpu(GetParam()).select({}), sgd(steps), steps, test_seed());
   int at = 0;
   const double gap = max_relative_gap(gpu_losses, cpu, &at);
   std::printf("max relative loss gap %.3g at step %d (cpu %.6f, gpu %.6f)\n", gap, at, cpu[at],

@@ -15,8 +15,8 @@ const divlab_variant kVariants[] = {{"rmsnorm_backward", "reference", "cpu",
                                      reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
 #else
-const divlab_variant kVariants[] = {{"layernorm_backward", "mine", "cpu",
-                                     reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
+const divlab_variant kVariants[] = {
+    {"layernorm_backward", "mine", "cpu", reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
 #endif
 }  // namespace
