@@ -10,6 +10,21 @@ ROOT = os.environ.get("DIVLAB_ROOT", os.path.join(os.path.dirname(__file__), "..
 SMALL = ["model.vocab=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
          "model.seq_len=16", "train.batch=4", "train.steps=20", "data=zipf:1.2"]
 
+# The [set] block of a grid whose cells run a model small enough for tests; append [axes].
+SMALL_GRID_SET = """
+[set]
+data = "zipf:1.2"
+[set.model]
+vocab = 64
+d_model = 32
+n_layers = 1
+n_heads = 2
+seq_len = 16
+[set.train]
+batch = 4
+steps = 10
+"""
+
 
 def run(*args, check=False, env=None):
     e = dict(os.environ, **(env or {}))

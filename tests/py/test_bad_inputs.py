@@ -5,23 +5,12 @@ import os
 import tomllib
 import unittest
 
-from cli import ROOT, SMALL, assert_rejected, run
+from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run
 
 CASES = os.path.join(ROOT, "tests", "bad_inputs", "cases.toml")
 SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing")}
 
-FIXTURE_GRID = """
-[set]
-data = "zipf:1.2"
-[set.model]
-vocab = 64
-d_model = 32
-n_layers = 1
-n_heads = 2
-seq_len = 16
-[set.train]
-batch = 4
-steps = 10
+FIXTURE_GRID = SMALL_GRID_SET + """
 [axes.train]
 seed = [0, 1, 2]
 """

@@ -5,7 +5,7 @@ import unittest
 
 import h5py
 
-from cli import SMALL, assert_rejected, run, tmpdir
+from cli import SMALL, SMALL_GRID_SET, assert_rejected, run, tmpdir
 
 PLUGIN = os.environ["DIVLAB_EXAMPLE_PLUGIN"]
 BROKEN = os.environ["DIVLAB_BROKEN_ABI_PLUGIN"]
@@ -37,19 +37,7 @@ class Plugins(unittest.TestCase):
         d = tmpdir()
         grid = os.path.join(d, "grid.toml")
         with open(grid, "w") as f:
-            f.write(f"""
-[set]
-plugins = ["{PLUGIN}"]
-data = "zipf:1.2"
-[set.model]
-vocab = 64
-d_model = 32
-n_layers = 1
-n_heads = 2
-seq_len = 16
-[set.train]
-batch = 4
-steps = 10
+            f.write(SMALL_GRID_SET.replace("[set]\n", f'[set]\nplugins = ["{PLUGIN}"]\n') + """
 [axes.kernels]
 embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
 """)
