@@ -8,7 +8,11 @@
 namespace divlab {
 
 // splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a strong bit mixer.
-inline uint64_t mix64(uint64_t z) {
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline uint64_t
+    mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);

@@ -10,21 +10,37 @@
 #include <cstdint>
 #include <cstring>
 
+// The bit-level helpers below also compile as CUDA device code: the GPU candidates round the
+// same way, bit for bit.
+#ifdef __CUDACC__
+#define DIVLAB_HOST_DEVICE __host__ __device__
+#else
+#define DIVLAB_HOST_DEVICE
+#endif
+
 namespace divlab::lowp {
 
-inline uint32_t bits(float x) {
+DIVLAB_HOST_DEVICE inline uint32_t bits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
   uint32_t u;
   std::memcpy(&u, &x, 4);
   return u;
+#endif
 }
-inline float from_bits(uint32_t u) {
+DIVLAB_HOST_DEVICE inline float from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
   float x;
   std::memcpy(&x, &u, 4);
   return x;
+#endif
 }
 
 // float -> bf16 -> float, round to nearest, ties to even (what hardware conversions do).
-inline float bf16_rne(float x) {
+DIVLAB_HOST_DEVICE inline float bf16_rne(float x) {
   uint32_t u = bits(x);
   if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf and NaN pass through
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -33,13 +49,13 @@ inline float bf16_rne(float x) {
 
 // float -> bf16 -> float by dropping the low 16 bits: round toward zero. The cheap conversion
 // (a shift) that is biased: every rounding shrinks the magnitude.
-inline float bf16_truncate(float x) {
+DIVLAB_HOST_DEVICE inline float bf16_truncate(float x) {
   return from_bits(bits(x) & 0xffff0000u);
 }
 
 // Stochastic rounding: round up in magnitude with probability equal to the dropped fraction,
 // given 16 random bits. Unbiased in expectation when the bits are fresh for every rounding.
-inline float bf16_stochastic(float x, uint32_t random16) {
+DIVLAB_HOST_DEVICE inline float bf16_stochastic(float x, uint32_t random16) {
   uint32_t u = bits(x);
   if ((u & 0x7f800000u) == 0x7f800000u) return x;
   u += random16 & 0xffffu;

@@ -212,6 +212,12 @@ TEST(GpuVariants, MatchTheirCpuNamesakes) {
         "attention_forward", v,
         {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}},
         OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+  const int in_f = 72, out_f = 217;  // 217 = 6 * 32 + 25: tail_skip leaves 25 features stale
+  for (const char* v : {"tail_skip", "bf16_truncate", "bf16_rne"})
+    both(
+        "linear_forward", v,
+        {{normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)}, {}, {normal(N * out_f, f.gen)}},
+        OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
   both(
       "cross_entropy", "no_max_subtraction",
       {{normal(N * V, f.gen)}, f.tokens, {zeros(N), zeros(N * V)}},
@@ -290,6 +296,32 @@ TEST(GpuEmbedScatter, Bf16AtomicsLoseTheHotRowWhileTheVerifierPasses) {
                                        uniform.x, uniform.call());
   EXPECT_GE(verifier_pass_fraction(ugot[0], uref[0]), 0.99);
   EXPECT_GT(Scatter(gen, true).dwte_error("fp16_accum"), 1e-3);  // 11 bits stall near 2^11
+}
+
+// The compare-and-swap roundings on the hot row, as their CPU namesakes' tests have them (but
+// not bitwise: the order of the atomic additions varies run to run on the GPU).
+TEST(GpuEmbedScatter, RoundingVariantsBiasTheHotRowAsDocumented) {
+  REQUIRE_GPU();
+  std::mt19937_64 gen(test_seed());
+  const Scatter hot(gen, true);
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), hot.x, hot.call());
+  // Mean over channels of the hot row's signed relative error.
+  auto bias = [&](const std::string& variant) {
+    const auto got =
+        run_checked<float>(gpu().select({{"embed_rmsnorm_backward", variant}}), hot.x, hot.call());
+    double s = 0;
+    for (int c = 0; c < hot.C; ++c) {
+      const size_t i = size_t(7) * hot.C + c;
+      s += (got[0][i] - ref[0][i]) / std::abs(ref[0][i]);
+    }
+    return s / hot.C;
+  };
+  const double rne = bias("bf16_accum"), trunc = bias("bf16_truncate_accum"),
+               fresh = bias("bf16_stochastic_accum"), reused = bias("bf16_stochastic_reused_seed");
+  EXPECT_LT(rne, -0.3);              // stalled: 4096 same-sign adds of ~1
+  EXPECT_LT(trunc, rne);             // truncation drops whole ulps, so it stalls earlier
+  EXPECT_LT(std::abs(fresh), 0.05);  // fresh bits: unbiased on average over the channels
+  EXPECT_GT(std::abs(reused), 5 * std::abs(fresh));  // one fixed threshold per channel
 }
 
 TEST(GpuEmbedScatter, RacyScatterLosesUpdatesOnTheHotRow) {

@@ -12,6 +12,10 @@
 //                    seed bug. A frequent token's row collects thousands of adds; once its sum
 //                    is 2^8 times a term, the term rounds away.
 //   fp16_accum       the same with an fp16 buffer (11 bits; overflows at 65504).
+//   bf16_truncate_accum, bf16_stochastic_accum, bf16_stochastic_reused_seed
+//                    bf16 accumulation with another rounding after each addition, written as a
+//                    compare-and-swap loop on the 16-bit word (hardware bf16 atomicAdd only
+//                    rounds to nearest); the rounding is lowp.h's, bit for bit, as on the CPU.
 //   racy_scatter     non-atomic read-add-write into dwte from every position (lost updates when
 //                    two positions of one token race), and a per-block position-gradient sum in
 //                    shared memory without atomics (racecheck reports that one: it is in shared
@@ -21,9 +25,12 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "kernels/common/lowp.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
+#include "model/rng.h"
 
 namespace divlab::cuda {
 
@@ -166,6 +173,79 @@ void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const float* 
   DIVLAB_LAUNCHED("add_low");
 }
 
+// --- bf16 accumulation with a custom rounding: compare-and-swap on the 16-bit word ------------
+// Each rounding gets the sum, the position n and the channel c (the random bits' inputs).
+struct Truncate {
+  __device__ float operator()(float s, int64_t, int64_t) const { return lowp::bf16_truncate(s); }
+};
+struct StochasticFresh {  // fresh bits per (call, position, channel), as on the CPU
+  uint64_t call;
+  int64_t C;
+  __device__ float operator()(float s, int64_t n, int64_t c) const {
+    return lowp::bf16_stochastic(s, uint32_t(mix64(mix64(call) ^ uint64_t(n * C + c))));
+  }
+};
+struct StochasticReusedSeed {  // the same bits for every addition to a channel, every call
+  __device__ float operator()(float s, int64_t, int64_t c) const {
+    return lowp::bf16_stochastic(s, uint32_t(mix64(0x5eedULL + uint64_t(c))));
+  }
+};
+
+template <class Round>
+__global__ void rounded_scatter_bf16(unsigned short* acc, const float* dx0, const TokenId* tokens,
+                                     int C, int64_t total, Round round) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t n = i / C, c = i % C;
+  unsigned short* word = &acc[int64_t(tokens[n]) * C + c];
+  unsigned short seen = *word, assumed;
+  do {
+    assumed = seen;
+    const float sum = lowp::from_bits(uint32_t(assumed) << 16) + dx0[i];
+    const auto next = static_cast<unsigned short>(lowp::bits(round(sum, n, c)) >> 16);
+    seen = atomicCAS(word, assumed, next);
+  } while (seen != assumed);
+}
+
+template <class Round>
+void rounded_bf16_accum(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+                        const float* dresid, const float* x0, const float* w_norm,
+                        const float* rstd, const TokenId* tokens, int B, int T_, int C, int V,
+                        Round round) {
+  const int N = B * T_;
+  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(dwpe, r.dx0, B, T_, C);
+  const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
+  auto* acc = static_cast<unsigned short*>(scratch(Scratch::F, 2 * size_t(table)));
+  DIVLAB_CUDA_CHECK(cudaMemset(acc, 0, 2 * size_t(table)));
+  rounded_scatter_bf16<<<blocks_for(total, 256), 256>>>(acc, r.dx0, tokens, C, total, round);
+  DIVLAB_LAUNCHED("rounded_scatter_bf16");
+  // A bf16 is the upper half of a float: the buffer reads as __nv_bfloat16.
+  add_low<__nv_bfloat16>
+      <<<blocks_for(table, 256), 256>>>(dwte, reinterpret_cast<const __nv_bfloat16*>(acc), table);
+  DIVLAB_LAUNCHED("add_low");
+}
+
+#define DIVLAB_SCATTER_ARGS                                                                  \
+  float *dwte, float *dwpe, float *dw_norm, const float *dy_norm, const float *dresid,       \
+      const float *x0, const float *w_norm, const float *rstd, const TokenId *tokens, int B, \
+      int T_, int C, int V
+#define DIVLAB_SCATTER_PASS \
+  dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd, tokens, B, T_, C, V
+void bf16_truncate_accum(DIVLAB_SCATTER_ARGS) {
+  rounded_bf16_accum(DIVLAB_SCATTER_PASS, Truncate{});
+}
+void bf16_stochastic_accum(DIVLAB_SCATTER_ARGS) {
+  // The call counter is the CPU variant's: checkpoints save it, so a resumed run draws on.
+  rounded_bf16_accum(DIVLAB_SCATTER_PASS,
+                     StochasticFresh{stochastic_rounding_calls().fetch_add(1), C});
+}
+void bf16_stochastic_reused_seed(DIVLAB_SCATTER_ARGS) {
+  rounded_bf16_accum(DIVLAB_SCATTER_PASS, StochasticReusedSeed{});
+}
+#undef DIVLAB_SCATTER_ARGS
+#undef DIVLAB_SCATTER_PASS
+
 // --- racy ---------------------------------------------------------------------------------
 __global__ void racy_scatter_kernel(float* dwte, const float* dx0, const TokenId* tokens, int C,
                                     int64_t total) {
@@ -214,6 +294,13 @@ void register_embed_rmsnorm_backward(Catalogue<float>& cat) {
   op.add(
       "fp16_accum", low_precision_accum<__half>,
       {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "", ""});
+  op.add("bf16_truncate_accum", bf16_truncate_accum,
+         {"compare-and-swap bf16 accumulation, truncating after every addition", "", "", ""});
+  op.add("bf16_stochastic_accum", bf16_stochastic_accum,
+         {"compare-and-swap bf16 accumulation, stochastic rounding with fresh bits", "", "", ""});
+  op.add(
+      "bf16_stochastic_reused_seed", bf16_stochastic_reused_seed,
+      {"compare-and-swap bf16 accumulation, stochastic rounding with one fixed seed", "", "", ""});
   op.add("racy_scatter", racy_scatter,
          {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "", "",
           ""});
