@@ -147,6 +147,17 @@ void record_shadow(TraceWriter& w, const std::vector<ShadowSpec>& specs,
   }
 }
 
+template <class Timing>
+void print_shadow_timing(const Timing& t, bool background) {
+  if (t.evaluations == 0) return;
+  const double per = 1e3 / double(t.evaluations);
+  std::printf(
+      "shadow mode, %lld evaluations, ms each: recording %.2f, candidates %.2f, waiting for the "
+      "worker %.2f (training thread); fp64 reference + comparison %.2f (%s)\n",
+      (long long)t.evaluations, t.capture_s * per, t.candidates_s * per, t.waited_s * per,
+      t.reference_s * per, background ? "worker thread" : "training thread");
+}
+
 // Set by SIGINT/SIGTERM: the run finishes its step, flushes, and ends as "interrupted".
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void request_stop(int sig) {
@@ -318,7 +329,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     if (shadow_step) tap->arm();
     const T loss = model.forward(in.data(), tgt.data(), true);
     model.backward();
-    if (shadow_step) record_shadow(trace, shadow_specs, tap->evaluate(in.data(), N, m.vocab), step);
+    if (shadow_step) tap->submit(in.data(), N, m.vocab, step);
     const StepStats st = optim.step(model, step);
     const double wall =
         wall_offset + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -335,6 +346,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name, st.param_grad_norms[i]);
     result.steps = step + 1;
     result.final_loss = double(loss);
+    // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
+    // order as they come, and all of them before a checkpoint or the end of the run.
+    const bool drain = step + 1 == cfg.steps || g_stop_signal ||
+                       (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
+                       !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
+    if (tap)
+      for (const auto& r : tap->collect(drain))
+        record_shadow(trace, shadow_specs, r.metrics, r.step);
 
     if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
       // Validation always runs the reference kernels: a candidate that only corrupts its own
@@ -373,6 +392,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   }
   progress.done();
   if (profiler) print_profile(profiler->times(), result.steps - first_step);
+  if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
   trace.finish(result.status, nan_where);
   return result;

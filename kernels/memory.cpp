@@ -25,8 +25,8 @@ void host_synchronize() {}
 }  // namespace
 
 const MemoryOps& host_memory() {
-  static const MemoryOps ops{"cpu",     true,      host_allocate, host_release,
-                             host_zero, host_copy, host_copy,     host_synchronize};
+  static const MemoryOps ops{"cpu",     true,      host_allocate,    host_release,  host_zero,
+                             host_copy, host_copy, host_synchronize, host_allocate, host_release};
   return ops;
 }
 

@@ -27,6 +27,9 @@ struct MemoryOps {
   void (*upload)(void* dst, const void* host_src, size_t bytes);
   void (*download)(void* host_dst, const void* src, size_t bytes);
   void (*synchronize)();  // waits for the backend's queued work (a no-op on the host)
+  // Host memory the backend copies to and from fastest (page-locked for CUDA), for staging.
+  void* (*allocate_staging)(size_t bytes);  // throws OutOfMemory
+  void (*release_staging)(void* p);
 };
 
 // Plain host memory (malloc, memset, memcpy).

@@ -1,9 +1,13 @@
 #include "kernels/shadow.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels/common/parallel.h"
 
@@ -26,14 +30,17 @@ std::vector<To> convert(const From* p, int64_t n) {
   return out;
 }
 
-// Copies n values the run's kernels just read (host or device memory) to host doubles.
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Copies n values the run's kernels just read (host or device memory) to the host, unconverted.
 template <class T>
-std::vector<double> copy(const T* p, int64_t n) {
-  const MemoryOps& mem = *g_tap<T>->run_kernels().memory;
-  if (mem.host_accessible) return convert<double>(p, n);
-  std::vector<T> host(static_cast<size_t>(n));
-  mem.download(host.data(), p, sizeof(T) * size_t(n));
-  return convert<double>(host.data(), n);
+Staged<T> copy(const T* p, int64_t n) {
+  ShadowTap<T>& t = *g_tap<T>;
+  Staged<T> host(static_cast<size_t>(n), StagingAllocator<T>(&t.staging()));
+  t.run_kernels().memory->download(host.data(), p, sizeof(T) * size_t(n));
+  return host;
 }
 template <class T>
 std::vector<TokenId> copy_ids(const TokenId* p, int64_t n) {
@@ -43,6 +50,14 @@ std::vector<TokenId> copy_ids(const TokenId* p, int64_t n) {
 }
 
 // --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
+// Records one call: `inputs` builds the capture (the copies), timed.
+template <class T, class MakeCapture>
+void record(ShadowTap<T>& t, const char* op, MakeCapture inputs) {
+  const auto t0 = std::chrono::steady_clock::now();
+  typename ShadowTap<T>::Capture c = inputs();
+  t.store(op, std::move(c), seconds_since(t0));
+}
+
 template <class T>
 void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
                                 const T* x0, const T* w_norm, const T* rstd, const TokenId* tokens,
@@ -52,11 +67,13 @@ void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, 
                                          tokens, B, T_, C, V);
   if (!t.wants("embed_rmsnorm_backward")) return;
   const int64_t N = int64_t(B) * T_;
-  t.store("embed_rmsnorm_backward", {{copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C),
-                                      copy(w_norm, C), copy(rstd, N)},
-                                     copy_ids<T>(tokens, N),
-                                     {B, T_, C, V},
-                                     0.0});
+  record(t, "embed_rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
+    return {{copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C), copy(w_norm, C),
+             copy(rstd, N)},
+            copy_ids<T>(tokens, N),
+            {B, T_, C, V},
+            0.0};
+  });
 }
 
 template <class T>
@@ -64,7 +81,9 @@ void tap_rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int N, int C, T 
   ShadowTap<T>& t = *g_tap<T>;
   t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
   if (t.wants("rmsnorm_forward"))
-    t.store("rmsnorm_forward", {{copy(x, int64_t(N) * C), copy(w, C)}, {}, {N, C}, double(eps)});
+    record(t, "rmsnorm_forward", [&]() -> typename ShadowTap<T>::Capture {
+      return {{copy(x, int64_t(N) * C), copy(w, C)}, {}, {N, C}, double(eps)};
+    });
 }
 
 template <class T>
@@ -72,13 +91,13 @@ void tap_rmsnorm_backward(T* dresid, T* dw, const T* dy, const T* x, const T* w,
                           int N, int C) {
   ShadowTap<T>& t = *g_tap<T>;
   // Record before the call: the run's kernel adds into dresid, which is not an input here.
-  const bool want = t.wants("rmsnorm_backward");
-  if (want)
-    t.store("rmsnorm_backward",
-            {{copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)},
-             {},
-             {N, C},
-             0.0});
+  if (t.wants("rmsnorm_backward"))
+    record(t, "rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
+      return {{copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)},
+              {},
+              {N, C},
+              0.0};
+    });
   t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
 }
 
@@ -87,8 +106,9 @@ void tap_linear_forward(T* y, const T* x, const T* W, int N, int in, int out) {
   ShadowTap<T>& t = *g_tap<T>;
   t.run_kernels().linear_forward(y, x, W, N, in, out);
   if (t.wants("linear_forward"))
-    t.store("linear_forward",
-            {{copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)}, {}, {N, in, out}, 0.0});
+    record(t, "linear_forward", [&]() -> typename ShadowTap<T>::Capture {
+      return {{copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)}, {}, {N, in, out}, 0.0};
+    });
 }
 
 template <class T>
@@ -96,7 +116,9 @@ void tap_attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, i
   ShadowTap<T>& t = *g_tap<T>;
   t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
   if (t.wants("attention_forward"))
-    t.store("attention_forward", {{copy(qkv, int64_t(B) * T_ * 3 * C)}, {}, {B, T_, C, NH}, 0.0});
+    record(t, "attention_forward", [&]() -> typename ShadowTap<T>::Capture {
+      return {{copy(qkv, int64_t(B) * T_ * 3 * C)}, {}, {B, T_, C, NH}, 0.0};
+    });
 }
 
 template <class T>
@@ -105,14 +127,17 @@ void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* ta
   ShadowTap<T>& t = *g_tap<T>;
   t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
   if (t.wants("cross_entropy"))
-    t.store("cross_entropy",
-            {{copy(logits, int64_t(N) * V)}, copy_ids<T>(targets, N), {N, V}, double(dloss)});
+    record(t, "cross_entropy", [&]() -> typename ShadowTap<T>::Capture {
+      return {{copy(logits, int64_t(N) * V)}, copy_ids<T>(targets, N), {N, V}, double(dloss)};
+    });
 }
 
 // --- Replaying a capture with some kernel set, in precision U. ------------------------------
 enum class RowKey { Position, TokenId, None };
+// One output of a replay, in the precision it was computed in (widened only where compared).
+template <class U>
 struct Output {
-  std::vector<double> values;
+  Staged<U> values;
   int64_t rows, cols;
   RowKey key;
 };
@@ -121,10 +146,28 @@ struct Output {
 template <class U>
 struct ReplayMemory {
   const MemoryOps& mem;
-  Buffer<U> in(const std::vector<double>& v) const {
-    Buffer<U> b(mem, int64_t(v.size()));
-    const std::vector<U> u = convert<U>(v.data(), int64_t(v.size()));
-    b.upload(u.data(), int64_t(u.size()));
+  StagingPool* pool;
+  Staged<U> take(const Buffer<U>& b) const {
+    Staged<U> v(static_cast<size_t>(b.size()), StagingAllocator<U>(pool));
+    b.download(v.data(), b.size());
+    return v;
+  }
+  template <class Vec>
+  Buffer<U> in(const Vec& v) const {
+    using T = typename Vec::value_type;
+    const int64_t n = int64_t(v.size());
+    Buffer<U> b(mem, n);
+    if constexpr (std::is_same_v<T, U>) {
+      b.upload(v.data(), n);
+    } else if (mem.host_accessible) {  // convert straight into the buffer
+      U* out = b.data();
+      parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) out[i] = U(v[i]);
+      });
+    } else {
+      const std::vector<U> u = convert<U>(v.data(), n);
+      b.upload(u.data(), n);
+    }
     return b;
   }
   Buffer<TokenId> ids(const std::vector<TokenId>& v) const {
@@ -134,18 +177,13 @@ struct ReplayMemory {
   }
   Buffer<U> out(int64_t n) const { return Buffer<U>(mem, n); }
 };
-template <class U>
-std::vector<double> widen(const Buffer<U>& b) {
-  const std::vector<U> v = b.to_vector();
-  return convert<double>(v.data(), int64_t(v.size()));
-}
 
 template <class T, class U>
-std::vector<Output> replay(const std::string& op, const typename ShadowTap<T>::Capture& c,
-                           const KernelSet<U>& k) {
+std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>::Capture& c,
+                              const KernelSet<U>& k, StagingPool* pool) {
   const auto& in = c.inputs;
   const auto& d = c.dims;
-  const ReplayMemory<U> m{*k.memory};
+  const ReplayMemory<U> m{*k.memory, pool};
   if (op == "embed_rmsnorm_backward") {
     const int B = d[0], T_ = d[1], C = d[2], V = d[3];
     auto dwte = m.out(int64_t(V) * C), dwpe = m.out(int64_t(T_) * C), dw = m.out(C);
@@ -154,37 +192,37 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T>::C
     auto ids = m.ids(c.ids);
     k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
                              w.data(), rstd.data(), ids.data(), B, T_, C, V);
-    return {{widen(dwte), V, C, RowKey::TokenId},
-            {widen(dwpe), T_, C, RowKey::None},
-            {widen(dw), 1, C, RowKey::None}};
+    return {{m.take(dwte), V, C, RowKey::TokenId},
+            {m.take(dwpe), T_, C, RowKey::None},
+            {m.take(dw), 1, C, RowKey::None}};
   }
   if (op == "rmsnorm_forward") {
     const int N = d[0], C = d[1];
     auto x = m.in(in[0]), w = m.in(in[1]);
     auto y = m.out(int64_t(N) * C), rstd = m.out(N);
     k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
-    return {{widen(y), N, C, RowKey::Position}};
+    return {{m.take(y), N, C, RowKey::Position}};
   }
   if (op == "rmsnorm_backward") {
     const int N = d[0], C = d[1];
     auto dy = m.in(in[0]), x = m.in(in[1]), w = m.in(in[2]), rstd = m.in(in[3]);
     auto dx = m.out(int64_t(N) * C), dw = m.out(C);
     k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-    return {{widen(dx), N, C, RowKey::Position}, {widen(dw), 1, C, RowKey::None}};
+    return {{m.take(dx), N, C, RowKey::Position}, {m.take(dw), 1, C, RowKey::None}};
   }
   if (op == "linear_forward") {
     const int N = d[0], i = d[1], o = d[2];
     auto x = m.in(in[0]), W = m.in(in[1]);
     auto y = m.out(int64_t(N) * o);
     k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
-    return {{widen(y), N, o, RowKey::Position}};
+    return {{m.take(y), N, o, RowKey::Position}};
   }
   if (op == "attention_forward") {
     const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
     auto qkv = m.in(in[0]);
     auto out = m.out(int64_t(B) * T_ * C), att = m.out(int64_t(B) * NH * T_ * T_);
     k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
-    return {{widen(out), int64_t(B) * T_, C, RowKey::Position}};
+    return {{m.take(out), int64_t(B) * T_, C, RowKey::Position}};
   }
   if (op == "cross_entropy") {
     const int N = d[0], V = d[1];
@@ -193,7 +231,7 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T>::C
     auto targets = m.ids(c.ids);
     k.cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V,
                     U(c.scalar));
-    return {{widen(losses), N, 1, RowKey::Position}, {widen(dlogits), N, V, RowKey::Position}};
+    return {{m.take(losses), N, 1, RowKey::Position}, {m.take(dlogits), N, V, RowKey::Position}};
   }
   throw std::logic_error("shadow: no replay for op " + op);
 }
@@ -218,19 +256,21 @@ struct Tally {
 
 // Per-row sums in parallel (rows are independent), folded in row order: the metrics do not
 // depend on the thread count.
-void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& ref,
+template <class U>
+void tally(Tally& t, const std::vector<Output<U>>& got, const std::vector<Output<double>>& ref,
            const std::vector<int64_t>& id_count, const TokenId* batch) {
   struct RowSums {
     double diff, ref, got, dot;
   };
   for (size_t o = 0; o < got.size(); ++o) {
-    const Output &v = got[o], &r = ref[o];
+    const Output<U>& v = got[o];
+    const Output<double>& r = ref[o];
     std::vector<RowSums> rows(static_cast<size_t>(r.rows));
     parallel_chunks(r.rows, 64, [&](int64_t row0, int64_t row1) {
       for (int64_t row = row0; row < row1; ++row) {
         RowSums s{0, 0, 0, 0};
         for (int64_t c = 0; c < r.cols; ++c) {
-          const double a = v.values[row * r.cols + c], b = r.values[row * r.cols + c];
+          const double a = double(v.values[row * r.cols + c]), b = r.values[row * r.cols + c];
           s.diff += (a - b) * (a - b), s.ref += b * b, s.got += a * a, s.dot += a * b;
         }
         rows[row] = s;
@@ -264,6 +304,27 @@ int frequency_bucket(int64_t count) {
   return 6;
 }
 
+StagingPool::~StagingPool() {
+  for (const auto& [bytes, p] : free_) mem_.release_staging(p);
+}
+
+void* StagingPool::get(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = free_.find(bytes); it != free_.end()) {
+      void* p = it->second;
+      free_.erase(it);
+      return p;
+    }
+  }
+  return mem_.allocate_staging(bytes);
+}
+
+void StagingPool::put(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.emplace(bytes, p);
+}
+
 std::vector<std::string> shadowable_ops() {
   return {"embed_rmsnorm_backward", "rmsnorm_forward",   "rmsnorm_backward",
           "linear_forward",         "attention_forward", "cross_entropy"};
@@ -293,10 +354,25 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
   return specs;
 }
 
+// One submitted evaluation: the recorded inputs, the candidates' outputs (per spec, per call),
+// and the batch's token counts.
+template <class T>
+struct ShadowTap<T>::Job {
+  int64_t step;
+  std::map<std::string, std::vector<Capture>> captured;
+  std::vector<std::vector<std::vector<Output<T>>>> candidate;
+  std::vector<TokenId> batch;
+  std::vector<int64_t> id_count;
+};
+
 template <class T>
 ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
-                        const Catalogue<T>& variants)
-    : run_(run_kernels), tapped_(run_kernels), variants_(variants), specs_(specs) {
+                        const Catalogue<T>& variants, int background)
+    : run_(run_kernels),
+      tapped_(run_kernels),
+      staging_(*run_kernels.memory),
+      variants_(variants),
+      specs_(specs) {
   if (g_tap<T>) throw std::logic_error("shadow: only one tap may be active");
   g_tap<T> = this;
   for (const auto& s : specs) {
@@ -309,10 +385,18 @@ ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<Shado
     if (s.op == "attention_forward") tapped_.attention_forward = tap_attention_forward<T>;
     if (s.op == "cross_entropy") tapped_.cross_entropy = tap_cross_entropy<T>;
   }
+  if (background < 0 ? !run_.memory->host_accessible : background > 0)
+    worker_ = std::thread([this] { work(); });
 }
 
 template <class T>
 ShadowTap<T>::~ShadowTap() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();
   g_tap<T> = nullptr;
 }
 
@@ -322,30 +406,118 @@ void ShadowTap<T>::arm() {
   armed_ = true;
 }
 
-template <class T>
-std::vector<ShadowMetrics> ShadowTap<T>::evaluate(const TokenId* batch, int64_t n, int vocab) {
-  armed_ = false;
-  std::vector<int64_t> id_count(vocab, 0);
-  for (int64_t i = 0; i < n; ++i) ++id_count[batch[i]];
+namespace {
+// The fp64 reference of every recorded call and the comparison with the candidates' outputs.
+template <class T, class Job, class Spec>
+std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vector<Spec>& specs,
+                                                  StagingPool* pool) {
   const KernelSet<double> reference = cpu_catalogue<double>().select({});
   // One fp64 replay per recorded call, shared by every variant of that op.
-  std::map<std::string, std::vector<std::vector<Output>>> ref_outputs;
+  std::map<std::string, std::vector<std::vector<Output<double>>>> ref_outputs;
   std::vector<ShadowMetrics> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& calls = job.captured.at(specs[i].op);
+    auto& refs = ref_outputs[specs[i].op];
+    if (refs.empty())
+      for (const auto& call : calls)
+        refs.push_back(replay<T, double>(specs[i].op, call, reference, pool));
+    Tally t;
+    for (size_t c = 0; c < calls.size(); ++c)
+      tally(t, job.candidate[i][c], refs[c], job.id_count, job.batch.data());
+    out.push_back(t.metrics());
+  }
+  return out;
+}
+}  // namespace
+
+template <class T>
+void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t step) {
+  armed_ = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->batch.assign(batch, batch + n);
+  job->id_count.assign(size_t(vocab), 0);
+  for (int64_t i = 0; i < n; ++i) ++job->id_count[batch[i]];
   for (const auto& s : specs_) {
     const auto it = captured_.find(s.op);
     if (it == captured_.end())
       throw std::logic_error("shadow: op " + s.op + " was not called during the step");
-    auto& refs = ref_outputs[s.op];
-    if (refs.empty())
-      for (const auto& call : it->second) refs.push_back(replay<T, double>(s.op, call, reference));
     const KernelSet<T> variant = variants_.select({{s.op, s.variant}});
-    Tally t;
-    for (size_t c = 0; c < it->second.size(); ++c)
-      tally(t, replay<T, T>(s.op, it->second[c], variant), refs[c], id_count, batch);
-    out.push_back(t.metrics());
+    auto& outputs = job->candidate.emplace_back();
+    for (const auto& call : it->second)
+      outputs.push_back(replay<T, T>(s.op, call, variant, &staging_));
   }
+  job->captured = std::move(captured_);
   captured_.clear();
+  const double candidates_s = seconds_since(t0);
+  if (!worker_.joinable()) {
+    const auto t1 = std::chrono::steady_clock::now();
+    done_.push_back({step, compare_with_reference<T>(*job, specs_, &staging_)});
+    timing_.evaluations += 1;
+    timing_.candidates_s += candidates_s;
+    timing_.reference_s += seconds_since(t1);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto t1 = std::chrono::steady_clock::now();
+  changed_.wait(lock, [&] { return pending_.size() < kMaxPending || failure_; });
+  timing_.evaluations += 1;
+  timing_.candidates_s += candidates_s;
+  timing_.waited_s += seconds_since(t1);
+  pending_.push_back(std::move(job));
+  changed_.notify_all();
+}
+
+template <class T>
+void ShadowTap<T>::work() {
+  // Leave one core to the training thread, which launches the GPU's work.
+  omp_set_num_threads(std::max(1, omp_get_num_procs() - 1));
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) return;
+    const Job& job = *pending_.front();
+    lock.unlock();
+    Result r{job.step, {}};
+    std::exception_ptr failure;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      r.metrics = compare_with_reference<T>(job, specs_, &staging_);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const double seconds = seconds_since(t0);
+    lock.lock();
+    timing_.reference_s += seconds;
+    pending_.pop_front();
+    if (failure && !failure_) failure_ = failure;
+    if (!failure) done_.push_back(std::move(r));
+    changed_.notify_all();
+  }
+}
+
+template <class T>
+std::vector<typename ShadowTap<T>::Result> ShadowTap<T>::collect(bool wait) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (wait) changed_.wait(lock, [&] { return pending_.empty() || failure_; });
+  if (failure_) std::rethrow_exception(failure_);
+  std::vector<Result> out;
+  out.swap(done_);
   return out;
+}
+
+template <class T>
+typename ShadowTap<T>::Timing ShadowTap<T>::timing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timing_;
+}
+
+template <class T>
+std::vector<ShadowMetrics> ShadowTap<T>::evaluate(const TokenId* batch, int64_t n, int vocab) {
+  submit(batch, n, vocab, -1);
+  std::vector<Result> r = collect(true);
+  return r.back().metrics;
 }
 
 template class ShadowTap<float>;

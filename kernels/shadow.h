@@ -8,10 +8,18 @@
 // shadowing.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "kernels/memory.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -45,41 +53,131 @@ struct ShadowMetrics {
   std::vector<double> bucket_rel_l2;  // per frequency bucket; NaN where the bucket is empty
 };
 
+// Staging memory for the recorded inputs: the backend's fastest host memory (page-locked on
+// CUDA), kept and reused step after step. Fresh pageable vectors made recording a step's inputs
+// several times slower than the copies themselves (page faults; unpinned transfers).
+class StagingPool {
+ public:
+  explicit StagingPool(const MemoryOps& mem) : mem_(mem) {}
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  void* get(size_t bytes);
+  void put(void* p, size_t bytes);
+
+ private:
+  const MemoryOps& mem_;
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+};
+
+template <class T>
+struct StagingAllocator {
+  using value_type = T;
+  StagingPool* pool;
+  explicit StagingAllocator(StagingPool* p) : pool(p) {}
+  template <class U>
+  StagingAllocator(const StagingAllocator<U>& o) : pool(o.pool) {}
+  T* allocate(size_t n) { return static_cast<T*>(pool->get(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { pool->put(p, n * sizeof(T)); }
+  // Default-initialises: staged arrays are overwritten by a copy at once, so no zero fill.
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <class U>
+  bool operator==(const StagingAllocator<U>& o) const {
+    return pool == o.pool;
+  }
+  template <class U>
+  bool operator!=(const StagingAllocator<U>& o) const {
+    return pool != o.pool;
+  }
+};
+template <class T>
+using Staged = std::vector<T, StagingAllocator<T>>;
+
 template <class T>
 class ShadowTap {
  public:
   // The variants come from `variants` (the run's backend): on the GPU the candidates run as GPU
   // kernels on uploaded copies of the recorded inputs; the fp64 reference always runs on the CPU.
+  // `background`: compare on a worker thread (the default where the run's memory is on a device).
   ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
-            const Catalogue<T>& variants);
+            const Catalogue<T>& variants, int background = -1);
   ~ShadowTap();
   // The kernels the model should call: the run's own, with taps on the shadowed ops.
   const KernelSet<T>& kernels() const { return tapped_; }
-  // Record the calls of the shadowed ops until evaluate().
+  // Record the calls of the shadowed ops until submit().
   void arm();
-  // Evaluates every spec on what was recorded since arm(), given the batch's input tokens.
-  // Returns one result per spec (in spec order).
+  // Evaluates every spec on what was recorded since arm(), given the batch's input tokens. The
+  // candidates run here, in the caller's thread (on the GPU: on the run's stream, from the
+  // recorded inputs). The fp64 reference and the comparison run on a worker thread when the run
+  // lives on a device, so the GPU keeps training meanwhile; on the CPU, where both would compete
+  // for the same cores, they run here. At most kMaxPending evaluations wait for the worker:
+  // beyond that submit() blocks, and the wait shows up in the run's step time.
+  void submit(const TokenId* batch_tokens, int64_t n, int vocab, int64_t step);
+  struct Result {
+    int64_t step;
+    std::vector<ShadowMetrics> metrics;  // one per spec, in spec order
+  };
+  // Finished evaluations, oldest first; with wait = true every submitted one. Rethrows an
+  // exception the worker hit.
+  std::vector<Result> collect(bool wait);
+  // submit() + collect(true): the metrics of the recorded step, one per spec.
   std::vector<ShadowMetrics> evaluate(const TokenId* batch_tokens, int64_t n, int vocab);
+  static constexpr size_t kMaxPending = 2;
+  // Where shadow mode's time goes (wall seconds, summed over evaluations): recording the inputs
+  // and running the candidates in the training thread, waiting there for a free slot, and the
+  // reference + comparison (on the worker when there is one).
+  struct Timing {
+    int64_t evaluations = 0;
+    double capture_s = 0, candidates_s = 0, waited_s = 0, reference_s = 0;
+  };
+  Timing timing();
+  bool in_background() const { return worker_.joinable(); }
 
-  // One op's recorded call: its inputs converted exactly to double, its sizes and scalars.
+  // One op's recorded call: host copies of its inputs in the run's precision (exact), its token
+  // ids, sizes and scalars.
   struct Capture {
-    std::vector<std::vector<double>> inputs;
+    std::vector<Staged<T>> inputs;
     std::vector<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
     std::vector<int> dims;
     double scalar = 0;  // eps (rmsnorm_forward) or dloss (cross_entropy)
   };
   // Used by the tap functions: the run's kernels, and whether `op` should be recorded now.
   const KernelSet<T>& run_kernels() const { return run_; }
+  StagingPool& staging() { return staging_; }
   bool wants(const std::string& op) const { return armed_ && wanted_.count(op); }
-  void store(const std::string& op, Capture c) { captured_[op].push_back(std::move(c)); }
+  void store(const std::string& op, Capture c, double seconds) {
+    captured_[op].push_back(std::move(c));
+    std::lock_guard<std::mutex> lock(mutex_);
+    timing_.capture_s += seconds;
+  }
 
  private:
+  struct Job;
+  void work();  // the worker thread's loop
+
   KernelSet<T> run_, tapped_;
+  StagingPool staging_;  // before every member that holds captures: destroyed after them
   const Catalogue<T>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;
   std::map<std::string, std::vector<Capture>> captured_;
   bool armed_ = false;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::unique_ptr<Job>> pending_;  // submitted, not yet finished (front: running)
+  std::vector<Result> done_;
+  std::exception_ptr failure_;
+  bool stopping_ = false;
+  Timing timing_;       // capture_s is added by the taps, the rest under mutex_
+  std::thread worker_;  // only when the run's memory is not host-accessible
 };
 
 }  // namespace divlab

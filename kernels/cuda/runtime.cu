@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
@@ -84,25 +85,48 @@ void check_fits(size_t bytes, const std::string& what) {
 }
 
 namespace {
+// Buffers are stream-ordered allocations on the default stream, where all our work runs: unlike
+// cudaFree, cudaFreeAsync does not synchronise the device, so short-lived buffers (shadow
+// replays, checks) do not drain the GPU's queue. The pool keeps freed memory for reuse; when an
+// allocation fails it is trimmed and the allocation retried once before we call it out of memory.
+cudaMemPool_t memory_pool() {
+  static cudaMemPool_t pool = [] {
+    int device = 0;
+    DIVLAB_CUDA_CHECK(cudaGetDevice(&device));
+    cudaMemPool_t p = nullptr;
+    DIVLAB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device));
+    uint64_t keep = UINT64_MAX;
+    DIVLAB_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep));
+    return p;
+  }();
+  return pool;
+}
+
 void* device_allocate(size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
+  const cudaMemPool_t pool = memory_pool();
+  cudaError_t e = cudaMallocAsync(&p, bytes, 0);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    DIVLAB_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    e = cudaMallocAsync(&p, bytes, 0);
+  }
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
     char buf[160];
-    std::snprintf(buf, sizeof buf,
-                  "out of device memory: cudaMalloc of %.3f GiB failed (%.2f of %.2f GiB free)",
-                  double(bytes) / (1 << 30), double(free_bytes) / (1 << 30),
-                  double(total) / (1 << 30));
+    std::snprintf(
+        buf, sizeof buf, "out of device memory: allocating %.3f GiB failed (%.2f of %.2f GiB free)",
+        double(bytes) / (1 << 30), double(free_bytes) / (1 << 30), double(total) / (1 << 30));
     throw OutOfMemory(buf);
   }
   DIVLAB_CUDA_CHECK(e);
   return p;
 }
 void device_release(void* p) {
-  cudaFree(p);  // never throws: called from destructors
+  cudaFreeAsync(p, 0);  // never throws: called from destructors
 }
 void device_zero(void* p, size_t bytes) {
   DIVLAB_CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -112,6 +136,19 @@ void device_upload(void* dst, const void* src, size_t bytes) {
 }
 void device_download(void* dst, const void* src, size_t bytes) {
   DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void* pinned_allocate(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    throw OutOfMemory("out of page-locked host memory: allocating " + std::to_string(bytes) +
+                      " bytes failed");
+  }
+  return p;
+}
+void pinned_release(void* p) {
+  cudaFreeHost(p);  // never throws: called from destructors
 }
 
 void device_synchronize() {
@@ -129,8 +166,9 @@ std::vector<ScratchRegion>& regions() {
 }  // namespace
 
 const MemoryOps& device_memory() {
-  static const MemoryOps ops{"cuda",      false,         device_allocate, device_release,
-                             device_zero, device_upload, device_download, device_synchronize};
+  static const MemoryOps ops{"cuda",          false,         device_allocate, device_release,
+                             device_zero,     device_upload, device_download, device_synchronize,
+                             pinned_allocate, pinned_release};
   return ops;
 }
 
