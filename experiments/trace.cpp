@@ -242,8 +242,18 @@ void TraceWriter::flush() {
   last_flush_ = std::chrono::steady_clock::now();
 }
 
+void TraceWriter::commit_series(const std::string& series) {
+  commit_series_ = series;
+}
+
 void TraceWriter::flush_series() {
-  for (auto& [name, s] : impl_->series) {
+  std::vector<std::pair<const std::string, Impl::Series>*> order;
+  for (auto& entry : impl_->series)
+    if (entry.first != commit_series_) order.push_back(&entry);
+  if (auto it = impl_->series.find(commit_series_); it != impl_->series.end())
+    order.push_back(&*it);
+  for (auto* entry : order) {
+    auto& s = entry->second;
     const hsize_t n = s.kind == Kind::Int64 ? s.i.size() : s.f.size();
     if (n == 0) continue;
     const hsize_t total = s.written + n;

@@ -38,6 +38,9 @@ class TraceWriter {
   void status_attr(const std::string& status);
   enum class Kind { Float64, Int64 };
   void series(const std::string& path, Kind kind);  // extendible 1-D, chunked along steps
+  // Makes `series` the one every flush writes last. A writer killed during a flush then leaves
+  // it no longer than any other series: readers count complete entries by its length.
+  void commit_series(const std::string& series);
   void array(const std::string& path, Kind kind, int64_t size);  // fixed-size 1-D, zeros
   void bytes(const std::string& path, const std::string& data);  // opaque blob (uint8[])
   // Starts SWMR writing; no objects can be created after this.
@@ -65,6 +68,7 @@ class TraceWriter {
   std::unique_ptr<Impl> impl_;
   std::string path_;
   bool write_failed_ = false;
+  std::string commit_series_;
   int64_t reserved_ = 0;  // bytes allocated on disk for the file (posix_fallocate)
   // Makes sure the disk holds room for `bytes` more than HDF5's current end of file, plus
   // headroom, before anything is written: a full disk then stops the run between two consistent

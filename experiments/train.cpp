@@ -119,6 +119,8 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
     w.series(s, K::Float64);
   for (const char* s : {"/metrics/step", "/metrics/tokens", "/metrics/max_row_contributions"})
     w.series(s, K::Int64);
+  // Readers (resume, analyze, tests) count a trace's complete steps by /metrics/step.
+  w.commit_series("/metrics/step");
   for (const auto& p : layout) w.series("/metrics/grad_norm_by_param/" + p.name, K::Float64);
   if (cfg.eval_every > 0) {
     w.series("/eval/step", K::Int64);

@@ -207,9 +207,13 @@ class CrashSafety(unittest.TestCase):
             p.wait()
         with h5py.File(path, "r", swmr=True) as f:
             self.assertEqual(f.attrs["status"], "running")  # never marked completed
-            n = f["metrics/loss"].shape[0]
-            self.assertGreaterEqual(n, seen)
+            # A kill may land inside a flush: /metrics/step is written last, so it counts the
+            # steps every series holds.
+            n = f["metrics/step"].shape[0]
+            self.assertGreaterEqual(n, seen - 5)  # at most one flush (5 steps) behind the loss
             np.testing.assert_array_equal(f["metrics/step"][:n], np.arange(n))
+            for name in ("loss", "grad_norm", "lr", "tokens", "wall_s"):
+                self.assertGreaterEqual(f["metrics/" + name].shape[0], n, name)
             self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:n])))
 
 
