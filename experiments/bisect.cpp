@@ -1,9 +1,12 @@
 #include "experiments/bisect.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -61,6 +64,7 @@ class Bisector {
     for (const auto& kv : cfg.kernels) {
       const std::string &op = kv.first, &variant = kv.second;
       if (variant == "reference") continue;
+      swapped_.push_back(op + "=" + variant);
       cat.for_each_op([&](const auto& ops, auto) {
         if (ops.op != op) return;
         for (const auto& e : ops.entries)
@@ -75,33 +79,15 @@ class Bisector {
   BisectDecision test(const Subset& s) {
     const std::string key = join(s, "+");
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    run_baseline();
     const std::string dir = opt_.out + "/d" + std::to_string(cache_.size());
-    // Arms on one axis: the value sets the first op's kernel, the rest come as overrides.
-    auto arm = [&](const Subset& kernels) {
-      std::string v = "reference";
-      std::string rest;
-      for (const auto& k : kernels) {
-        const auto eq = k.find('=');
-        if (k.substr(0, eq) == axis_op(s))
-          v = k.substr(eq + 1);
-        else
-          rest += " kernels." + k;
-      }
-      return "\"" + v + rest + "\"";
-    };
-    std::string arms = arm({}) + ", " + arm(s);
-    for (const auto& c : controls_) arms += ", " + arm({c});
-    std::string seeds;
-    for (int i = 0; i < opt_.seeds; ++i) seeds += (i ? ", " : "") + std::to_string(i);
-    {
-      std::ofstream g(dir + ".grid.toml");
-      g << "config = \"base.toml\"\n\n[axes.kernels]\n"
-        << axis_op(s) << " = [" << arms << "]\n\n[axes.train]\nseed = [" << seeds << "]\n";
+    run_grid(dir, axis_op(s), {s});
+    // The reference and control runs are the same for every decision: run once, linked in.
+    for (const auto& name : baseline_cells_) {
+      const std::string link = dir + "/cells/base-" + name;
+      if (symlink(("../../baseline/cells/" + name).c_str(), link.c_str()) != 0 && errno != EEXIST)
+        throw InputError("bisect: cannot create '" + link + "': " + std::strerror(errno));
     }
-    SweepOptions sw;
-    sw.grid = dir + ".grid.toml", sw.out = dir, sw.jobs = opt_.jobs, sw.verbose = false;
-    const SweepSummary sum = run_sweep(sw);
-    runs_ += sum.completed + sum.nan + sum.failed;
     AnalyzeOptions an;
     an.dir = dir, an.plots = false, an.verbose = false;
     BisectDecision d;
@@ -123,9 +109,54 @@ class Bisector {
  private:
   static std::string axis_op(const Subset& s) { return s.front().substr(0, s.front().find('=')); }
 
+  // The noise floor every decision is judged against: the reference and the benign controls of
+  // the swapped ops, over the seeds, run once into OUT/baseline.
+  void run_baseline() {
+    if (!baseline_cells_.empty()) return;
+    std::vector<Subset> arms = {{}};
+    for (const auto& c : controls_) arms.push_back({c});
+    const std::string dir = opt_.out + "/baseline";
+    run_grid(dir, axis_op(swapped_), arms);
+    for (size_t i = 0; i < arms.size() * size_t(opt_.seeds); ++i) {
+      const std::string path = cell_trace_path(dir, i);
+      baseline_cells_.push_back(path.substr(path.rfind('/') + 1));
+    }
+  }
+
+  // One grid: `arms` (kernel sets) x the seeds, the first op of `axis` on the grid's axis and
+  // the rest as overrides.
+  void run_grid(const std::string& dir, const std::string& axis, const std::vector<Subset>& arms) {
+    auto arm = [&](const Subset& kernels) {
+      std::string v = "reference";
+      std::string rest;
+      for (const auto& k : kernels) {
+        const auto eq = k.find('=');
+        if (k.substr(0, eq) == axis)
+          v = k.substr(eq + 1);
+        else
+          rest += " kernels." + k;
+      }
+      return "\"" + v + rest + "\"";
+    };
+    std::string values, seeds;
+    for (const auto& a : arms) values += (values.empty() ? "" : ", ") + arm(a);
+    for (int i = 0; i < opt_.seeds; ++i) seeds += (i ? ", " : "") + std::to_string(i);
+    {
+      std::ofstream g(dir + ".grid.toml");
+      g << "config = \"base.toml\"\n\n[axes.kernels]\n"
+        << axis << " = [" << values << "]\n\n[axes.train]\nseed = [" << seeds << "]\n";
+    }
+    SweepOptions sw;
+    sw.grid = dir + ".grid.toml", sw.out = dir, sw.jobs = opt_.jobs, sw.verbose = false;
+    const SweepSummary sum = run_sweep(sw);
+    runs_ += sum.completed + sum.nan + sum.failed;
+  }
+
   const BisectOptions& opt_;
   const RunConfig& cfg_;
+  Subset swapped_;
   Subset controls_;
+  std::vector<std::string> baseline_cells_;  // file names under OUT/baseline/cells
   std::map<std::string, BisectDecision> cache_;
   std::vector<BisectDecision> decisions_;
   int runs_ = 0;

@@ -1,10 +1,11 @@
 // `divlab bisect RUN_OR_CONFIG`: which of a diverging run's swapped kernels are responsible?
 //
-// Delta debugging (Zeller's ddmin) over the set of non-reference kernels: each decision runs a
-// small grid (the reference, the subset under test, and the benign controls of the ops involved,
-// over a few seeds, with short runs) and asks `divlab analyze` whether the subset's gap leaves the
-// control band: the same decision the analysis makes for any grid. Reports the minimal subset
-// that still diverges, its onset step, and how many runs it took.
+// Delta debugging (Zeller's ddmin) over the set of non-reference kernels: each decision runs the
+// subset under test over a few seeds with short runs, beside the reference and the benign
+// controls of the swapped ops (run once, into OUT/baseline, and shared by every decision), and
+// asks `divlab analyze` whether the subset's gap leaves the control band: the same decision the
+// analysis makes for any grid. Reports the minimal subset that still diverges, its onset step,
+// and how many runs it took.
 #pragma once
 
 #include <string>
