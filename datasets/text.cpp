@@ -10,12 +10,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
-#include <cstring>
 #include <sstream>
 
 #include "experiments/config.h"
+#include "experiments/files.h"
 #include "model/rng.h"
 
 namespace divlab {
@@ -63,12 +64,10 @@ size_t first_invalid_utf8(const std::string& s) {
   return std::string::npos;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("corpus file '" + path + "': cannot be read");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+std::string read_corpus_file(const std::string& path) {
+  std::string text;
+  if (!read_file(path, text)) throw InputError("corpus file '" + path + "': cannot be read");
+  return text;
 }
 
 void list_files(const std::string& dir, std::vector<std::string>& out) {
@@ -142,7 +141,8 @@ std::string with_stderr_captured(F&& f) {
     throw;
   }
   std::fflush(stderr), dup2(saved, 2), close(saved), close(fd);
-  std::string log = read_file(path);
+  std::string log;
+  read_file(path, log);
   unlink(path);
   return log;
 }
@@ -160,18 +160,10 @@ class LineIterator : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
+// Sweep cells may train the same tokenizer at once: each writes its own file, then renames. An
+// unwritable cache only costs time later.
 void write_atomically(const std::string& path, const std::string& bytes) {
-  // Sweep cells may train the same tokenizer at once: each writes its own file, then renames.
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    if (!out) {
-      unlink(tmp.c_str());
-      return;  // an unwritable cache only costs time later
-    }
-  }
-  std::rename(tmp.c_str(), path.c_str());
+  write_file_atomically(path, bytes);
 }
 
 void make_dirs(const std::string& path) {
@@ -192,7 +184,7 @@ Corpus read_text_corpus(const std::string& path) {
     list_files(path, files);
   else
     files.push_back(path);
-  for (const auto& f : files) add_lines(c, read_file(f), f);
+  for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
   finish(c, "data = 'text:" + path + "'");
   return c;
 }
@@ -214,7 +206,7 @@ Corpus read_brown_corpus(const std::string& dir) {
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     Corpus raw;
-    add_lines(raw, read_file(f), f);
+    add_lines(raw, read_corpus_file(f), f);
     for (const auto& l : raw.lines) c.lines.push_back(strip_brown_tags(l));
     c.bytes += raw.bytes;
   }
@@ -229,7 +221,8 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   const std::string stem = cache + "/bpe-" + key.substr(0, 24);
   TokenizedCorpus out;
   {
-    std::ifstream model(stem + ".model", std::ios::binary), toks(stem + ".tokens", std::ios::binary);
+    std::ifstream model(stem + ".model", std::ios::binary),
+        toks(stem + ".tokens", std::ios::binary);
     if (model && toks) {
       std::ostringstream m, t;
       m << model.rdbuf(), t << toks.rdbuf();
@@ -251,23 +244,22 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   LineIterator it(corpus.lines);
   sentencepiece::util::Status status;
   const std::string log = with_stderr_captured([&] {
-    status = sentencepiece::SentencePieceTrainer::Train(
-        {{"model_type", "bpe"},
-         {"vocab_size", std::to_string(vocab)},
-         {"character_coverage", "1.0"},
-         {"normalization_rule_name", "identity"},
-         {"remove_extra_whitespaces", "false"},
-         {"split_digits", "false"},
-         {"max_sentence_length", "1000000"},
-         {"input_sentence_size", "0"},
-         {"shuffle_input_sentence", "false"},
-         {"unk_id", "0"},
-         {"eos_id", std::to_string(kEndOfLine)},
-         {"bos_id", "-1"},
-         {"pad_id", "-1"},
-         {"num_threads", "2"},
-         {"minloglevel", "2"}},
-        &it, &out.model);
+    status = sentencepiece::SentencePieceTrainer::Train({{"model_type", "bpe"},
+                                                         {"vocab_size", std::to_string(vocab)},
+                                                         {"character_coverage", "1.0"},
+                                                         {"normalization_rule_name", "identity"},
+                                                         {"remove_extra_whitespaces", "false"},
+                                                         {"split_digits", "false"},
+                                                         {"max_sentence_length", "1000000"},
+                                                         {"input_sentence_size", "0"},
+                                                         {"shuffle_input_sentence", "false"},
+                                                         {"unk_id", "0"},
+                                                         {"eos_id", std::to_string(kEndOfLine)},
+                                                         {"bos_id", "-1"},
+                                                         {"pad_id", "-1"},
+                                                         {"num_threads", "2"},
+                                                         {"minloglevel", "2"}},
+                                                        &it, &out.model);
   });
   if (!status.ok()) {
     std::string msg = status.ToString();
@@ -293,9 +285,8 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   if (accept) accept(int64_t(out.tokens.size()));
   make_dirs(cache);
   write_atomically(stem + ".model", out.model);
-  write_atomically(stem + ".tokens",
-                   std::string(reinterpret_cast<const char*>(out.tokens.data()),
-                               out.tokens.size() * sizeof(TokenId)));
+  write_atomically(stem + ".tokens", std::string(reinterpret_cast<const char*>(out.tokens.data()),
+                                                 out.tokens.size() * sizeof(TokenId)));
   if (verbose)
     std::cerr << "tokenizer: trained BPE model (vocab " << vocab << ") on " << corpus.lines.size()
               << " lines in " << train_s << " s; " << out.tokens.size() << " tokens; cached as "
@@ -339,8 +330,8 @@ TextDataset::TextDataset(const std::string& spec, const Corpus& corpus, const Da
   info_.zipf_exponent = fit_zipf_exponent(unigram());
 }
 
-void TextDataset::windows(uint64_t stream, int64_t index, int64_t begin, int64_t end, int B,
-                          int T, TokenId* in, TokenId* tgt) const {
+void TextDataset::windows(uint64_t stream, int64_t index, int64_t begin, int64_t end, int B, int T,
+                          TokenId* in, TokenId* tgt) const {
   Rng rng(seed_, stream, uint64_t(index));
   const uint64_t starts = uint64_t(end - begin - T);  // windows of T + 1 tokens inside the split
   for (int b = 0; b < B; ++b) {

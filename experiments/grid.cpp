@@ -7,6 +7,7 @@
 
 #include "datasets/text.h"
 #include "experiments/config.h"
+#include "experiments/files.h"
 
 namespace divlab {
 
@@ -19,10 +20,9 @@ std::string value_text(const std::vector<std::string>& inputs) {
 }
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string text;
+  read_file(path, text);
+  return text;
 }
 
 void set_or_replace(std::vector<std::string>& overrides, const std::string& key,

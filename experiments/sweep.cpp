@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "experiments/config.h"
+#include "experiments/files.h"
 #include "experiments/grid.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
@@ -41,16 +42,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string text;
+  read_file(path, text);
+  return text;
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << text;
-  std::rename(tmp.c_str(), path.c_str());
+  if (!write_file_atomically(path, text))
+    throw InputError("sweep: cannot write '" + path + "' (disk full, or the folder unwritable)");
 }
 
 // A trace that finished (completed, or stopped on NaN: a finding, not a failure).

@@ -171,23 +171,21 @@ void TraceWriter::append(const std::string& name, int64_t value) {
     s.f.push_back(double(value));
 }
 
-void TraceWriter::write_array(const std::string& path, const std::vector<double>& values) {
+void TraceWriter::write_array(const std::string& path, const void* values, int64_t count,
+                              const H5::PredType& type) {
   if (write_failed_) return;
-  reserve(int64_t(values.size()) * 8);
+  reserve(count * 8);
   try {
-    impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_DOUBLE);
+    impl_->file.openDataSet(path).write(values, type);
   } catch (const H5::Exception&) {
     write_failed("writing");
   }
 }
+void TraceWriter::write_array(const std::string& path, const std::vector<double>& values) {
+  write_array(path, values.data(), int64_t(values.size()), H5::PredType::NATIVE_DOUBLE);
+}
 void TraceWriter::write_array(const std::string& path, const std::vector<int64_t>& values) {
-  if (write_failed_) return;
-  reserve(int64_t(values.size()) * 8);
-  try {
-    impl_->file.openDataSet(path).write(values.data(), H5::PredType::NATIVE_INT64);
-  } catch (const H5::Exception&) {
-    write_failed("writing");
-  }
+  write_array(path, values.data(), int64_t(values.size()), H5::PredType::NATIVE_INT64);
 }
 
 void TraceWriter::maybe_flush(int64_t flush_steps, double flush_seconds) {

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace H5 {
+class PredType;
+}
+
 namespace divlab {
 
 // Writing the trace failed mid-run (disk full, the file or its folder no longer writable). What
@@ -77,6 +81,8 @@ class TraceWriter {
   std::chrono::steady_clock::time_point last_flush_;
   [[noreturn]] void write_failed(const char* what);
   void flush_series();
+  void write_array(const std::string& path, const void* values, int64_t count,
+                   const H5::PredType& type);
 };
 
 // Read access (SWMR read, so a trace still being written, or left by a killed run, opens too).

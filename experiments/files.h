@@ -1,0 +1,17 @@
+// Whole-file reads and atomic whole-file writes, for the small text files the tool keeps beside
+// its traces (grids, manifests, tokenizer caches).
+#pragma once
+
+#include <string>
+
+namespace divlab {
+
+// The file's bytes; false (and `out` empty) if it cannot be read.
+bool read_file(const std::string& path, std::string& out);
+
+// Writes `bytes` to a temporary file beside `path` (named by the process id, so concurrent
+// writers never share one) and renames it over `path`: readers see the old file or the new one,
+// never a part. False, with nothing left behind, if the write fails.
+bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+}  // namespace divlab
