@@ -46,7 +46,9 @@ RunConfig load_source(const BisectOptions& opt) {
 class Bisector {
  public:
   Bisector(const BisectOptions& opt, const RunConfig& cfg) : opt_(opt), cfg_(cfg) {
-    mkdir(opt.out.c_str(), 0755);
+    if (mkdir(opt.out.c_str(), 0755) != 0 && errno != EEXIST)
+      throw InputError("bisect --out '" + opt.out + "': cannot create it (" + std::strerror(errno) +
+                       ")");
     // The base config: everything but the kernels; short runs, no checkpoints.
     RunConfig base = cfg;
     base.resolved.erase(
@@ -196,6 +198,8 @@ Subset ddmin(Subset c, Bisector& b) {
 BisectResult run_bisect(const BisectOptions& opt) {
   if (opt.seeds < 2)
     throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
+  if (opt.jobs < 0)
+    throw InputError("bisect --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   if (opt.steps < 0)
     throw InputError("bisect --steps " + std::to_string(opt.steps) +
                      ": need >= 1 (0: the config's)");

@@ -12,6 +12,7 @@
 
 #include "datasets/dataset.h"
 #include "experiments/config.h"
+#include "experiments/files.h"
 #include "experiments/reproduce.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
@@ -416,7 +417,34 @@ std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
 }
 }  // namespace
 
+namespace {
+// --train's settings, checked before anything runs: a bad one must not cost the user the whole
+// stress table first, nor leave a grid file behind.
+std::string train_output(const CheckOptions& opt, const std::string& op,
+                         const std::string& variant) {
+  if (!opt.train) {
+    if (!opt.out.empty()) throw InputError("check --out '" + opt.out + "': only used with --train");
+    if (opt.jobs != 0)
+      throw InputError("check --jobs " + std::to_string(opt.jobs) + ": only used with --train");
+    return "";
+  }
+  if (opt.jobs < 0) throw InputError("check --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
+  const std::string out = opt.out.empty() ? "runs/check-" + op + "-" + variant : opt.out;
+  const auto slash = out.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : out.substr(0, slash + 1);
+  if (access(parent.c_str(), W_OK) != 0)
+    throw InputError("check --out '" + out + "': folder '" + parent +
+                     "' does not exist or is not writable");
+  return out;
+}
+}  // namespace
+
 int cmd_check(const CheckOptions& opt) {
+  {
+    const auto eq = opt.target.find('=');
+    if (eq != std::string::npos)
+      train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
+  }
   CheckReport r = run_check(opt);
   if (opt.backend == "cuda" && opt.sanitizer) {
     r.sanitizer = sanitizer_pass(opt, r.seed);
@@ -449,10 +477,11 @@ int cmd_check(const CheckOptions& opt) {
     });
     text += "\n[axes.kernels]\n" + r.op + " = [" + arms + "]\n";
     ReproduceOptions rp;
-    rp.out = opt.out.empty() ? "runs/check-" + r.op + "-" + r.variant : opt.out;
+    rp.out = train_output(opt, r.op, r.variant);
     rp.quick = true, rp.jobs = opt.jobs, rp.plots = opt.plots;
     rp.grid = rp.out + ".grid.toml";
-    std::ofstream(rp.grid) << text;
+    if (!write_file_atomically(rp.grid, text))
+      throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
     std::printf("\n--train: the short reproduce grid with %s=%s (%s)\n", r.op.c_str(),
                 r.variant.c_str(), rp.grid.c_str());
     run_reproduce(rp);
