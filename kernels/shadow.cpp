@@ -142,40 +142,72 @@ struct Output {
   RowKey key;
 };
 
-// Inputs and outputs of one replay, in the memory of the kernels that run it.
+// One input or output array of a replay, in the memory of the kernels that run it: a device
+// buffer, or (for host kernels, e.g. the fp64 reference) a block from the staging pool, which
+// is reused from step to step instead of being allocated, zeroed and faulted in each time.
+template <class U>
+struct ReplayArray {
+  Buffer<U> device;
+  Staged<U> host;
+  bool on_host;
+  U* data() { return on_host ? host.data() : device.data(); }
+};
+
 template <class U>
 struct ReplayMemory {
   const MemoryOps& mem;
   StagingPool* pool;
-  Staged<U> take(const Buffer<U>& b) const {
-    Staged<U> v(static_cast<size_t>(b.size()), StagingAllocator<U>(pool));
-    b.download(v.data(), b.size());
-    return v;
+  Staged<U> staged(int64_t n) const {
+    return Staged<U>(static_cast<size_t>(n), StagingAllocator<U>(pool));
   }
+  // A zeroed output.
+  ReplayArray<U> out(int64_t n) const {
+    if (!mem.host_accessible)
+      return {Buffer<U>(mem, n), Staged<U>(StagingAllocator<U>(pool)), false};
+    Staged<U> h = staged(n);
+    U* p = h.data();
+    parallel_chunks(n, kConvertChunk,
+                    [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, U(0)); });
+    return {Buffer<U>(), std::move(h), true};
+  }
+  // An input: the recorded values, converted to U.
   template <class Vec>
-  Buffer<U> in(const Vec& v) const {
+  ReplayArray<U> in(const Vec& v) const {
     using T = typename Vec::value_type;
     const int64_t n = int64_t(v.size());
+    if (mem.host_accessible) {
+      Staged<U> h = staged(n);
+      U* p = h.data();
+      parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) p[i] = U(v[i]);
+      });
+      return {Buffer<U>(), std::move(h), true};
+    }
     Buffer<U> b(mem, n);
     if constexpr (std::is_same_v<T, U>) {
-      b.upload(v.data(), n);
-    } else if (mem.host_accessible) {  // convert straight into the buffer
-      U* out = b.data();
-      parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) out[i] = U(v[i]);
-      });
+      b.upload(v.data(), n);  // from page-locked staging memory: a direct transfer
     } else {
       const std::vector<U> u = convert<U>(v.data(), n);
       b.upload(u.data(), n);
     }
-    return b;
+    return {std::move(b), Staged<U>(StagingAllocator<U>(pool)), false};
   }
   Buffer<TokenId> ids(const std::vector<TokenId>& v) const {
+    if (mem.host_accessible) return Buffer<TokenId>();  // host kernels read the capture itself
     Buffer<TokenId> b(mem, int64_t(v.size()));
     b.upload(v.data(), int64_t(v.size()));
     return b;
   }
-  Buffer<U> out(int64_t n) const { return Buffer<U>(mem, n); }
+  static const TokenId* ids_ptr(const Buffer<TokenId>& b, const std::vector<TokenId>& v) {
+    return b.empty() ? v.data() : b.data();
+  }
+  // The output's values on the host (moved, when they are there already).
+  Staged<U> take(ReplayArray<U>& a) const {
+    if (a.on_host) return std::move(a.host);
+    Staged<U> v = staged(a.device.size());
+    a.device.download(v.data(), a.device.size());
+    return v;
+  }
 };
 
 template <class T, class U>
@@ -191,7 +223,8 @@ std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>
          rstd = m.in(in[4]);
     auto ids = m.ids(c.ids);
     k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
-                             w.data(), rstd.data(), ids.data(), B, T_, C, V);
+                             w.data(), rstd.data(), ReplayMemory<U>::ids_ptr(ids, c.ids), B, T_, C,
+                             V);
     return {{m.take(dwte), V, C, RowKey::TokenId},
             {m.take(dwpe), T_, C, RowKey::None},
             {m.take(dw), 1, C, RowKey::None}};
@@ -229,8 +262,8 @@ std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>
     auto logits = m.in(in[0]);
     auto losses = m.out(N), dlogits = m.out(int64_t(N) * V);
     auto targets = m.ids(c.ids);
-    k.cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V,
-                    U(c.scalar));
+    k.cross_entropy(losses.data(), dlogits.data(), logits.data(),
+                    ReplayMemory<U>::ids_ptr(targets, c.ids), N, V, U(c.scalar));
     return {{m.take(losses), N, 1, RowKey::Position}, {m.take(dlogits), N, V, RowKey::Position}};
   }
   throw std::logic_error("shadow: no replay for op " + op);
