@@ -404,6 +404,7 @@ ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<Shado
     : run_(run_kernels),
       tapped_(run_kernels),
       staging_(*run_kernels.memory),
+      host_arrays_(host_memory()),
       variants_(variants),
       specs_(specs) {
   if (g_tap<T>) throw std::logic_error("shadow: only one tap may be active");
@@ -486,7 +487,7 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
   const double candidates_s = seconds_since(t0);
   if (!worker_.joinable()) {
     const auto t1 = std::chrono::steady_clock::now();
-    done_.push_back({step, compare_with_reference<T>(*job, specs_, &staging_)});
+    done_.push_back({step, compare_with_reference<T>(*job, specs_, &host_arrays_)});
     timing_.evaluations += 1;
     timing_.candidates_s += candidates_s;
     timing_.reference_s += seconds_since(t1);
@@ -504,8 +505,9 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
 
 template <class T>
 void ShadowTap<T>::work() {
-  // Leave one core to the training thread, which launches the GPU's work.
-  omp_set_num_threads(std::max(1, omp_get_num_procs() - 1));
+  // Half the cores: the training thread, which launches the GPU's work, must never wait for
+  // one, and idle OpenMP threads spin for a while after each parallel region.
+  omp_set_num_threads(std::max(1, omp_get_num_procs() / 2));
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
@@ -516,7 +518,7 @@ void ShadowTap<T>::work() {
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      r.metrics = compare_with_reference<T>(job, specs_, &staging_);
+      r.metrics = compare_with_reference<T>(job, specs_, &host_arrays_);
     } catch (...) {
       failure = std::current_exception();
     }

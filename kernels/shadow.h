@@ -163,7 +163,11 @@ class ShadowTap {
   void work();  // the worker thread's loop
 
   KernelSet<T> run_, tapped_;
-  StagingPool staging_;  // before every member that holds captures: destroyed after them
+  // Before every member that holds captures: destroyed after them. `staging_` is the run's
+  // fastest host memory (page-locked on CUDA: captures, candidate outputs); `host_arrays_` plain
+  // host memory for the fp64 reference's arrays, which never cross to a device.
+  StagingPool staging_;
+  StagingPool host_arrays_;
   const Catalogue<T>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;
