@@ -20,6 +20,11 @@
 
 namespace divlab {
 
+// The onset band: how many standard errors of a seed-mean gap (control spread / sqrt(seeds))
+// the variant's mean gap must stay beyond. On the scale of the compared curve, so more seeds
+// sharpen the onset instead of widening the band.
+constexpr double kBandStandardErrors = 3.0;
+
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -211,7 +216,8 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
         "against the benign controls' gaps with a one-sided Welch t-test (alpha = "
      << opt.alpha
      << "; a permutation test is reported beside it), and the onset is the first step after "
-        "which the smoothed mean gap stays outside the control band (the widest control gap) for "
+        "which the smoothed mean gap stays outside the control band (3 standard errors of a "
+        "seed-mean control gap) for "
         "good. A verdict of `diverged` needs both. Method: docs/analysis.md.\n\n"
      << "| group | variant | verdict | seeds | gap | gap / loss | p (Welch) | p (perm.) | "
         "Hedges g | onset | val gap | max row contributions |\n"
@@ -360,14 +366,17 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         const int sign = v.gap >= 0 ? 1 : -1;
         v.p_welch = sign > 0 ? welch.p_greater : welch.p_less;
         v.p_permutation = sign > 0 ? perm.p_greater : perm.p_less;
-        // Onset: the mean gap curve against the control band (widest control gap per step).
+        // Onset: the mean gap curve against the control band (3 standard errors of a mean gap).
         size_t n = SIZE_MAX;
         for (const auto& g : s.smooth_gap) n = std::min(n, g.size());
         for (const auto* g : control_curves) n = std::min(n, g->size());
         std::vector<double> gap(n, 0.0), band(n, 0.0);
         for (size_t t = 0; t < n; ++t) {
           for (const auto& g : s.smooth_gap) gap[t] += g[t] / double(s.smooth_gap.size());
-          for (const auto* g : control_curves) band[t] = std::max(band[t], std::abs((*g)[t]));
+          double ms = 0;  // mean square of the control gaps: their spread around zero
+          for (const auto* g : control_curves) ms += (*g)[t] * (*g)[t];
+          if (!control_curves.empty()) ms /= double(control_curves.size());
+          band[t] = kBandStandardErrors * std::sqrt(ms / double(s.smooth_gap.size()));
         }
         v.onset = control_curves.empty() ? -1 : stats::onset(gap, band, sign, int64_t(window));
         v.gap_curve = gap, v.band_curve = band;

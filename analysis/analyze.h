@@ -34,7 +34,7 @@ struct Verdict {
   double max_row_contributions = 0;  // mean over the group's steps: the dose
   std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
-  // band (widest |control - reference| smoothed gap); what the plots draw.
+  // band (3 standard errors of a seed-mean control gap); what the plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve;
 };
 
