@@ -79,8 +79,8 @@ class AnalysisSelfTest(unittest.TestCase):
             self.assertLess(abs(float(rows[f"embed_rmsnorm_backward={c}"]["gap"])), 0.025)
 
     def test_controls_against_reference_say_no_divergence(self):
-        # 240 control cells: the measured false-positive rate is ~1.6 % (alpha = 0.05 plus the
-        # onset rule), so failing the 95 % bar would take 13 or more, about 1e-4 per run.
+        # 240 control cells: the measured false-positive rate is ~1 % (alpha = 0.05 plus the
+        # onset rule; docs/analysis.md), so failing the 95 % bar would take 13 or more: below 1e-4.
         rng = np.random.default_rng()
         d = tmpdir()
         groups = [f"zipf:1.{i:03d}" for i in range(120)]
