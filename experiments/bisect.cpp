@@ -45,7 +45,7 @@ RunConfig load_source(const BisectOptions& opt) {
 
 class Bisector {
  public:
-  Bisector(const BisectOptions& opt, const RunConfig& cfg) : opt_(opt), cfg_(cfg) {
+  Bisector(const BisectOptions& opt, const RunConfig& cfg) : opt_(opt) {
     if (mkdir(opt.out.c_str(), 0755) != 0 && errno != EEXIST)
       throw InputError("bisect --out '" + opt.out + "': cannot create it (" + std::strerror(errno) +
                        ")");
@@ -155,7 +155,6 @@ class Bisector {
   }
 
   const BisectOptions& opt_;
-  const RunConfig& cfg_;
   Subset swapped_;
   Subset controls_;
   std::vector<std::string> baseline_cells_;  // file names under OUT/baseline/cells

@@ -440,11 +440,11 @@ std::string train_output(const CheckOptions& opt, const std::string& op,
 }  // namespace
 
 int cmd_check(const CheckOptions& opt) {
-  {
-    const auto eq = opt.target.find('=');
-    if (eq != std::string::npos)
-      train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
-  }
+  const auto eq = opt.target.find('=');
+  const std::string train_out =
+      eq == std::string::npos
+          ? ""
+          : train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
   CheckReport r = run_check(opt);
   if (opt.backend == "cuda" && opt.sanitizer) {
     r.sanitizer = sanitizer_pass(opt, r.seed);
@@ -477,7 +477,7 @@ int cmd_check(const CheckOptions& opt) {
     });
     text += "\n[axes.kernels]\n" + r.op + " = [" + arms + "]\n";
     ReproduceOptions rp;
-    rp.out = train_output(opt, r.op, r.variant);
+    rp.out = train_out;
     rp.quick = true, rp.jobs = opt.jobs, rp.plots = opt.plots;
     rp.grid = rp.out + ".grid.toml";
     if (!write_file_atomically(rp.grid, text))

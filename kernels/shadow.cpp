@@ -548,13 +548,6 @@ typename ShadowTap<T>::Timing ShadowTap<T>::timing() {
   return timing_;
 }
 
-template <class T>
-std::vector<ShadowMetrics> ShadowTap<T>::evaluate(const TokenId* batch, int64_t n, int vocab) {
-  submit(batch, n, vocab, -1);
-  std::vector<Result> r = collect(true);
-  return r.back().metrics;
-}
-
 template class ShadowTap<float>;
 template class ShadowTap<double>;
 }  // namespace divlab

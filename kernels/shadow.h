@@ -127,8 +127,6 @@ class ShadowTap {
   // Finished evaluations, oldest first; with wait = true every submitted one. Rethrows an
   // exception the worker hit.
   std::vector<Result> collect(bool wait);
-  // submit() + collect(true): the metrics of the recorded step, one per spec.
-  std::vector<ShadowMetrics> evaluate(const TokenId* batch_tokens, int64_t n, int vocab);
   static constexpr size_t kMaxPending = 2;
   // Where shadow mode's time goes (wall seconds, summed over evaluations): recording the inputs
   // and running the candidates in the training thread, waiting there for a free slot, and the
