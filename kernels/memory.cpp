@@ -22,11 +22,16 @@ void host_copy(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 void host_synchronize() {}
+void* host_fence() {
+  return nullptr;
+}
+void host_wait_fence(void*) {}
 }  // namespace
 
 const MemoryOps& host_memory() {
-  static const MemoryOps ops{"cpu",     true,      host_allocate,    host_release,  host_zero,
-                             host_copy, host_copy, host_synchronize, host_allocate, host_release};
+  static const MemoryOps ops{"cpu",     true,      host_allocate,    host_release,   host_zero,
+                             host_copy, host_copy, host_synchronize, host_allocate,  host_release,
+                             host_copy, host_copy, host_fence,       host_wait_fence};
   return ops;
 }
 

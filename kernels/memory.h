@@ -30,6 +30,15 @@ struct MemoryOps {
   // Host memory the backend copies to and from fastest (page-locked for CUDA), for staging.
   void* (*allocate_staging)(size_t bytes);  // throws OutOfMemory
   void (*release_staging)(void* p);
+  // Copies queued behind the backend's work without waiting for it (the host side must be
+  // staging memory that stays alive, and unread, until a later fence has passed); immediate
+  // copies on the host. Shadow mode uses them so a shadowed step never drains the GPU's queue.
+  void (*upload_async)(void* dst, const void* staging_src, size_t bytes);
+  void (*download_async)(void* staging_dst, const void* src, size_t bytes);
+  // A marker behind everything queued so far (null on the host), and the wait for it from any
+  // thread; wait_fence also releases it.
+  void* (*fence)();
+  void (*wait_fence)(void* fence);
 };
 
 // Plain host memory (malloc, memset, memcpy).

@@ -35,18 +35,36 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Copies n values the run's kernels just read (host or device memory) to the host, unconverted.
-template <class T>
-Staged<T> copy(const T* p, int64_t n) {
+// On a device the copy is queued behind the step's kernels, never waited for here: a wait would
+// drain the GPU's queue, and the launches after it would then run with the GPU idle.
+template <class T, class V>
+Staged<V> copy_as(const V* p, int64_t n) {
   ShadowTap<T>& t = *g_tap<T>;
-  Staged<T> host(static_cast<size_t>(n), StagingAllocator<T>(&t.staging()));
-  t.run_kernels().memory->download(host.data(), p, sizeof(T) * size_t(n));
+  Staged<V> host(static_cast<size_t>(n), StagingAllocator<V>(&t.staging()));
+  t.run_kernels().memory->download_async(host.data(), p, sizeof(V) * size_t(n));
   return host;
 }
 template <class T>
-std::vector<TokenId> copy_ids(const TokenId* p, int64_t n) {
-  std::vector<TokenId> ids(static_cast<size_t>(n));
-  g_tap<T>->run_kernels().memory->download(ids.data(), p, sizeof(TokenId) * size_t(n));
-  return ids;
+Staged<T> copy(const T* p, int64_t n) {
+  return copy_as<T, T>(p, n);
+}
+template <class T>
+Staged<TokenId> copy_ids(const TokenId* p, int64_t n) {
+  return copy_as<T, TokenId>(p, n);
+}
+// Items moved into a vector: captures' input arrays, replays' outputs. (A braced list would copy
+// each array, element by element, at once: before a queued download has filled it, while its
+// block goes back to the pool with the download still writing into it.)
+template <class Item, class... Items>
+std::vector<Item> moved_list(Items&&... items) {
+  std::vector<Item> v;
+  v.reserve(sizeof...(Items));
+  (v.push_back(std::forward<Items>(items)), ...);
+  return v;
+}
+template <class T, class... Arrays>
+std::vector<Staged<T>> inputs(Arrays&&... arrays) {
+  return moved_list<Staged<T>>(std::forward<Arrays>(arrays)...);
 }
 
 // --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
@@ -68,8 +86,8 @@ void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, 
   if (!t.wants("embed_rmsnorm_backward")) return;
   const int64_t N = int64_t(B) * T_;
   record(t, "embed_rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
-    return {{copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C), copy(w_norm, C),
-             copy(rstd, N)},
+    return {inputs<T>(copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C), copy(w_norm, C),
+                      copy(rstd, N)),
             copy_ids<T>(tokens, N),
             {B, T_, C, V},
             0.0};
@@ -82,7 +100,7 @@ void tap_rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int N, int C, T 
   t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
   if (t.wants("rmsnorm_forward"))
     record(t, "rmsnorm_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {{copy(x, int64_t(N) * C), copy(w, C)}, {}, {N, C}, double(eps)};
+      return {inputs<T>(copy(x, int64_t(N) * C), copy(w, C)), {}, {N, C}, double(eps)};
     });
 }
 
@@ -93,10 +111,11 @@ void tap_rmsnorm_backward(T* dresid, T* dw, const T* dy, const T* x, const T* w,
   // Record before the call: the run's kernel adds into dresid, which is not an input here.
   if (t.wants("rmsnorm_backward"))
     record(t, "rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
-      return {{copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)},
-              {},
-              {N, C},
-              0.0};
+      return {
+          inputs<T>(copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)),
+          {},
+          {N, C},
+          0.0};
     });
   t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
 }
@@ -107,7 +126,8 @@ void tap_linear_forward(T* y, const T* x, const T* W, int N, int in, int out) {
   t.run_kernels().linear_forward(y, x, W, N, in, out);
   if (t.wants("linear_forward"))
     record(t, "linear_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {{copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)}, {}, {N, in, out}, 0.0};
+      return {
+          inputs<T>(copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)), {}, {N, in, out}, 0.0};
     });
 }
 
@@ -117,7 +137,7 @@ void tap_attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, i
   t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
   if (t.wants("attention_forward"))
     record(t, "attention_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {{copy(qkv, int64_t(B) * T_ * 3 * C)}, {}, {B, T_, C, NH}, 0.0};
+      return {inputs<T>(copy(qkv, int64_t(B) * T_ * 3 * C)), {}, {B, T_, C, NH}, 0.0};
     });
 }
 
@@ -128,7 +148,8 @@ void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* ta
   t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
   if (t.wants("cross_entropy"))
     record(t, "cross_entropy", [&]() -> typename ShadowTap<T>::Capture {
-      return {{copy(logits, int64_t(N) * V)}, copy_ids<T>(targets, N), {N, V}, double(dloss)};
+      return {
+          inputs<T>(copy(logits, int64_t(N) * V)), copy_ids<T>(targets, N), {N, V}, double(dloss)};
     });
 }
 
@@ -185,27 +206,29 @@ struct ReplayMemory {
     }
     Buffer<U> b(mem, n);
     if constexpr (std::is_same_v<T, U>) {
-      b.upload(v.data(), n);  // from page-locked staging memory: a direct transfer
+      // Queued after the capture's own download: stream order makes the values arrive first.
+      mem.upload_async(b.data(), v.data(), sizeof(U) * size_t(n));
     } else {
       const std::vector<U> u = convert<U>(v.data(), n);
       b.upload(u.data(), n);
     }
     return {std::move(b), Staged<U>(StagingAllocator<U>(pool)), false};
   }
-  Buffer<TokenId> ids(const std::vector<TokenId>& v) const {
+  Buffer<TokenId> ids(const Staged<TokenId>& v) const {
     if (mem.host_accessible) return Buffer<TokenId>();  // host kernels read the capture itself
     Buffer<TokenId> b(mem, int64_t(v.size()));
-    b.upload(v.data(), int64_t(v.size()));
+    mem.upload_async(b.data(), v.data(), sizeof(TokenId) * v.size());
     return b;
   }
-  static const TokenId* ids_ptr(const Buffer<TokenId>& b, const std::vector<TokenId>& v) {
+  static const TokenId* ids_ptr(const Buffer<TokenId>& b, const Staged<TokenId>& v) {
     return b.empty() ? v.data() : b.data();
   }
-  // The output's values on the host (moved, when they are there already).
+  // The output's values on the host (moved, when they are there already). From a device the
+  // download is queued: the values are there once the evaluation's fence has passed.
   Staged<U> take(ReplayArray<U>& a) const {
     if (a.on_host) return std::move(a.host);
     Staged<U> v = staged(a.device.size());
-    a.device.download(v.data(), a.device.size());
+    mem.download_async(v.data(), a.device.data(), sizeof(U) * size_t(a.device.size()));
     return v;
   }
 };
@@ -225,37 +248,38 @@ std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>
     k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
                              w.data(), rstd.data(), ReplayMemory<U>::ids_ptr(ids, c.ids), B, T_, C,
                              V);
-    return {{m.take(dwte), V, C, RowKey::TokenId},
-            {m.take(dwpe), T_, C, RowKey::None},
-            {m.take(dw), 1, C, RowKey::None}};
+    return moved_list<Output<U>>(Output<U>{m.take(dwte), V, C, RowKey::TokenId},
+                                 Output<U>{m.take(dwpe), T_, C, RowKey::None},
+                                 Output<U>{m.take(dw), 1, C, RowKey::None});
   }
   if (op == "rmsnorm_forward") {
     const int N = d[0], C = d[1];
     auto x = m.in(in[0]), w = m.in(in[1]);
     auto y = m.out(int64_t(N) * C), rstd = m.out(N);
     k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
-    return {{m.take(y), N, C, RowKey::Position}};
+    return moved_list<Output<U>>(Output<U>{m.take(y), N, C, RowKey::Position});
   }
   if (op == "rmsnorm_backward") {
     const int N = d[0], C = d[1];
     auto dy = m.in(in[0]), x = m.in(in[1]), w = m.in(in[2]), rstd = m.in(in[3]);
     auto dx = m.out(int64_t(N) * C), dw = m.out(C);
     k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-    return {{m.take(dx), N, C, RowKey::Position}, {m.take(dw), 1, C, RowKey::None}};
+    return moved_list<Output<U>>(Output<U>{m.take(dx), N, C, RowKey::Position},
+                                 Output<U>{m.take(dw), 1, C, RowKey::None});
   }
   if (op == "linear_forward") {
     const int N = d[0], i = d[1], o = d[2];
     auto x = m.in(in[0]), W = m.in(in[1]);
     auto y = m.out(int64_t(N) * o);
     k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
-    return {{m.take(y), N, o, RowKey::Position}};
+    return moved_list<Output<U>>(Output<U>{m.take(y), N, o, RowKey::Position});
   }
   if (op == "attention_forward") {
     const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
     auto qkv = m.in(in[0]);
     auto out = m.out(int64_t(B) * T_ * C), att = m.out(int64_t(B) * NH * T_ * T_);
     k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
-    return {{m.take(out), int64_t(B) * T_, C, RowKey::Position}};
+    return moved_list<Output<U>>(Output<U>{m.take(out), int64_t(B) * T_, C, RowKey::Position});
   }
   if (op == "cross_entropy") {
     const int N = d[0], V = d[1];
@@ -264,7 +288,8 @@ std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>
     auto targets = m.ids(c.ids);
     k.cross_entropy(losses.data(), dlogits.data(), logits.data(),
                     ReplayMemory<U>::ids_ptr(targets, c.ids), N, V, U(c.scalar));
-    return {{m.take(losses), N, 1, RowKey::Position}, {m.take(dlogits), N, V, RowKey::Position}};
+    return moved_list<Output<U>>(Output<U>{m.take(losses), N, 1, RowKey::Position},
+                                 Output<U>{m.take(dlogits), N, V, RowKey::Position});
   }
   throw std::logic_error("shadow: no replay for op " + op);
 }
@@ -389,6 +414,9 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
 
 // One submitted evaluation: the recorded inputs, the candidates' outputs (per spec, per call),
 // and the batch's token counts.
+// On a device its host arrays are being filled by queued copies until `fence` has passed: the
+// reference side calls ready() before reading them, and a job dropped unread waits too, so its
+// staging blocks go back to the pool only when no copy still writes into them.
 template <class T>
 struct ShadowTap<T>::Job {
   int64_t step;
@@ -396,6 +424,20 @@ struct ShadowTap<T>::Job {
   std::vector<std::vector<std::vector<Output<T>>>> candidate;
   std::vector<TokenId> batch;
   std::vector<int64_t> id_count;
+  const MemoryOps* mem = nullptr;
+  void* fence = nullptr;
+
+  void ready() {
+    void* f = fence;
+    fence = nullptr;
+    if (f) mem->wait_fence(f);
+  }
+  ~Job() {
+    try {
+      ready();
+    } catch (...) {  // the run is failing already; the failure is reported elsewhere
+    }
+  }
 };
 
 template <class T>
@@ -484,9 +526,12 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
   }
   job->captured = std::move(captured_);
   captured_.clear();
+  job->mem = run_.memory;
+  job->fence = run_.memory->fence();
   const double candidates_s = seconds_since(t0);
   if (!worker_.joinable()) {
     const auto t1 = std::chrono::steady_clock::now();
+    job->ready();
     done_.push_back({step, compare_with_reference<T>(*job, specs_, &host_arrays_)});
     timing_.evaluations += 1;
     timing_.candidates_s += candidates_s;
@@ -512,12 +557,13 @@ void ShadowTap<T>::work() {
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) return;
-    const Job& job = *pending_.front();
+    Job& job = *pending_.front();
     lock.unlock();
     Result r{job.step, {}};
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
     try {
+      job.ready();
       r.metrics = compare_with_reference<T>(job, specs_, &host_arrays_);
     } catch (...) {
       failure = std::current_exception();

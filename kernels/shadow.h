@@ -74,11 +74,15 @@ class StagingPool {
 template <class T>
 struct StagingAllocator {
   using value_type = T;
-  StagingPool* pool;
+  StagingPool* pool = nullptr;
+  StagingAllocator() = default;  // for arrays that stay empty (a capture without token ids)
   explicit StagingAllocator(StagingPool* p) : pool(p) {}
   template <class U>
   StagingAllocator(const StagingAllocator<U>& o) : pool(o.pool) {}
-  T* allocate(size_t n) { return static_cast<T*>(pool->get(n * sizeof(T))); }
+  T* allocate(size_t n) {
+    if (!pool) throw std::logic_error("StagingAllocator: no pool to allocate from");
+    return static_cast<T*>(pool->get(n * sizeof(T)));
+  }
   void deallocate(T* p, size_t n) { pool->put(p, n * sizeof(T)); }
   // Default-initialises: staged arrays are overwritten by a copy at once, so no zero fill.
   template <class U, class... Args>
@@ -114,11 +118,13 @@ class ShadowTap {
   // Record the calls of the shadowed ops until submit().
   void arm();
   // Evaluates every spec on what was recorded since arm(), given the batch's input tokens. The
-  // candidates run here, in the caller's thread (on the GPU: on the run's stream, from the
-  // recorded inputs). The fp64 reference and the comparison run on a worker thread when the run
-  // lives on a device, so the GPU keeps training meanwhile; on the CPU, where both would compete
-  // for the same cores, they run here. At most kMaxPending evaluations wait for the worker:
-  // beyond that submit() blocks, and the wait shows up in the run's step time.
+  // candidates run here, in the caller's thread (on the GPU: queued on the run's stream, from the
+  // recorded inputs, with every copy to and from the host queued too, so nothing here waits for
+  // the GPU; the worker waits for a fence behind them). The fp64 reference and the comparison run
+  // on a worker thread when the run lives on a device, so the GPU keeps training meanwhile; on the
+  // CPU, where both would compete for the same cores, they run here. At most kMaxPending
+  // evaluations wait for the worker: beyond that submit() blocks, and the wait shows up in the
+  // run's step time.
   void submit(const TokenId* batch_tokens, int64_t n, int vocab, int64_t step);
   struct Result {
     int64_t step;
@@ -139,10 +145,11 @@ class ShadowTap {
   bool in_background() const { return worker_.joinable(); }
 
   // One op's recorded call: host copies of its inputs in the run's precision (exact), its token
-  // ids, sizes and scalars.
+  // ids, sizes and scalars. On a device the copies are queued, not finished: readable only once
+  // the evaluation's fence has passed.
   struct Capture {
     std::vector<Staged<T>> inputs;
-    std::vector<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
+    Staged<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
     std::vector<int> dims;
     double scalar = 0;  // eps (rmsnorm_forward) or dloss (cross_entropy)
   };

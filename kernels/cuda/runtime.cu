@@ -155,6 +155,26 @@ void device_synchronize() {
   DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// On the default stream, in order with the kernels around them.
+void device_upload_async(void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+}
+void device_download_async(void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, 0));
+}
+void* device_fence() {
+  cudaEvent_t e = nullptr;
+  DIVLAB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  DIVLAB_CUDA_CHECK(cudaEventRecord(e, 0));
+  return e;
+}
+void device_wait_fence(void* fence) {
+  const auto e = static_cast<cudaEvent_t>(fence);
+  const cudaError_t status = cudaEventSynchronize(e);
+  cudaEventDestroy(e);
+  DIVLAB_CUDA_CHECK(status);
+}
+
 struct ScratchRegion {
   void* p = nullptr;
   size_t bytes = 0;
@@ -166,9 +186,20 @@ std::vector<ScratchRegion>& regions() {
 }  // namespace
 
 const MemoryOps& device_memory() {
-  static const MemoryOps ops{"cuda",          false,         device_allocate, device_release,
-                             device_zero,     device_upload, device_download, device_synchronize,
-                             pinned_allocate, pinned_release};
+  static const MemoryOps ops{"cuda",
+                             false,
+                             device_allocate,
+                             device_release,
+                             device_zero,
+                             device_upload,
+                             device_download,
+                             device_synchronize,
+                             pinned_allocate,
+                             pinned_release,
+                             device_upload_async,
+                             device_download_async,
+                             device_fence,
+                             device_wait_fence};
   return ops;
 }
 

@@ -39,6 +39,37 @@ TEST(GpuTrain, WritesACompleteTraceWithGpuShadowMetrics) {
   rmdir(dir.c_str());
 }
 
+// Every shadowable op's GPU reference shadowed at every step in fp32 mode: each replay path
+// (inputs, token ids, outputs; all copies queued, read by the worker after a fence) must agree
+// with the fp64 CPU reference as closely as the op tests require. A copy read before it arrived
+// would show as a large error (or garbage) here.
+TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_shadow_all"), out = dir + "/run.h5";
+  const std::vector<std::string> ops = {"rmsnorm_forward", "rmsnorm_backward", "linear_forward",
+                                        "attention_forward", "cross_entropy"};
+  std::string variants = "shadow.variants=[embed_rmsnorm_backward=fp64_accum";
+  for (const auto& op : ops) variants += ", " + op + "=reference";
+  const RunConfig cfg =
+      load_config("", {"backend=cuda", "train.precision=fp32", "data=zipf:1.1", "model.vocab=301",
+                       "model.d_model=72", "model.n_heads=4", "model.seq_len=37", "train.batch=3",
+                       "train.steps=12", "shadow.every=1", variants + "]",
+                       "train.seed=" + std::to_string(test_seed() % 1000)});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  EXPECT_EQ(train(cfg, opt).status, "completed");
+  const TraceReader r(out);
+  for (const auto& name : {"embed_rmsnorm_backward/fp64_accum", "rmsnorm_forward/reference",
+                           "rmsnorm_backward/reference", "linear_forward/reference",
+                           "attention_forward/reference", "cross_entropy/reference"}) {
+    const auto rel = r.floats(std::string("/shadow/") + name + "/rel_l2");
+    ASSERT_EQ(rel.size(), 12u) << name;
+    for (size_t i = 0; i < rel.size(); ++i) EXPECT_LT(rel[i], 1e-5) << name << " step " << i;
+  }
+  unlink(out.c_str());
+  rmdir(dir.c_str());
+}
+
 TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
   REQUIRE_GPU();
   const std::string dir = temp_dir("gpu_oom"), out = dir + "/run.h5";
