@@ -7,8 +7,8 @@
 2. The same model (tests/py/divlab_torch.py, fused SDPA attention), batch, token count and
    precision in PyTorch: eager, then torch.compile; SGD with momentum; bf16 autocast when divlab
    runs bf16; loss.item() every step (divlab records every step's loss too).
-3. divlab again with shadow mode at every step and every 10th (the seed bug shadowed on the
-   embedding op): its cost as a fraction of step time.
+3. divlab again, over --shadow-steps steps, plain and with shadow mode at every step and every
+   10th (the seed bug shadowed on the embedding op): its cost as a fraction of step time.
 MFU: (6 x matmul parameters + 12 x layers x T x C) FLOPs per token against the GPU's dense bf16
 peak. Prints a table last.
 """
@@ -29,11 +29,11 @@ import divlab_torch  # noqa: E402
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
-def run_divlab(args, extra):
+def run_divlab(args, extra, steps=None):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "bench.h5")
         cmd = [args.divlab, "train", "--config", args.config, "--out", out, "--quiet",
-               "--set", "backend=cuda", "--set", f"train.steps={args.steps}"]
+               "--set", "backend=cuda", "--set", f"train.steps={steps or args.steps}"]
         for s in args.set + extra:
             cmd += ["--set", s]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -81,10 +81,12 @@ def main():
     p.add_argument("--divlab", required=True)
     p.add_argument("--config", required=True)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--shadow-steps", type=int, default=400,
+                   help="steps of each run that measures shadow mode's cost")
     p.add_argument("--set", action="append", default=[])
     args = p.parse_args()
 
-    t_div, mean_div, cfg, device = run_divlab(args, [])
+    t_div, _, cfg, device = run_divlab(args, [])
     V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
     T, B = int(cfg["model.seq_len"]), int(cfg["train.batch"])
     tokens = B * T
@@ -93,9 +95,12 @@ def main():
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
     t_eager = run_torch(cfg, args.steps, compiled=False)
     t_compile = run_torch(cfg, args.steps, compiled=True)
+    # Shadow cost from longer runs than the speed rows: a mean over a few shadowed steps moved by
+    # 12 % to 30 % between two back-to-back runs of the small model (one host hiccup in ~70 ms).
     shadow = "shadow.variants=[embed_rmsnorm_backward=bf16_accum]"
-    _, mean_shadow1, _, _ = run_divlab(args, ["shadow.every=1", shadow])
-    _, mean_shadow10, _, _ = run_divlab(args, ["shadow.every=10", shadow])
+    _, mean_plain, _, _ = run_divlab(args, [], args.shadow_steps)
+    _, mean_shadow1, _, _ = run_divlab(args, ["shadow.every=1", shadow], args.shadow_steps)
+    _, mean_shadow10, _, _ = run_divlab(args, ["shadow.every=10", shadow], args.shadow_steps)
 
     def row(label, t, ratio=True):
         mfu = f"{100 * flops_per_token * tokens / t / peak:5.1f}%" if peak else "   n/a"
@@ -110,8 +115,9 @@ def main():
     row("PyTorch eager (SDPA)", t_eager)
     row("PyTorch torch.compile", t_compile)
     # Mean step times here: with shadow.every=10 the median would skip the shadowed steps.
-    print(f"divlab shadow cost (mean step): every step {100 * (mean_shadow1 / mean_div - 1):.1f}%, "
-          f"every 10th step {100 * (mean_shadow10 / mean_div - 1):.1f}% (goal <= 15%)")
+    print(f"divlab shadow cost (mean step over {args.shadow_steps} steps): every step "
+          f"{100 * (mean_shadow1 / mean_plain - 1):.1f}%, every 10th step "
+          f"{100 * (mean_shadow10 / mean_plain - 1):.1f}% (goal <= 15%)")
 
 
 if __name__ == "__main__":
