@@ -11,16 +11,22 @@ void cross_entropy_reference(T* losses, T* dlogits, const T* logits, const Token
   parallel_chunks(N, kRowChunk / 4, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const T* z = logits + n * V;
+      const T target_logit = z[targets[n]];
       T mx = z[0];
       for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
+      // Each exponential once (they are most of this op's time): kept in the gradient's row,
+      // then scaled by dloss / sum.
       T sum = 0;
-      for (int v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
-      const T lse = mx + std::log(sum);
-      losses[n] = lse - z[targets[n]];
-      if (!dlogits) continue;
-      T* d = dlogits + n * V;
-      for (int v = 0; v < V; ++v) d[v] = std::exp(z[v] - lse) * dloss;
-      d[targets[n]] -= dloss;
+      if (dlogits) {
+        T* d = dlogits + n * V;
+        for (int v = 0; v < V; ++v) sum += (d[v] = std::exp(z[v] - mx));
+        const T scale = dloss / sum;
+        for (int v = 0; v < V; ++v) d[v] *= scale;
+        d[targets[n]] -= dloss;
+      } else {
+        for (int v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+      }
+      losses[n] = mx + std::log(sum) - target_logit;
     }
   });
 }
