@@ -4,8 +4,9 @@
 // All variants share the row part (dx0 = dresid + RMSNorm backward, per row), the norm gain's
 // gradient (fixed-order column sums) and the position gradient; they differ in how the rows of
 // dx0 reach the token-embedding gradient dwte:
-//   reference        stable radix sort of positions by token (CUB), then one block per token
-//                    segment summing its rows in position order in fp32: deterministic.
+//   reference        stable radix sort of positions by token (CUB), then each token's rows
+//                    summed in position order in fp32, in fixed chunks of 64 sorted rows whose
+//                    pieces are added in chunk order: deterministic.
 //   fp64_accum       the same segments summed in double (a benign control).
 //   fp32_reordered   float atomicAdd straight into dwte: fp32, order varies run to run (control).
 //   bf16_accum       atomicAdd into a bf16 gradient buffer, converted and added at the end: the
@@ -23,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/common/lowp.h"
@@ -68,20 +70,64 @@ __global__ void iota_kernel(int* out, int n) {
   if (i < n) out[i] = i;
 }
 
-// One block per sorted index; the block that starts a token's segment sums the segment's rows
-// in position order and adds the sum to that token's row of dwte.
+// The sorted positions are cut into fixed chunks of kChunk; a token's segment is summed in
+// position order piece by piece (one piece per chunk it touches), and the pieces in chunk order:
+// a fixed order, so deterministic, and parallel even when one token fills most of the batch (a
+// block per whole segment left the hot token's block walking thousands of rows alone).
+constexpr int kChunk = 64;
+
+__device__ inline bool continues_past(const int* st, int i1, int N) {
+  return i1 < N && st[i1] == st[i1 - 1];
+}
+
+// Pass 1, one block per chunk, threads over columns. A segment that starts and ends inside the
+// chunk is complete: added to dwte here. The chunk's leading piece, when its first rows continue
+// a segment begun in an earlier chunk, goes to lead[chunk] (the whole chunk, if the segment runs
+// through it); the piece of a segment that starts here and runs past the chunk goes to
+// open[chunk].
 template <class Acc>
-__global__ void segment_sum_kernel(float* dwte, const float* dx0, const int* sorted_tokens,
-                                   const int* sorted_positions, int N, int C) {
-  const int i = blockIdx.x;
-  const int tok = sorted_tokens[i];
-  if (i > 0 && sorted_tokens[i - 1] == tok) return;
+__global__ void chunk_pieces_kernel(float* dwte, Acc* lead, Acc* open, const float* dx0,
+                                    const int* st, const int* sp, int N, int C) {
+  const int chunk = blockIdx.x;
+  const int i0 = chunk * kChunk, i1 = min(N, i0 + kChunk);
+  const bool continues = continues_past(st, i1, N);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    bool leading = i0 > 0 && st[i0 - 1] == st[i0];
     Acc s = 0;
-    for (int j = i; j < N && sorted_tokens[j] == tok; ++j)
-      s += Acc(dx0[int64_t(sorted_positions[j]) * C + c]);
-    dwte[int64_t(tok) * C + c] += float(s);
+    for (int i = i0; i < i1; ++i) {
+      if (i > i0 && st[i] != st[i - 1]) {  // the piece [.., i) ends its segment
+        if (leading)
+          lead[int64_t(chunk) * C + c] = s, leading = false;
+        else
+          dwte[int64_t(st[i - 1]) * C + c] += float(s);
+        s = 0;
+      }
+      s += Acc(dx0[int64_t(sp[i]) * C + c]);
+    }
+    if (leading)
+      lead[int64_t(chunk) * C + c] = s;
+    else if (continues)
+      open[int64_t(chunk) * C + c] = s;
+    else
+      dwte[int64_t(st[i1 - 1]) * C + c] += float(s);
   }
+}
+
+// Pass 2, one thread per (chunk, column) for the chunks whose last segment starts in them and
+// runs on: its open piece plus the leading pieces of the chunks after, in order.
+template <class Acc>
+__global__ void close_segments_kernel(float* dwte, const Acc* lead, const Acc* open, const int* st,
+                                      int N, int C, int chunks) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(chunks) * C) return;
+  const int chunk = int(idx / C), c = int(idx % C);
+  const int i0 = chunk * kChunk, i1 = min(N, i0 + kChunk);
+  if (!continues_past(st, i1, N) || (i0 > 0 && st[i0 - 1] == st[i1 - 1])) return;
+  const int tok = st[i1 - 1];
+  Acc s = open[int64_t(chunk) * C + c];
+  for (int k = chunk + 1; k * kChunk < N && st[k * kChunk] == tok; ++k)
+    s += lead[int64_t(k) * C + c];
+  dwte[int64_t(tok) * C + c] += float(s);
 }
 
 template <class Acc>
@@ -99,8 +145,15 @@ void sorted_scatter(float* dwte, const float* dx0, const TokenId* tokens, int N,
   // Radix sort is stable: equal tokens keep their positions in increasing order.
   DIVLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tokens,
                                                     positions, sorted_positions, N, 0, end_bit));
-  segment_sum_kernel<Acc><<<N, 128>>>(dwte, dx0, sorted_tokens, sorted_positions, N, C);
-  DIVLAB_LAUNCHED("segment_sum");
+  const int chunks = (N + kChunk - 1) / kChunk;
+  Acc* pieces = scratch_as<Acc>(Scratch::F, 2 * size_t(chunks) * C);
+  const int threads = std::min(256, (C + 31) / 32 * 32);
+  chunk_pieces_kernel<Acc><<<chunks, threads>>>(dwte, pieces, pieces + size_t(chunks) * C, dx0,
+                                                sorted_tokens, sorted_positions, N, C);
+  DIVLAB_LAUNCHED("chunk_pieces");
+  close_segments_kernel<Acc><<<blocks_for(int64_t(chunks) * C, 256), 256>>>(
+      dwte, pieces, pieces + size_t(chunks) * C, sorted_tokens, N, C, chunks);
+  DIVLAB_LAUNCHED("close_segments");
 }
 
 template <class Acc>
