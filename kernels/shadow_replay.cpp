@@ -11,16 +11,8 @@
 namespace divlab::shadow_detail {
 
 namespace {
-// Element-wise conversion on every core (captures run to tens of millions of values per step).
+// Captures run to tens of millions of values per step: filled and converted on every core.
 constexpr int64_t kConvertChunk = 1 << 16;
-template <class To, class From>
-std::vector<To> convert(const From* p, int64_t n) {
-  std::vector<To> out(static_cast<size_t>(n));
-  parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = To(p[i]);
-  });
-  return out;
-}
 
 // One input or output array of a replay, in the memory of the kernels that run it: a device
 // buffer, or (for host kernels, e.g. the fp64 reference) a block from the staging pool, which
@@ -63,14 +55,13 @@ struct ReplayMemory {
       });
       return {Buffer<U>(), std::move(h), true};
     }
+    // On a device only candidates replay, in the run's own precision: the capture goes up as it
+    // is, queued after its own download (stream order makes the values arrive first). A
+    // converting replay would have to read the capture here, before the fence.
+    if constexpr (!std::is_same_v<T, U>)
+      throw std::logic_error("shadow: a device replay must use the run's precision");
     Buffer<U> b(mem, n);
-    if constexpr (std::is_same_v<T, U>) {
-      // Queued after the capture's own download: stream order makes the values arrive first.
-      mem.upload_async(b.data(), v.data(), sizeof(U) * size_t(n));
-    } else {
-      const std::vector<U> u = convert<U>(v.data(), n);
-      b.upload(u.data(), n);
-    }
+    mem.upload_async(b.data(), v.data(), sizeof(U) * size_t(n));
     return {std::move(b), Staged<U>(StagingAllocator<U>(pool)), false};
   }
   Buffer<TokenId> ids(const Staged<TokenId>& v) const {
