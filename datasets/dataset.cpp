@@ -10,28 +10,45 @@
 
 namespace divlab {
 
+namespace {
+// A number inside a data spec, e.g. the S of zipf:S; throws naming the spec and the part.
+double spec_number(const std::string& spec, const std::string& s, const char* what) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(s, &used);
+    if (used == s.size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError("data = '" + spec + "': the " + what + " '" + s + "' is not a number");
+}
+}  // namespace
+
 std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt) {
-  if (spec == "uniform") return std::make_unique<IidDataset>(spec, opt.vocab, opt.seed, 0.0);
+  if (spec == "uniform") return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, 0.0);
   if (spec.rfind("zipf:", 0) == 0) {
-    const std::string s = spec.substr(5);
-    double exponent = 0;
-    try {
-      size_t used = 0;
-      exponent = std::stod(s, &used);
-      if (used != s.size()) throw std::invalid_argument(s);
-    } catch (const std::exception&) {
-      throw InputError("data = '" + spec + "': the Zipf exponent '" + s + "' is not a number");
-    }
-    if (!(exponent > 0) || !std::isfinite(exponent))
-      throw InputError("data = '" + spec + "': the Zipf exponent must be > 0");
-    return std::make_unique<IidDataset>(spec, opt.vocab, opt.seed, exponent);
+    const double exponent = spec_number(spec, spec.substr(5), "Zipf exponent");
+    if (!(exponent > 0)) throw InputError("data = '" + spec + "': the Zipf exponent must be > 0");
+    return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, exponent);
+  }
+  if (spec.rfind("markov:", 0) == 0) {
+    const std::string args = spec.substr(7);
+    const size_t comma = args.find(',');
+    if (comma == std::string::npos)
+      throw InputError("data = '" + spec + "': expected markov:S,P (Zipf exponent S >= 0, " +
+                       "0 for uniform; successor probability 0 < P < 1)");
+    const double exponent = spec_number(spec, args.substr(0, comma), "Zipf exponent");
+    const double follow = spec_number(spec, args.substr(comma + 1), "successor probability");
+    if (!(exponent >= 0)) throw InputError("data = '" + spec + "': the Zipf exponent must be >= 0");
+    if (!(follow > 0 && follow < 1))
+      throw InputError("data = '" + spec + "': the successor probability must be in (0, 1)");
+    return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, exponent, follow);
   }
   if (spec.rfind("text:", 0) == 0)
     return std::make_unique<TextDataset>(spec, read_text_corpus(spec.substr(5)), opt);
   if (spec == "brown")
     return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
   throw InputError("data = '" + spec + "': unknown dataset kind; valid: uniform, zipf:S, " +
-                   "text:PATH, brown");
+                   "markov:S,P, text:PATH, brown");
 }
 
 double fit_zipf_exponent(std::vector<double> p) {

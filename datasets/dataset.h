@@ -1,6 +1,9 @@
 // Token streams for training, selected by one spec string everywhere (config `data`, --set data=):
 //   uniform      iid uniform token ids
 //   zipf:S       iid Zipf(S) over the vocabulary, rank -> id mapping shuffled by the seed
+//   markov:S,P   a chain with context: with probability P the next token is the current one's
+//                fixed successor (one Zipf(S) draw per token), otherwise a fresh Zipf(S) draw
+//                (S = 0: uniform)
 //   text:PATH    a UTF-8 file or folder, tokenized with a BPE model trained at the run's vocab
 //   brown        the Brown corpus (fetched by scripts/setup.sh into data/brown)
 // Batches are a pure function of (seed, step): identical on every backend and thread count, and
@@ -18,7 +21,7 @@ namespace divlab {
 
 struct DatasetInfo {
   std::string spec;
-  std::string kind;  // uniform | zipf | text
+  std::string kind;  // uniform | zipf | markov | text
   int vocab = 0;
   std::string corpus_sha256;    // text only
   int64_t corpus_tokens = 0;    // text only: tokens in the training split
@@ -67,7 +70,7 @@ double fit_zipf_exponent(std::vector<double> probabilities);
 
 // What `divlab data` prints.
 struct DatasetSummary {
-  int64_t tokens = -1;  // text: tokens in the training split; -1 for unbounded iid streams
+  int64_t tokens = -1;  // text: tokens in the training split; -1 for unbounded synthetic streams
   double top1_share = 0, top10_share = 0, zipf_exponent = 0;
   // Mean over sampled training batches of B x T tokens of the most occurrences of one id: the
   // additions the hottest embedding-gradient row receives per step.

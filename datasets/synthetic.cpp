@@ -1,4 +1,4 @@
-// iid synthetic token streams: uniform and Zipf(S).
+// Synthetic token streams: uniform, Zipf(S), and the Zipf-skewed Markov chain markov:S,P.
 #include "datasets/synthetic.h"
 
 #include <algorithm>
@@ -10,11 +10,20 @@
 
 namespace divlab {
 
-IidDataset::IidDataset(const std::string& spec, int vocab, uint64_t seed, double zipf_s)
-    : vocab_(vocab), seed_(seed) {
+namespace {
+TokenId draw_from_cdf(const std::vector<double>& cdf, double u) {
+  const auto i = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+  return TokenId(std::min<int64_t>(i, int64_t(cdf.size()) - 1));
+}
+}  // namespace
+
+SyntheticDataset::SyntheticDataset(const std::string& spec, int vocab, uint64_t seed, double zipf_s,
+                                   double follow_p)
+    : vocab_(vocab), seed_(seed), follow_p_(follow_p) {
   info_.spec = spec;
-  info_.kind = zipf_s > 0 ? "zipf" : "uniform";
+  info_.kind = follow_p > 0 ? "markov" : zipf_s > 0 ? "zipf" : "uniform";
   info_.vocab = vocab;
+  Rng rng(seed, kStreamData, ~uint64_t(0));
   if (zipf_s > 0) {
     // cdf over ranks 1..V with p(r) ~ r^-s; rank -> id through a seeded shuffle, so the frequent
     // ids are not always the small ones.
@@ -24,27 +33,50 @@ IidDataset::IidDataset(const std::string& spec, int vocab, uint64_t seed, double
     for (double& c : cdf_) c /= total;
     rank_to_id_.resize(vocab);
     std::iota(rank_to_id_.begin(), rank_to_id_.end(), 0);
-    Rng rng(seed, kStreamData, ~uint64_t(0));
     for (int i = vocab - 1; i > 0; --i) std::swap(rank_to_id_[i], rank_to_id_[rng.below(i + 1)]);
   }
-  info_.zipf_exponent = fit_zipf_exponent(unigram());
+  std::vector<double> independent(vocab);
+  for (int r = 0; r < vocab; ++r) independent[id_of_rank(r)] = probability_of_rank(r);
+  marginal_ = independent;
+  if (follow_p > 0) {
+    // Successors drawn from the same skewed distribution: hot tokens stay hot.
+    successor_.resize(vocab);
+    for (auto& s : successor_) s = draw(rng);
+    // Stationary distribution pi = (1-p) q + p * (pi pushed through the successors), by fixed
+    // point iteration (a contraction with factor p).
+    for (int it = 0; it < 100000; ++it) {
+      std::vector<double> next(vocab);
+      for (int v = 0; v < vocab; ++v) next[v] = (1 - follow_p) * independent[v];
+      for (int v = 0; v < vocab; ++v) next[successor_[v]] += follow_p * marginal_[v];
+      double change = 0;
+      for (int v = 0; v < vocab; ++v) change += std::abs(next[v] - marginal_[v]);
+      marginal_.swap(next);
+      if (change < 1e-15) break;
+    }
+    start_cdf_.resize(vocab);
+    double total = 0;
+    for (int v = 0; v < vocab; ++v) start_cdf_[v] = (total += marginal_[v]);
+    for (double& c : start_cdf_) c /= total;
+  }
+  info_.zipf_exponent = fit_zipf_exponent(marginal_);
 }
 
-TokenId IidDataset::draw(Rng& rng) const {
+TokenId SyntheticDataset::draw(Rng& rng) const {
   if (cdf_.empty()) return TokenId(rng.below(vocab_));
-  const double u = rng.uniform();
-  const int rank = int(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
-  return rank_to_id_[std::min(rank, vocab_ - 1)];
+  return rank_to_id_[draw_from_cdf(cdf_, rng.uniform())];
 }
 
-void IidDataset::fill(uint64_t stream, int64_t index, int B, int T, TokenId* in,
-                      TokenId* tgt) const {
+void SyntheticDataset::fill(uint64_t stream, int64_t index, int B, int T, TokenId* in,
+                            TokenId* tgt) const {
   for (int b = 0; b < B; ++b) {
     // One generator per sequence: a sequence's tokens do not depend on the batch size around it.
     Rng rng(seed_, stream, uint64_t(index) * 1000003ULL + b);
-    TokenId prev = draw(rng);
+    TokenId prev = follow_p_ > 0 ? draw_from_cdf(start_cdf_, rng.uniform()) : draw(rng);
     for (int t = 0; t < T; ++t) {
-      const TokenId next = draw(rng);
+      // Both numbers are drawn at every position (iid streams draw one, as they always have).
+      const double u = follow_p_ > 0 ? rng.uniform() : 1.0;
+      const TokenId independent = draw(rng);
+      const TokenId next = u < follow_p_ ? successor_[prev] : independent;
       in[b * T + t] = prev;
       tgt[b * T + t] = next;
       prev = next;
@@ -52,22 +84,17 @@ void IidDataset::fill(uint64_t stream, int64_t index, int B, int T, TokenId* in,
   }
 }
 
-void IidDataset::batch(int64_t step, int B, int T, TokenId* in, TokenId* tgt) const {
+void SyntheticDataset::batch(int64_t step, int B, int T, TokenId* in, TokenId* tgt) const {
   fill(kStreamData, step, B, T, in, tgt);
 }
-void IidDataset::validation_batch(int64_t index, int B, int T, TokenId* in, TokenId* tgt) const {
+void SyntheticDataset::validation_batch(int64_t index, int B, int T, TokenId* in,
+                                        TokenId* tgt) const {
   fill(kStreamEvalData, index, B, T, in, tgt);
 }
 
-double IidDataset::probability_of_rank(int rank) const {
+double SyntheticDataset::probability_of_rank(int rank) const {
   if (cdf_.empty()) return 1.0 / vocab_;
   return cdf_[rank] - (rank ? cdf_[rank - 1] : 0.0);
-}
-
-std::vector<double> IidDataset::unigram() const {
-  std::vector<double> p(vocab_);
-  for (int r = 0; r < vocab_; ++r) p[id_of_rank(r)] = probability_of_rank(r);
-  return p;
 }
 
 BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts) {

@@ -62,7 +62,7 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   if (s.tokens >= 0)
     std::printf("%-44s %lld\n", "tokens (training split)", (long long)s.tokens);
   else
-    std::printf("%-44s %s\n", "tokens", "unbounded (iid stream)");
+    std::printf("%-44s %s\n", "tokens", "unbounded (synthetic stream)");
   std::printf("%-44s %.4f\n", "top-1 share", s.top1_share);
   std::printf("%-44s %.4f\n", "top-10 share", s.top10_share);
   std::printf("%-44s %.3f\n", "fitted Zipf exponent", s.zipf_exponent);

@@ -1,4 +1,5 @@
-// Token streams: the Zipf sampler's fit, uniform's flatness, BPE round trip and cache, splits.
+// Token streams: the Zipf sampler's fit, uniform's flatness, the Markov chain's statistics, BPE
+// round trip and cache, splits.
 #include <omp.h>
 
 #include <algorithm>
@@ -29,19 +30,15 @@ double chi2_critical_001(int df) {
   const double z = 3.090232, a = 2.0 / (9.0 * df);
   return df * std::pow(1 - a + z * std::sqrt(a), 3);
 }
-}  // namespace
 
-TEST(Zipf, SamplerMatchesTargetFrequencies) {
-  // Fixed seed: a goodness-of-fit test at alpha = 0.001 (Pearson chi-square; tail ranks with
-  // expected count < 5 pooled into one bin).
-  const int V = 200;
-  IidDataset d("zipf:1.1", V, 12345, 1.1);
-  const auto counts = sample_counts(d, V, 400, 8, 64);
-  const double n = 400.0 * 8 * 64;
+// Pearson chi-square of observed id counts against probabilities; ids with expected count < 5
+// are pooled into one bin. Returns {statistic, bins}.
+std::pair<double, int> chi_square(const std::vector<int64_t>& observed,
+                                  const std::vector<double>& p, double n) {
   double chi2 = 0, tail_obs = 0, tail_exp = 0;
   int bins = 0;
-  for (int r = 0; r < V; ++r) {
-    const double e = n * d.probability_of_rank(r), o = double(counts[d.id_of_rank(r)]);
+  for (size_t v = 0; v < p.size(); ++v) {
+    const double e = n * p[v], o = double(observed[v]);
     if (e < 5) {
       tail_obs += o, tail_exp += e;
       continue;
@@ -49,6 +46,19 @@ TEST(Zipf, SamplerMatchesTargetFrequencies) {
     chi2 += (o - e) * (o - e) / e, ++bins;
   }
   if (tail_exp > 0) chi2 += (tail_obs - tail_exp) * (tail_obs - tail_exp) / tail_exp, ++bins;
+  return {chi2, bins};
+}
+}  // namespace
+
+TEST(Zipf, SamplerMatchesTargetFrequencies) {
+  // Fixed seed: a goodness-of-fit test at alpha = 0.001 (Pearson chi-square; tail ranks with
+  // expected count < 5 pooled into one bin).
+  const int V = 200;
+  SyntheticDataset d("zipf:1.1", V, 12345, 1.1);
+  const auto counts = sample_counts(d, V, 400, 8, 64);
+  std::vector<double> p(V);
+  for (int r = 0; r < V; ++r) p[d.id_of_rank(r)] = d.probability_of_rank(r);
+  const auto [chi2, bins] = chi_square(counts, p, 400.0 * 8 * 64);
   EXPECT_LT(chi2, chi2_critical_001(bins - 1)) << bins << " bins";
   // And it is really skewed: the top rank takes about 1 / H(V, 1.1) of all tokens.
   EXPECT_GT(counts[d.id_of_rank(0)], 20 * counts[d.id_of_rank(V / 2)]);
@@ -56,15 +66,15 @@ TEST(Zipf, SamplerMatchesTargetFrequencies) {
 
 TEST(Zipf, FittedExponentRecoversTheTarget) {
   for (double s : {0.6, 1.1, 1.5}) {
-    IidDataset d("zipf", 1000, 1, s);
+    SyntheticDataset d("zipf", 1000, 1, s);
     EXPECT_NEAR(d.info().zipf_exponent, s, 1e-9);
   }
-  EXPECT_NEAR(IidDataset("uniform", 1000, 1, 0.0).info().zipf_exponent, 0.0, 1e-12);
+  EXPECT_NEAR(SyntheticDataset("uniform", 1000, 1, 0.0).info().zipf_exponent, 0.0, 1e-12);
 }
 
 TEST(Uniform, NoIdAboveMeanPlusSixSigma) {
   const int V = 512;
-  IidDataset d("uniform", V, test_seed(), 0.0);
+  SyntheticDataset d("uniform", V, test_seed(), 0.0);
   const auto counts = sample_counts(d, V, 200, 8, 64);
   const double n = 200.0 * 8 * 64, p = 1.0 / V;
   const double mean = n * p, sigma = std::sqrt(n * p * (1 - p));
@@ -73,13 +83,83 @@ TEST(Uniform, NoIdAboveMeanPlusSixSigma) {
 }
 
 TEST(Batches, PureFunctionOfSeedAndStep) {
-  IidDataset a("zipf:1.1", 300, 7, 1.1), b("zipf:1.1", 300, 7, 1.1), c("zipf:1.1", 300, 8, 1.1);
+  SyntheticDataset a("zipf:1.1", 300, 7, 1.1), b("zipf:1.1", 300, 7, 1.1),
+      c("zipf:1.1", 300, 8, 1.1);
   std::vector<TokenId> x(256), y(256), t(256);
   a.batch(5, 4, 64, x.data(), t.data());
   b.batch(5, 4, 64, y.data(), t.data());
   EXPECT_EQ(x, y);
   c.batch(5, 4, 64, y.data(), t.data());
   EXPECT_NE(x, y);
+}
+
+TEST(Markov, FirstAndLastPositionsFollowTheStationaryDistribution) {
+  // Sequences are independent of each other, so one position across many sequences is an iid
+  // sample: the start (drawn from the marginal) and the last step of the chain must both fit it.
+  const int V = 100, B = 64, T = 32, batches = 300;
+  const uint64_t seed = test_seed();
+  SyntheticDataset d("markov:1.1,0.7", V, seed, 1.1, 0.7);
+  const std::vector<double> pi = d.unigram();
+  double total = 0;
+  for (double x : pi) total += x;
+  EXPECT_NEAR(total, 1.0, 1e-12);
+  std::vector<int64_t> first(V, 0), last(V, 0);
+  std::vector<TokenId> in(B * T), tgt(B * T);
+  for (int s = 0; s < batches; ++s) {
+    d.batch(s, B, T, in.data(), tgt.data());
+    for (int b = 0; b < B; ++b) ++first[in[b * T]], ++last[tgt[b * T + T - 1]];
+  }
+  for (const auto* counts : {&first, &last}) {
+    const auto [chi2, bins] = chi_square(*counts, pi, double(B) * batches);
+    EXPECT_LT(chi2, chi2_critical_001(bins - 1)) << bins << " bins, seed " << seed;
+  }
+}
+
+TEST(Markov, NextTokenIsTheSuccessorWithTheStatedProbability) {
+  // P(next = successor(v) | v) = P + (1 - P) q(successor(v)), q the independent Zipf draw's
+  // probability. Checked per id with >= 2000 occurrences, within 5 binomial standard deviations.
+  const int V = 64, B = 64, T = 64;
+  const double P = 0.6;
+  const uint64_t seed = test_seed();
+  SyntheticDataset d("markov:1.0,0.6", V, seed, 1.0, P);
+  std::vector<double> q(V);
+  for (int r = 0; r < V; ++r) q[d.id_of_rank(r)] = d.probability_of_rank(r);
+  std::vector<int64_t> seen(V, 0), followed(V, 0);
+  std::vector<TokenId> in(B * T), tgt(B * T);
+  for (int s = 0; s < 100; ++s) {
+    d.batch(s, B, T, in.data(), tgt.data());
+    for (int i = 0; i < B * T; ++i) {
+      ++seen[in[i]];
+      followed[in[i]] += tgt[i] == d.successor(in[i]);
+      if (i % T) {
+        EXPECT_EQ(in[i], tgt[i - 1]);  // targets are the inputs shifted by one
+      }
+    }
+  }
+  int checked = 0;
+  for (int v = 0; v < V; ++v) {
+    if (seen[v] < 2000) continue;
+    const double p = P + (1 - P) * q[d.successor(v)], n = double(seen[v]);
+    EXPECT_NEAR(double(followed[v]) / n, p, 5 * std::sqrt(p * (1 - p) / n))
+        << "id " << v << ", seed " << seed;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
+TEST(Markov, SkewedLikeItsZipfDrawAndIidStreamsUnchanged) {
+  // The chain keeps its tokens skewed (successors are Zipf draws too): the hottest id takes more
+  // than a tenth of the stream at V = 64, as Zipf(1.1) does.
+  const uint64_t seed = test_seed();
+  const SyntheticDataset m("markov:1.1,0.5", 64, seed, 1.1, 0.5);
+  const auto pi = m.unigram();
+  EXPECT_GT(*std::max_element(pi.begin(), pi.end()), 0.1) << "seed " << seed;
+  // follow_p = 0 is the plain iid stream, batch for batch.
+  const SyntheticDataset a("zipf:1.1", 64, seed, 1.1), b("zipf:1.1", 64, seed, 1.1, 0.0);
+  std::vector<TokenId> x(256), y(256), t(256);
+  a.batch(3, 4, 64, x.data(), t.data());
+  b.batch(3, 4, 64, y.data(), t.data());
+  EXPECT_EQ(x, y);
 }
 
 class Text : public ::testing::Test {
