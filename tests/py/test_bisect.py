@@ -1,7 +1,9 @@
 """`divlab bisect`: three swapped kernels, one of which changes training beyond the control band;
-delta debugging over short runs names it. At CPU scale the seed bug (bf16_accum) does not move
-the loss outside the noise floor (see README), so the planted culprit is the attention mask bug,
-and bf16_accum rides along as one of the innocent swaps."""
+delta debugging over short runs names it. Two cases: the seed bug (bf16_accum) among two kernels
+that are wrong only where this run never goes (softmax without max subtraction, at small
+logits), on a skewed Markov chain where it diverges under SGD (README: the reproduction on the
+CPU); and the attention mask bug, which lowers the loss, with bf16_accum riding along on data
+where it does not matter. Runs are deterministic on the CPU, so the decisions are too."""
 import os
 import unittest
 
@@ -30,7 +32,46 @@ attention_forward = "mask_off_by_one"
 """
 
 
+# The seed bug's regime on the CPU (configs/seed-bug-cpu.toml, shorter): the hottest embedding
+# row collects ~5000 additions per step, and the chain gives its gradient a consistent sign.
+SEED_BUG_CONFIG = """
+data = "markov:0.8,0.8"
+[model]
+vocab = 64
+d_model = 32
+n_layers = 1
+n_heads = 2
+seq_len = 32
+[train]
+batch = 512
+steps = 100
+optimizer = "sgd"
+lr = 0.3
+momentum = 0.9
+grad_clip = 0.0
+warmup_steps = 20
+[eval]
+every = 0
+[kernels]
+attention_forward = "no_max_subtraction"
+cross_entropy = "no_max_subtraction"
+embed_rmsnorm_backward = "bf16_accum"
+"""
+
+
 class Bisect(unittest.TestCase):
+    def test_names_the_seed_bug_among_three_swaps(self):
+        d = tmpdir()
+        cfg = os.path.join(d, "c.toml")
+        with open(cfg, "w") as f:
+            f.write(SEED_BUG_CONFIG)
+        r = run("bisect", cfg, "--seeds", "4", "--out", os.path.join(d, "b"), "--jobs", "2")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("culprit: embed_rmsnorm_backward=bf16_accum (diverged", r.stdout)
+        # The two innocent swaps were judged together and passed.
+        self.assertRegex(r.stdout, r"attention_forward=no_max_subtraction\+"
+                         r"cross_entropy=no_max_subtraction +no-divergence")
+
     def test_names_the_planted_culprit_from_a_trace(self):
         d = tmpdir()
         cfg, trace = os.path.join(d, "c.toml"), os.path.join(d, "run.h5")
