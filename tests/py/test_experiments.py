@@ -91,6 +91,29 @@ class AnalysisSelfTest(unittest.TestCase):
         quiet = sum(r["verdict"] == "no-divergence" for r in rows)
         self.assertGreaterEqual(quiet / len(rows), 0.95, [r for r in rows if r["verdict"] != "no-divergence"])
 
+    def test_a_consistent_gap_below_a_thousandth_of_the_loss_is_no_divergence(self):
+        # Bit-exact runs: controls within 1e-6 of the reference, so even a tiny systematic gap is
+        # significant. Only gaps of at least 0.1 % of the loss (~0.002 here) are divergences.
+        rng = np.random.default_rng()
+        d = tmpdir()
+        os.makedirs(os.path.join(d, "cells"))
+        shift = {"reference": 0, "fp32_reordered": 0, "fp64_accum": 0, "bf16_accum": 0.0005,
+                 "fp16_accum": 0.01}
+        i = 0
+        for s in range(4):
+            base = curve(rng)
+            for v, g in shift.items():
+                own = 0 if v == "reference" else rng.normal(0, 1e-6, STEPS)
+                synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), "zipf:1.1", v, s,
+                                base + own + g)
+                i += 1
+        self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
+        rows = {row["variant"]: row for row in verdicts(d)}
+        tiny, material = (rows[f"embed_rmsnorm_backward={v}"] for v in ("bf16_accum", "fp16_accum"))
+        self.assertLess(float(tiny["p_welch"]), 1e-6, tiny)  # significant, yet not material
+        self.assertEqual(tiny["verdict"], "no-divergence", tiny)
+        self.assertEqual(material["verdict"], "diverged", material)
+
     def test_nan_is_its_own_verdict(self):
         d = tmpdir()
         rng = np.random.default_rng()
