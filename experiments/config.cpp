@@ -30,7 +30,8 @@ struct KeySpec {
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       {"backend", Type::String, "cpu", "where the run executes", Range::Any, {"cpu", "cuda"}},
-      {"data", Type::String, "uniform", "dataset spec: uniform | zipf:S | text:PATH | brown"},
+      {"data", Type::String, "uniform",
+       "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown"},
       {"plugins", Type::List, "",
        "shared libraries with candidate kernels (C ABI: kernels/plugin_abi.h)"},
       {"model.vocab", Type::Int, "256", "vocabulary size V", Range::Positive},
