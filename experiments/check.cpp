@@ -452,16 +452,17 @@ int cmd_check(const CheckOptions& opt) {
   }
   std::fputs(format_check(r).c_str(), stdout);
   if (opt.train) {
-    // The short reproduce grid with this candidate (and the op's benign controls) in place of
-    // the reported kernel.
-    const std::string base = std::string(DIVLAB_SOURCE_DIR) + "/configs/reproduce-" +
-                             (opt.backend == "cuda" ? "gpu" : "cpu") + ".toml";
+    // The seed-bug grid's short version (the skewed Markov chain, where the reported kernel
+    // diverges under SGD and AdamW hides it) with this candidate and the op's benign controls
+    // in place of the reported kernel, on the check's backend.
+    const std::string base = std::string(DIVLAB_SOURCE_DIR) + "/configs/seed-bug-markov.toml";
     std::ifstream in(base);
     std::string text, l;
     bool skipping = false;
     while (std::getline(in, l)) {
       if (!l.empty() && l[0] == '[') skipping = l == "[axes.kernels]";
       if (!skipping) text += l + "\n";
+      if (l == "[set]") text += "backend = \"" + opt.backend + "\"\n";
       if (l == "[set]" && !opt.plugins.empty()) {
         text += "plugins = [";
         for (size_t i = 0; i < opt.plugins.size(); ++i)
@@ -482,7 +483,7 @@ int cmd_check(const CheckOptions& opt) {
     rp.grid = rp.out + ".grid.toml";
     if (!write_file_atomically(rp.grid, text))
       throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
-    std::printf("\n--train: the short reproduce grid with %s=%s (%s)\n", r.op.c_str(),
+    std::printf("\n--train: the short seed-bug grid with %s=%s (%s)\n", r.op.c_str(),
                 r.variant.c_str(), rp.grid.c_str());
     run_reproduce(rp);
   }

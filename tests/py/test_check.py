@@ -2,6 +2,7 @@
 the benchmark verifier pass it; every built-in variant caught by the condition its documentation
 names; controls pass everything; plug-ins checked the same way; bad input refused; --train runs
 the short grid."""
+import csv
 import os
 import re
 import unittest
@@ -92,12 +93,22 @@ class Check(unittest.TestCase):
         r = check("embed_rmsnorm_backward=bf16_accum", "--train", "--out", out, "--jobs", "2",
                   "--no-plots")
         self.assertEqual(r.returncode, 1, r.stderr)  # the kernel-level verdict
-        self.assertIn("--train: the short reproduce grid", r.stdout)
+        self.assertIn("--train: the short seed-bug grid", r.stdout)
         with open(out + ".grid.toml") as f:
             grid = f.read()
         self.assertIn('embed_rmsnorm_backward = ["reference", "bf16_accum", "fp32_reordered", '
                       '"fp64_accum"]', grid)
-        self.assertTrue(os.path.exists(os.path.join(out, "verdicts.csv")))
+        # End to end, the reported pattern: diverged under SGD, hidden by AdamW; controls quiet.
+        with open(os.path.join(out, "verdicts.csv")) as f:
+            rows = list(csv.DictReader(f))
+        verdict = {(("adamw" if "adamw" in row["group"] else "sgd"), row["variant"]): row["verdict"]
+                   for row in rows}
+        self.assertEqual(verdict[("sgd", "embed_rmsnorm_backward=bf16_accum")], "diverged", rows)
+        self.assertEqual(verdict[("adamw", "embed_rmsnorm_backward=bf16_accum")], "no-divergence",
+                         rows)
+        for opt in ("sgd", "adamw"):
+            self.assertEqual(verdict[(opt, "embed_rmsnorm_backward=fp32_reordered")],
+                             "no-divergence", rows)
 
 
 if __name__ == "__main__":
