@@ -1,7 +1,8 @@
 // Causal multi-head attention on the GPU as batched cuBLAS GEMMs around a causal softmax:
-// q, k, v are gathered into [B, NH, T, hs] (contiguous per head), scores = scale q k^T, softmax
-// with the causal mask into att [B, NH, T, T] (saved for the backward, like the CPU reference),
-// y = att v, and y scattered back to [N, C]. No atomics: bitwise deterministic.
+// scores = scale q k^T, softmax with the causal mask into att [B, NH, T, T] (saved for the
+// backward, like the CPU reference), y = att v. The GEMMs address each head in place (q, k, v
+// as column blocks of the [N, 3C] qkv rows, y as column blocks of the [N, C] output; gemm_heads),
+// so nothing is gathered or scattered. No atomics: bitwise deterministic.
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -10,41 +11,6 @@
 namespace divlab::cuda {
 
 namespace {
-// Between a row-major [N, stride] tensor, whose columns col0 .. col0 + C hold NH heads, and a
-// per-head [B, NH, T, hs] layout. qkv: stride 3C, col0 = 0, C, 2C for q, k, v; out: stride C.
-template <bool to_heads>
-__global__ void permute_kernel(float* heads, float* rows, int stride, int col0, int T_, int C,
-                               int NH, int64_t total) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const int hs = C / NH;
-  const int d = int(i % hs);
-  const int64_t t = (i / hs) % T_;
-  const int64_t h = (i / (int64_t(hs) * T_)) % NH;
-  const int64_t b = i / (int64_t(hs) * T_ * NH);
-  const int64_t j = (b * T_ + t) * stride + col0 + h * hs + d;
-  if (to_heads)
-    heads[i] = rows[j];
-  else
-    rows[j] = heads[i];
-}
-
-template <bool to_heads>
-void permute(float* heads, const float* rows, int stride, int col0, int B, int T_, int C, int NH,
-             const char* what) {
-  const int64_t total = int64_t(B) * T_ * C;
-  // Only the destination is written: `rows` when scattering back, `heads` when gathering.
-  permute_kernel<to_heads><<<blocks_for(total, 256), 256>>>(heads, const_cast<float*>(rows), stride,
-                                                            col0, T_, C, NH, total);
-  DIVLAB_LAUNCHED(what);
-}
-
-void gather_qkv(float* q, float* k, float* v, const float* qkv, int B, int T_, int C, int NH) {
-  permute<true>(q, qkv, 3 * C, 0, B, T_, C, NH, "attention gather q");
-  permute<true>(k, qkv, 3 * C, C, B, T_, C, NH, "attention gather k");
-  permute<true>(v, qkv, 3 * C, 2 * C, B, T_, C, NH, "attention gather v");
-}
-
 // One warp per score row (b, h, t): softmax over s <= t + lookahead, zeros beyond.
 template <int lookahead, bool subtract_max>
 __global__ void causal_softmax_kernel(float* att, int T_, int64_t rows) {
@@ -79,57 +45,55 @@ __global__ void softmax_backward_kernel(float* datt, const float* att, int T_, i
   for (int s = lane; s < T_; s += 32) d[s] = p[s] * (d[s] - dot) * scale;
 }
 
+// Batch entry (b, h) of each operand: q, k, v in the qkv rows (row stride 3C), y and dy in
+// the [N, C] rows (row stride C), att and datt as [B, NH, T, T].
+struct HeadLayout {
+  HeadStrides qkv, rows, square;
+  HeadLayout(int T_, int C, int NH)
+      : qkv{3LL * T_ * C, C / NH},
+        rows{(long long)T_ * C, C / NH},
+        square{(long long)NH * T_ * T_, (long long)T_ * T_} {}
+};
+
 template <GemmMode mode, int lookahead, bool subtract_max>
 void attention_forward(float* out, float* att, const float* qkv, int B, int T_, int C, int NH) {
-  const int hs = C / NH, BH = B * NH;
-  const size_t n = size_t(B) * T_ * C;
-  float *q = scratch_as<float>(Scratch::B, n), *k = scratch_as<float>(Scratch::C, n),
-        *v = scratch_as<float>(Scratch::D, n), *y = scratch_as<float>(Scratch::E, n);
-  gather_qkv(q, k, v, qkv, B, T_, C, NH);
-  const long long head = (long long)T_ * hs, square = (long long)T_ * T_;
+  const int hs = C / NH;
+  const HeadLayout L(T_, C, NH);
+  const float *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
   // att^T[s, t] (column-major) = scale sum_d k[s, d] q[t, d]: row-major att[t, s]
-  gemm_batched<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, hs, head, q,
-                     hs, head, 0.0f, att, T_, square, BH);
-  const int64_t rows = int64_t(BH) * T_;
+  gemm_heads<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, 3 * C, L.qkv,
+                   q, 3 * C, L.qkv, 0.0f, att, T_, L.square, B, NH);
+  const int64_t rows = int64_t(B) * NH * T_;
   causal_softmax_kernel<lookahead, subtract_max><<<blocks_for(rows, 8), 256>>>(att, T_, rows);
   DIVLAB_LAUNCHED("causal_softmax");
-  // y^T[d, t] = sum_s v[s, d] att[t, s]
-  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, hs, head, att, T_, square, 0.0f,
-                     y, hs, head, BH);
-  permute<false>(y, out, C, 0, B, T_, C, NH, "attention merge_heads");
+  // y^T[d, t] = sum_s v[s, d] att[t, s], into head h's columns of out's rows
+  gemm_heads<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, 3 * C, L.qkv, att, T_, L.square,
+                   0.0f, out, C, L.rows, B, NH);
 }
 
 template <GemmMode mode>
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                         int T_, int C, int NH) {
-  const int hs = C / NH, BH = B * NH;
-  const size_t n = size_t(B) * T_ * C;
-  const long long head = (long long)T_ * hs, square = (long long)T_ * T_;
-  float *q = scratch_as<float>(Scratch::B, n), *k = scratch_as<float>(Scratch::C, n),
-        *v = scratch_as<float>(Scratch::D, n), *dy = scratch_as<float>(Scratch::E, n);
-  float *dq = scratch_as<float>(Scratch::G, n), *dk = scratch_as<float>(Scratch::H, n),
-        *dv = scratch_as<float>(Scratch::I, n);
-  float* datt = scratch_as<float>(Scratch::F, size_t(BH) * T_ * T_);
-  gather_qkv(q, k, v, qkv, B, T_, C, NH);
-  permute<true>(dy, dout, C, 0, B, T_, C, NH, "attention split_heads");
+  const int hs = C / NH;
+  const HeadLayout L(T_, C, NH);
+  const float *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
+  float *dq = dqkv, *dk = dqkv + C, *dv = dqkv + 2 * C;
+  float* datt = scratch_as<float>(Scratch::F, size_t(B) * NH * T_ * T_);
   // datt[t, s] = sum_d dy[t, d] v[s, d]
-  gemm_batched<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, v, hs, head, dy, hs, head, 0.0f,
-                     datt, T_, square, BH);
+  gemm_heads<mode>(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, v, 3 * C, L.qkv, dout, C, L.rows,
+                   0.0f, datt, T_, L.square, B, NH);
   // dv[s, d] = sum_t att[t, s] dy[t, d]
-  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dy, hs, head, att, T_, square,
-                     0.0f, dv, hs, head, BH);
-  const int64_t rows = int64_t(BH) * T_;
+  gemm_heads<mode>(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dout, C, L.rows, att, T_, L.square,
+                   0.0f, dv, 3 * C, L.qkv, B, NH);
+  const int64_t rows = int64_t(B) * NH * T_;
   softmax_backward_kernel<<<blocks_for(rows, 8), 256>>>(datt, att, T_, rows,
                                                         1.0f / sqrtf(float(hs)));
   DIVLAB_LAUNCHED("softmax_backward");
   // dq[t, d] = sum_s dpre[t, s] k[s, d];  dk[s, d] = sum_t dpre[t, s] q[t, d]
-  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, k, hs, head, datt, T_, square,
-                     0.0f, dq, hs, head, BH);
-  gemm_batched<mode>(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, hs, head, datt, T_, square,
-                     0.0f, dk, hs, head, BH);
-  permute<false>(dq, dqkv, 3 * C, 0, B, T_, C, NH, "attention scatter dq");
-  permute<false>(dk, dqkv, 3 * C, C, B, T_, C, NH, "attention scatter dk");
-  permute<false>(dv, dqkv, 3 * C, 2 * C, B, T_, C, NH, "attention scatter dv");
+  gemm_heads<mode>(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, k, 3 * C, L.qkv, datt, T_, L.square,
+                   0.0f, dq, 3 * C, L.qkv, B, NH);
+  gemm_heads<mode>(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, 3 * C, L.qkv, datt, T_, L.square,
+                   0.0f, dk, 3 * C, L.qkv, B, NH);
 }
 
 template <GemmMode mode>
