@@ -244,11 +244,11 @@ std::vector<double> widen(const Buffer<T>& b) {
 }
 
 // The device's share of a run: the model's buffers, optimizer state, backend scratch (attention
-// and embedding-gradient work space), in values of T.
+// scores' gradient, RMSNorm and embedding-gradient work space), in values of T.
 int64_t predicted_values(const RunConfig& cfg, int64_t params) {
   const ModelConfig& m = cfg.model;
   const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model;
-  const int64_t scratch = 9 * N * C + int64_t(cfg.batch) * m.n_heads * m.seq_len * m.seq_len +
+  const int64_t scratch = 3 * N * C + int64_t(cfg.batch) * m.n_heads * m.seq_len * m.seq_len +
                           int64_t(m.vocab) * C + 64 * C + 4 * N;
   const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params;
   return optimizer + scratch;

@@ -59,7 +59,7 @@ const MemoryOps& device_memory();
 cublasHandle_t cublas();
 
 // Grow-only device scratch, one region per slot, valid until the next call with the same slot.
-enum class Scratch { A, B, C, D, E, F, G, H, I, Reduce, Pointers, Count };
+enum class Scratch { A, B, C, D, E, F, Reduce, Pointers, Count };
 void* scratch(Scratch slot, size_t bytes);
 template <class T>
 T* scratch_as(Scratch slot, size_t n) {
