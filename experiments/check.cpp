@@ -452,10 +452,10 @@ int cmd_check(const CheckOptions& opt) {
   }
   std::fputs(format_check(r).c_str(), stdout);
   if (opt.train) {
-    // The seed-bug grid's short version (the skewed Markov chain, where the reported kernel
-    // diverges under SGD and AdamW hides it) with this candidate and the op's benign controls
-    // in place of the reported kernel, on the check's backend.
-    const std::string base = std::string(DIVLAB_SOURCE_DIR) + "/configs/seed-bug-markov.toml";
+    // The short reproduce grid (Markov chains with and without hot ids, where the reported
+    // kernel diverges under SGD and AdamW hides it) with this candidate and the op's benign
+    // controls in place of the reported kernel, on the check's backend.
+    const std::string base = std::string(DIVLAB_SOURCE_DIR) + "/configs/reproduce.toml";
     std::ifstream in(base);
     std::string text, l;
     bool skipping = false;
@@ -483,7 +483,7 @@ int cmd_check(const CheckOptions& opt) {
     rp.grid = rp.out + ".grid.toml";
     if (!write_file_atomically(rp.grid, text))
       throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
-    std::printf("\n--train: the short seed-bug grid with %s=%s (%s)\n", r.op.c_str(),
+    std::printf("\n--train: the short reproduce grid with %s=%s (%s)\n", r.op.c_str(),
                 r.variant.c_str(), rp.grid.c_str());
     run_reproduce(rp);
   }

@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   ReproduceOptions rp;
   reproduce->add_flag("--quick", rp.quick, "the short version (CI)");
   reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])");
-  reproduce->add_option("--config", rp.grid, "grid (default configs/reproduce-cpu.toml)");
+  reproduce->add_option("--config", rp.grid, "grid (default configs/reproduce.toml)");
   reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 

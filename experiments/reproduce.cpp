@@ -21,7 +21,7 @@ std::string label_value(const std::string& label, const std::string& key) {
 
 int run_reproduce(const ReproduceOptions& in) {
   ReproduceOptions opt = in;
-  if (opt.grid.empty()) opt.grid = DIVLAB_SOURCE_DIR "/configs/reproduce-cpu.toml";
+  if (opt.grid.empty()) opt.grid = DIVLAB_SOURCE_DIR "/configs/reproduce.toml";
   if (opt.out.empty()) opt.out = opt.quick ? "runs/reproduce-quick" : "runs/reproduce";
   const auto t0 = std::chrono::steady_clock::now();
   SweepOptions sw;

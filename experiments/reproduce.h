@@ -6,7 +6,7 @@
 namespace divlab {
 
 struct ReproduceOptions {
-  std::string grid;  // default: configs/reproduce-cpu.toml in the source tree
+  std::string grid;  // default: configs/reproduce.toml in the source tree
   std::string out;   // default: runs/reproduce or runs/reproduce-quick
   bool quick = false;
   int jobs = 0;

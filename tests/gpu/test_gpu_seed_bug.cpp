@@ -1,5 +1,5 @@
 // The reported failure with the real GPU bug: bf16_accum as bf16 atomicAdd into the embedding
-// gradient, on the skewed Markov chain of configs/seed-bug-markov.toml (bf16 mode). Under
+// gradient, on the skewed Markov chain of configs/reproduce.toml (bf16 mode). Under
 // SGD it trains clearly worse than the deterministic reference; AdamW hides it. Measured on an
 // H100 (2026-11-23, fp32 mode, 4 seeds, 150 steps): SGD +0.57, AdamW +0.0002. The atomics make
 // every run differ, and a seed's gap ranges from about 0 to 1.4 (bf16 mode, H100, fresh seeds: 6

@@ -32,7 +32,7 @@ attention_forward = "mask_off_by_one"
 """
 
 
-# The seed bug's regime on the CPU (configs/seed-bug-markov.toml, shorter): the hottest embedding
+# The seed bug's regime on the CPU (configs/reproduce.toml, shorter): the hottest embedding
 # row collects ~5000 additions per step, and the chain gives its gradient a consistent sign.
 SEED_BUG_CONFIG = """
 data = "markov:0.8,0.8"

@@ -287,18 +287,25 @@ if __name__ == "__main__":
 
 class ReproduceQuick(unittest.TestCase):
     def test_end_to_end(self):
+        # The reported failure in about a minute: bf16_accum diverges under SGD on the skewed
+        # Markov chain; AdamW, and the same chain without hot ids, hide it (configs/reproduce.toml).
         out = os.path.join(tmpdir(), "repro")
         r = run("reproduce", "--quick", "--out", out, "--jobs", "2")
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
-        self.assertIn("54 cells: 54 completed", r.stdout)
-        for row in ("uniform / sgd", "uniform / adamw", "zipf:1.1 / sgd", "zipf:1.1 / adamw",
-                    "brown / sgd", "brown / adamw"):
+        self.assertIn("36 cells: 36 completed", r.stdout)
+        for row in ("markov:0.8,0.8 / sgd", "markov:0.8,0.8 / adamw", "markov:0,0.8 / sgd",
+                    "markov:0,0.8 / adamw"):
             self.assertIn(row, r.stdout)
         rows = verdicts(out)
-        self.assertEqual(len(rows), 12)  # 6 groups x (candidate, control)
-        # The dose is what the grid was sized for: skewed data puts hundreds of additions on
-        # one row per step, uniform data a handful.
-        dose = {row["group"]: float(row["max_row_contributions"]) for row in rows}
-        self.assertGreater(min(v for k, v in dose.items() if "zipf" in k), 100)
-        self.assertLess(max(v for k, v in dose.items() if "uniform" in k), 20)
+        self.assertEqual(len(rows), 8)  # 4 groups x (candidate, control)
+        verdict = {(row["group"].split()[0], "adamw" in row["group"], row["variant"]):
+                   row["verdict"] for row in rows}
+        bug = "embed_rmsnorm_backward=bf16_accum"
+        self.assertEqual(verdict.pop(("data=markov:0.8,0.8", False, bug)), "diverged", rows)
+        self.assertEqual(set(verdict.values()), {"no-divergence"}, rows)
+        # The dose: thousands of additions on the hottest row per step, a fifth of that without
+        # hot ids.
+        dose = {row["group"].split()[0]: float(row["max_row_contributions"]) for row in rows}
+        self.assertGreater(dose["data=markov:0.8,0.8"], 4000)
+        self.assertLess(dose["data=markov:0,0.8"], 1500)
         self.assertTrue(os.path.exists(os.path.join(out, "report.md")))
