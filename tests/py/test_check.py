@@ -117,5 +117,6 @@ def verdict_matrix(path):
              "adamw" if "optimizer=adamw" in r["group"] else "sgd",
              r["variant"].split("=", 1)[1]): r["verdict"] for r in rows}
 
+
 if __name__ == "__main__":
     unittest.main()
