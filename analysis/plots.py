@@ -4,6 +4,7 @@ token-frequency bucket. Reads DIR/summary.h5 and DIR/cells/*.h5. Debian's python
 import glob
 import os
 import sys
+import textwrap
 
 import h5py
 import matplotlib
@@ -36,8 +37,9 @@ def verdict_plots(out, summary):
         bottom.set_xlabel("step")
         bottom.set_ylabel("loss gap")
         bottom.legend(fontsize=8)
-        fig.suptitle(f"{a['group']}: {a['variant']} -> {a['verdict']} "
-                     f"(p = {a['p_welch']:.2g})", fontsize=9)
+        # Group labels carry every differing key: wrap them to the figure's width.
+        title = f"{a['group']}: {a['variant']} -> {a['verdict']} (p = {a['p_welch']:.2g})"
+        fig.suptitle("\n".join(textwrap.wrap(title, 100)), fontsize=9)
         fig.tight_layout()
         fig.savefig(os.path.join(out, f"verdict-{key}.png"), dpi=90)
         plt.close(fig)
