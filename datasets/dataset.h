@@ -23,9 +23,12 @@ struct DatasetInfo {
   std::string spec;
   std::string kind;  // uniform | zipf | markov | text
   int vocab = 0;
-  std::string corpus_sha256;    // text only
-  int64_t corpus_tokens = 0;    // text only: tokens in the training split
-  double zipf_exponent = 0;     // fitted (text, zipf) or 0 (uniform)
+  std::string corpus_sha256;  // text only
+  int64_t corpus_tokens = 0;  // text only: tokens in the training split
+  double zipf_exponent = 0;   // fitted (text, zipf) or 0 (uniform)
+  // Synthetic streams: the exact entropy rate H(next | current) in nats, the lowest mean loss
+  // any model can reach; -1 where unknown (text).
+  double entropy_rate = -1;
   std::string tokenizer_model;  // serialized sentencepiece model bytes (text only)
 };
 

@@ -59,6 +59,19 @@ SyntheticDataset::SyntheticDataset(const std::string& spec, int vocab, uint64_t 
     for (double& c : start_cdf_) c /= total;
   }
   info_.zipf_exponent = fit_zipf_exponent(marginal_);
+  // Entropy rate: sum over v of pi(v) H(next | v), where next | v is the independent draw with
+  // probability 1 - p, plus p on successor(v) (iid: p = 0, H of the independent draw).
+  double rate = 0;
+  for (int v = 0; v < (follow_p > 0 ? vocab : 1); ++v) {
+    double h = 0;
+    for (int j = 0; j < vocab; ++j) {
+      const bool follows = follow_p > 0 && successor_[v] == j;
+      const double pj = (1 - follow_p) * independent[j] + (follows ? follow_p : 0.0);
+      if (pj > 0) h -= pj * std::log(pj);
+    }
+    rate += (follow_p > 0 ? marginal_[v] : 1.0) * h;
+  }
+  info_.entropy_rate = rate;
 }
 
 TokenId SyntheticDataset::draw(Rng& rng) const {

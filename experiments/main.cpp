@@ -66,6 +66,8 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   std::printf("%-44s %.4f\n", "top-1 share", s.top1_share);
   std::printf("%-44s %.4f\n", "top-10 share", s.top10_share);
   std::printf("%-44s %.3f\n", "fitted Zipf exponent", s.zipf_exponent);
+  if (info.entropy_rate >= 0)
+    std::printf("%-44s %.4f\n", "entropy rate (nats/token: the loss floor)", info.entropy_rate);
   char what[96];
   std::snprintf(what, sizeof what, "max contributions to one row per step (B*T=%d)", batch * seq);
   std::printf("%-44s %.1f (mean of %lld batches)\n", what, s.expected_max_row_contributions,

@@ -111,6 +111,7 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/dataset", "vocab", int64_t(data.vocab));
   w.attr("/dataset", "corpus_sha256", data.corpus_sha256);
   w.attr("/dataset", "zipf_exponent", data.zipf_exponent);
+  w.attr("/dataset", "entropy_rate", data.entropy_rate);
   w.array("/dataset/token_counts", TraceWriter::Kind::Int64, data.vocab);
   if (!data.tokenizer_model.empty()) w.bytes("/dataset/tokenizer_model", data.tokenizer_model);
   using K = TraceWriter::Kind;

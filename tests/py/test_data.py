@@ -33,6 +33,7 @@ class DataCommand(unittest.TestCase):
     def test_zipf_statistics(self):
         out = run("data", "--dataset", "zipf:1.1", "--vocab", "1000", check=True).stdout
         self.assertIn("fitted Zipf exponent                         1.100", out)
+        self.assertIn("entropy rate (nats/token: the loss floor)", out)
 
     def test_text_trace_is_self_contained(self):
         path = os.path.join(self.dir, "t.h5")
