@@ -5,7 +5,6 @@
 // plain fp32, one shape at a time, in one run. Baseline: the mode divlab uses.
 //   build/cuda/bench/bench_gemm_modes [--tokens N] [--d-model C] [--vocab V] [--reps R]
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -14,24 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace {
-#define CHECK_CUDA(x)                                                                   \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-#define CHECK_CUBLAS(x)                                                                \
-  do {                                                                                 \
-    cublasStatus_t s_ = (x);                                                           \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s: cuBLAS status %d (line %d)\n", #x, int(s_), __LINE__); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "kernels/cuda/runtime.h"  // DIVLAB_CUDA_CHECK, DIVLAB_CUBLAS_CHECK
 
+namespace {
 struct Mode {
   const char* name;
   cudaDataType_t in, out;
@@ -44,26 +28,27 @@ double tflops(cublasHandle_t h, const Mode& m, int tokens, int k, int n, int rep
               void* C) {
   const float alpha = 1, beta = 0;
   auto run = [&] {
-    CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, tokens, k, &alpha, A, m.in, k, B,
-                              m.in, k, &beta, C, m.out, n, m.compute, CUBLAS_GEMM_DEFAULT));
+    DIVLAB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, tokens, k, &alpha, A, m.in, k,
+                                     B, m.in, k, &beta, C, m.out, n, m.compute,
+                                     CUBLAS_GEMM_DEFAULT));
   };
   for (int i = 0; i < 3; ++i) run();  // warm-up: heuristics, clocks
   cudaEvent_t t0, t1;
-  CHECK_CUDA(cudaEventCreate(&t0));
-  CHECK_CUDA(cudaEventCreate(&t1));
-  CHECK_CUDA(cudaEventRecord(t0));
+  DIVLAB_CUDA_CHECK(cudaEventCreate(&t0));
+  DIVLAB_CUDA_CHECK(cudaEventCreate(&t1));
+  DIVLAB_CUDA_CHECK(cudaEventRecord(t0));
   for (int i = 0; i < reps; ++i) run();
-  CHECK_CUDA(cudaEventRecord(t1));
-  CHECK_CUDA(cudaEventSynchronize(t1));
+  DIVLAB_CUDA_CHECK(cudaEventRecord(t1));
+  DIVLAB_CUDA_CHECK(cudaEventSynchronize(t1));
   float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK_CUDA(cudaEventDestroy(t0));
-  CHECK_CUDA(cudaEventDestroy(t1));
+  DIVLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  DIVLAB_CUDA_CHECK(cudaEventDestroy(t0));
+  DIVLAB_CUDA_CHECK(cudaEventDestroy(t1));
   return 2.0 * tokens * double(k) * n * reps / (ms * 1e-3) / 1e12;
 }
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   int tokens = 8192, C = 512, V = 8192, reps = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -106,9 +91,9 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes)
     most = std::max(most, std::max(size_t(s.k) * s.n, size_t(tokens) * std::max(s.k, s.n)));
   void *A, *B, *Cbuf;
-  CHECK_CUDA(cudaMalloc(&A, most * 4));
-  CHECK_CUDA(cudaMalloc(&B, most * 4));
-  CHECK_CUDA(cudaMalloc(&Cbuf, most * 4));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&A, most * 4));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&B, most * 4));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&Cbuf, most * 4));
   // Words 0x3cXX3cYY: as fp32 and as two bf16s alike, numbers of modest magnitude (~0.01).
   std::vector<uint32_t> host(most);
   uint32_t x = 12345;
@@ -116,12 +101,12 @@ int main(int argc, char** argv) {
     x = x * 1664525u + 1013904223u;
     h = 0x3c003c00u | ((x >> 9) & 0x007f0000u) | ((x >> 20) & 0x7fu);
   }
-  CHECK_CUDA(cudaMemcpy(A, host.data(), most * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(B, host.data(), most * 4, cudaMemcpyHostToDevice));
+  DIVLAB_CUDA_CHECK(cudaMemcpy(A, host.data(), most * 4, cudaMemcpyHostToDevice));
+  DIVLAB_CUDA_CHECK(cudaMemcpy(B, host.data(), most * 4, cudaMemcpyHostToDevice));
   cublasHandle_t h;
-  CHECK_CUBLAS(cublasCreate(&h));
+  DIVLAB_CUBLAS_CHECK(cublasCreate(&h));
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  DIVLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("GEMM modes on %s: tokens %d, C %d, V %d, %d reps (TFLOP/s; x = vs divlab bf16)\n",
               prop.name, tokens, C, V, reps);
   std::printf("%-10s %-12s", "gemm", "k x n");
@@ -141,6 +126,15 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  CHECK_CUBLAS(cublasDestroy(h));
+  DIVLAB_CUBLAS_CHECK(cublasDestroy(h));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const divlab::cuda::CudaError& e) {
+    std::fprintf(stderr, "bench_gemm_modes: %s\n", e.what());
+    return 1;
+  }
 }

@@ -462,8 +462,9 @@ int cmd_check(const CheckOptions& opt) {
     while (std::getline(in, l)) {
       if (!l.empty() && l[0] == '[') skipping = l == "[axes.kernels]";
       if (!skipping) text += l + "\n";
-      if (l == "[set]") text += "backend = \"" + opt.backend + "\"\n";
-      if (l == "[set]" && !opt.plugins.empty()) {
+      if (l != "[set]") continue;
+      text += "backend = \"" + opt.backend + "\"\n";
+      if (!opt.plugins.empty()) {
         text += "plugins = [";
         for (size_t i = 0; i < opt.plugins.size(); ++i)
           text += (i ? ", \"" : "\"") + opt.plugins[i] + "\"";
