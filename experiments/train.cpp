@@ -227,7 +227,9 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double total = 0;
   for (const auto& r : rows) total += r.second.seconds;
-  std::fprintf(stderr, "\nop time over %lld steps (each call between two synchronisations)\n",
+  std::fprintf(stderr,
+               "\nop time over %lld steps after the first (each call between two "
+               "synchronisations)\n",
                (long long)steps);
   std::fprintf(stderr, "%-24s %8s %12s %12s %7s\n", "op", "calls", "ms/step", "us/call", "share");
   for (const auto& [op, t] : rows)
@@ -245,12 +247,14 @@ std::vector<double> widen(const Buffer<T>& b) {
 }
 
 // The device's share of a run: the model's buffers, optimizer state, backend scratch (attention
-// scores' gradient, RMSNorm and embedding-gradient work space), in values of T.
+// scores' gradient or cuDNN's workspace, the fused attention's bf16 copies of qkv, out, dout and
+// dqkv and its row statistics, RMSNorm and embedding-gradient work space), in values of T.
 int64_t predicted_values(const RunConfig& cfg, int64_t params) {
   const ModelConfig& m = cfg.model;
   const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model;
-  const int64_t scratch = 3 * N * C + int64_t(cfg.batch) * m.n_heads * m.seq_len * m.seq_len +
-                          int64_t(m.vocab) * C + 64 * C + 4 * N;
+  const int64_t rows = int64_t(cfg.batch) * m.n_heads * m.seq_len;
+  const int64_t scratch =
+      3 * N * C + rows * m.seq_len + 4 * N * C + 2 * rows + int64_t(m.vocab) * C + 64 * C + 4 * N;
   const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params;
   return optimizer + scratch;
 }
@@ -348,6 +352,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     for (size_t i = 0; i < model.layout().size(); ++i)
       trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name, st.param_grad_norms[i]);
     result.steps = step + 1;
+    // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
+    // the profile covers the steady steps after it when there are any.
+    if (profiler && step == first_step && step + 1 < cfg.steps) profiler->reset();
     result.final_loss = double(loss);
     // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
     // order as they come, and all of them before a checkpoint or the end of the run.
@@ -394,7 +401,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     }
   }
   progress.done();
-  if (profiler) print_profile(profiler->times(), result.steps - first_step);
+  if (profiler)
+    print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1));
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
   trace.finish(result.status, nan_where);

@@ -63,11 +63,27 @@ KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choi
     if (!known)
       throw UnknownKernel("kernels." + op + ": unknown op; valid ops: " + join(op_names()));
   }
+  // Variants that run only with a partner bring it along.
+  std::map<std::string, std::string> effective = choice;
+  for_each_op([&](const auto& ops, auto) {
+    const auto it = choice.find(ops.op);
+    const Partner* found = it == choice.end() ? nullptr : ops.partner(it->second);
+    if (!found) return;
+    const Partner& partner = *found;
+    const auto named = choice.find(partner.op);
+    if (named != choice.end() && named->second != partner.variant)
+      throw UnknownKernel("kernels." + ops.op + " = '" + it->second + "' runs only with kernels." +
+                          partner.op + " = '" + partner.variant +
+                          "' (its saved state is private "
+                          "to that kernel); got '" +
+                          named->second + "'");
+    effective[partner.op] = partner.variant;
+  });
   KernelSet<T> set;
   set.memory = memory;
   for_each_op([&](const auto& ops, auto member) {
-    const auto it = choice.find(ops.op);
-    const std::string name = it == choice.end() ? "reference" : it->second;
+    const auto it = effective.find(ops.op);
+    const std::string name = it == effective.end() ? "reference" : it->second;
     const auto* entry = ops.find(name);
     if (!entry)
       throw UnknownKernel("kernels." + ops.op + " = '" + name +

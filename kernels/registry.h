@@ -21,6 +21,13 @@ struct VariantDoc {
   bool benign = false;     // a control: same math up to rounding; must never be called divergent
 };
 
+// A variant whose saved state only one implementation of another op can read (the fused
+// attention forward saves no probabilities): choosing it chooses that one too, and a different
+// explicit choice for that op is refused (Catalogue::select).
+struct Partner {
+  std::string op, variant;
+};
+
 template <class Fn>
 struct OpVariants {
   struct Entry {
@@ -33,11 +40,21 @@ struct OpVariants {
   std::string op;
   std::string what;  // one line on what the op computes
   std::vector<Entry> entries;
+  std::map<std::string, Partner> partners;  // variant name -> the partner it runs with
 
   void add(std::string name, Fn fn, VariantDoc doc) {
     entries.push_back({std::move(name), std::move(doc), fn});
   }
+  // `name` runs only with `variant` of `other_op` (see Partner).
+  void pair(const std::string& name, std::string other_op, std::string variant) {
+    partners[name] = Partner{std::move(other_op), std::move(variant)};
+  }
+  const Partner* partner(const std::string& name) const {
+    const auto it = partners.find(name);
+    return it == partners.end() ? nullptr : &it->second;
+  }
   void remove(const std::string& name) {
+    partners.erase(name);
     for (auto it = entries.begin(); it != entries.end(); ++it)
       if (it->name == name) {
         entries.erase(it);

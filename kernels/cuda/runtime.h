@@ -59,7 +59,13 @@ const MemoryOps& device_memory();
 cublasHandle_t cublas();
 
 // Grow-only device scratch, one region per slot, valid until the next call with the same slot.
-enum class Scratch { A, B, C, D, E, F, Reduce, Pointers, Count };
+// clang-format off
+enum class Scratch {
+  A, B, C, D, E, F, Reduce, Pointers,                          // the ops' work space
+  Attention16, AttentionStats, Cudnn, CudnnRows, CudnnAccum,  // the fused cuDNN attention
+  Count
+};
+// clang-format on
 void* scratch(Scratch slot, size_t bytes);
 template <class T>
 T* scratch_as(Scratch slot, size_t n) {

@@ -182,6 +182,19 @@ class Determinism(unittest.TestCase):
         self.assertEqual(losses[0], losses[1])
 
 
+class Profile(unittest.TestCase):
+    def test_profile_leaves_out_the_first_step(self):
+        # The first step pays one-time costs (cuDNN plans on the GPU, scratch growth); the table
+        # covers the steps after it, and every op the model runs appears in it.
+        r = run("train", "--set", *SMALL, "train.steps=5", "--profile", "--quiet",
+                "--out", os.path.join(tmpdir(), "p.h5"), check=True)
+        self.assertIn("op time over 4 steps after the first", r.stderr)
+        rows = {line.split()[0]: line.split() for line in r.stderr.splitlines() if line.strip()}
+        # 2 blocks: 4 linear layers each, plus the LM head; 4 steps.
+        self.assertEqual(rows["linear_forward"][1], str(4 * (2 * 4 + 1)))
+        self.assertEqual(rows["attention_backward"][1], str(4 * 2))
+
+
 class CrashSafety(unittest.TestCase):
     def test_readable_while_writing_and_after_sigkill(self):
         d = tmpdir()

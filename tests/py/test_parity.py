@@ -26,8 +26,9 @@ def normalised_error(a, b):
 class Parity(unittest.TestCase):
     def run_dump(self, precision, optimizer_keys, steps):
         path = os.path.join(tempfile.mkdtemp(), "dump.h5")
+        self.seed = int(np.random.randint(1 << 30))
         keys = MODEL + optimizer_keys + [f"train.precision={precision}", f"train.steps={steps}",
-                                         "train.seed=" + str(np.random.randint(1 << 30))]
+                                         f"train.seed={self.seed}"]
         subprocess.run([DUMP, path] + keys, check=True)
         return h5py.File(path, "r")
 
@@ -60,24 +61,39 @@ class Parity(unittest.TestCase):
             err = normalised_error(f["grads/" + name][:], p.grad.double().flatten().numpy())
             self.assertLess(err, tol, f"{precision} gradient of {name}: normalised error {err}")
 
-    def check_training(self, optimizer_keys):
-        steps = 20
-        f = self.run_dump("fp32", optimizer_keys, steps)
-        model, cfg = self.torch_model(f, torch.float32)
+    def torch_losses(self, f, dtype, steps):
+        model, cfg = self.torch_model(f, dtype)
         inputs, targets = self.batches(f, cfg)
         opt, sched = optimizer_for(model, cfg)
         clip = cfg["train"]["grad_clip"]
+        losses = []
         for s in range(steps):
             opt.zero_grad()
             loss = model(inputs[s], targets[s])
             loss.backward()
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            ours = f["losses"][s]
-            rel = abs(ours - loss.item()) / loss.item()
-            self.assertLess(rel, TOL["fp32"], f"step {s}: loss {ours} vs torch {loss.item()}")
+            losses.append(loss.item())
             opt.step()
             sched.step()
+        return losses
+
+    def check_training(self, optimizer_keys):
+        # Training amplifies fp32 rounding (lr 0.5 with Nesterov momentum most), so two correct
+        # fp32 implementations drift apart by about as much as either drifts from fp64. The bound
+        # per step: 1e-5, or 4x PyTorch's own fp32-vs-fp64 gap at that step where the dynamics
+        # have amplified rounding beyond it (seen once in ten runs here: 5e-5 at step 8).
+        steps = 20
+        f = self.run_dump("fp32", optimizer_keys, steps)
+        t32 = self.torch_losses(f, torch.float32, steps)
+        t64 = self.torch_losses(f, torch.float64, steps)
+        for s in range(steps):
+            ours = f["losses"][s]
+            rel = abs(ours - t32[s]) / t32[s]
+            floor = abs(t32[s] - t64[s]) / t64[s]
+            self.assertLess(rel, max(TOL["fp32"], 4 * floor),
+                            f"seed {self.seed} step {s}: loss {ours} vs torch {t32[s]} "
+                            f"(torch fp64 {t64[s]})")
 
     def test_loss_and_gradients_fp32(self):
         self.check_one_batch("fp32", torch.float32)

@@ -1,0 +1,128 @@
+// The bf16-mode attention reference where it is cuDNN's fused SDPA, against the fp64 CPU
+// reference on head sizes 32 and 64; its backward's run-to-run bits; the batched-GEMM fallback
+// where the engines do not take the shape; and the pairing rule that keeps a forward that saves
+// probabilities from running with the fused backward, which reads none.
+#include <random>
+
+#include "kernels/attention/cudnn_sdpa.h"
+#include "tests/gpu/gpu_check.h"
+
+namespace divlab {
+using namespace testing;
+using cuda::GemmMode;
+
+namespace {
+#define OP_CALL [&](const auto& k, auto& in, const TokenId*, auto& out)
+
+struct Shape {
+  int B, T, C, NH;
+};
+
+KernelSet<float> bf16_reference() {
+  return gpu(GemmMode::Bf16).select({});
+}
+
+std::vector<double> zeros(size_t n) {
+  return std::vector<double>(n, 0.0);
+}
+
+// The forward's output against fp64. *saved_probabilities: whether it wrote the att buffer
+// (the batched path does; the fused one saves none).
+double forward_error(const Shape& s, std::mt19937_64& gen, bool* saved_probabilities) {
+  const size_t N = size_t(s.B) * s.T;
+  const OpInputs x{{randn<double>(N * 3 * s.C, gen)},
+                   {},
+                   {zeros(N * s.C), zeros(size_t(s.B) * s.NH * s.T * s.T)}};
+  auto call = OP_CALL {
+    k.attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.NH);
+  };
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
+  const auto got = run_checked<float>(bf16_reference(), x, call);
+  *saved_probabilities = false;
+  for (double v : got[1]) *saved_probabilities |= v != 0.0;
+  return compare(got[0], ref[0]).error;
+}
+
+// dqkv against the fp64 reference backward at the CPU reference forward's saved state.
+double backward_error(const Shape& s, std::mt19937_64& gen, std::vector<double>* dqkv = nullptr) {
+  const size_t N = size_t(s.B) * s.T;
+  const OpInputs fwd{{randn<double>(N * 3 * s.C, gen)},
+                     {},
+                     {zeros(N * s.C), zeros(size_t(s.B) * s.NH * s.T * s.T)}};
+  const auto saved = run_checked<double>(
+      cpu_catalogue<double>().select({}), fwd,
+      OP_CALL { k.attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.NH); });
+  const OpInputs x{
+      {randn<double>(N * s.C, gen), fwd.values[0], saved[1]}, {}, {zeros(N * 3 * s.C)}};
+  auto call = OP_CALL {
+    k.attention_backward(out[0], in[0], in[1], in[2], s.B, s.T, s.C, s.NH);
+  };
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
+  const auto got = run_checked<float>(bf16_reference(), x, call);
+  if (dqkv) *dqkv = got[0];
+  return compare(got[0], ref[0]).error;
+}
+}  // namespace
+
+TEST(CudnnSdpa, ForwardMatchesFp64) {
+  REQUIRE_GPU();
+  std::mt19937_64 gen(test_seed());
+  for (const Shape& s : {Shape{2, 128, 128, 2}, Shape{3, 128, 128, 4}, Shape{2, 256, 64, 1}}) {
+    bool saved = true;
+    const double e = forward_error(s, gen, &saved);
+    std::printf("cudnn_sdpa forward B%d T%d C%d NH%d: normalised error %.3g\n", s.B, s.T, s.C, s.NH,
+                e);
+    EXPECT_LT(e, kTolGpuBf16) << "T " << s.T << " C " << s.C << " NH " << s.NH;
+    EXPECT_FALSE(saved) << "the fused forward wrote probabilities: it did not run";
+  }
+  // Head size 18, and (before cuDNN 9.16) a seq_len off the 128-row tiles: batched GEMMs, which
+  // save the probabilities.
+  for (const Shape& s : {Shape{2, 128, 72, 4}, Shape{2, 100, 64, 1}}) {
+    bool saved = false;
+    EXPECT_LT(forward_error(s, gen, &saved), kTolGpuBf16);
+    EXPECT_EQ(saved, !cuda::cudnn_sdpa_unsupported(s.T, s.C, s.NH, true).empty()) << s.T;
+  }
+}
+
+TEST(CudnnSdpa, BackwardMatchesFp64AndRepeatsBitForBit) {
+  REQUIRE_GPU();
+  std::mt19937_64 gen(test_seed());
+  for (const Shape& s : {Shape{2, 128, 128, 2}, Shape{3, 256, 128, 4}}) {
+    ASSERT_EQ(cuda::cudnn_sdpa_unsupported(s.T, s.C, s.NH, true), "");
+    std::vector<double> first, second;
+    std::mt19937_64 again = gen;
+    const double e = backward_error(s, gen, &first);
+    backward_error(s, again, &second);
+    std::string engine;
+    const bool deterministic =
+        cuda::cudnn_sdpa_backward_deterministic(s.B, s.T, s.C, s.NH, &engine);
+    std::printf("cudnn_sdpa backward B%d T%d C%d NH%d: normalised error %.3g, %s, %s, %s\n", s.B,
+                s.T, s.C, s.NH, e, engine.c_str(),
+                deterministic ? "declared deterministic" : "declared nondeterministic",
+                first == second ? "bitwise repeatable here" : "NOT bitwise repeatable");
+    EXPECT_LT(e, kTolGpuBf16) << "T " << s.T;
+    if (deterministic) {
+      EXPECT_EQ(first, second) << "a deterministic engine changed its bits";
+    }
+  }
+}
+
+TEST(CudnnSdpa, ForwardsThatSaveProbabilitiesBringTheirBackward) {
+  REQUIRE_GPU();
+  const auto& cat = gpu(GemmMode::Bf16);
+  for (const char* v : {"batched_gemm", "mask_off_by_one", "no_max_subtraction"}) {
+    EXPECT_EQ(cat.select({{"attention_forward", v}}).attention_backward,
+              cat.attention_backward.find("batched_gemm")->fn)
+        << v;
+    EXPECT_THROW(cat.select({{"attention_forward", v}, {"attention_backward", "reference"}}),
+                 UnknownKernel)
+        << v;
+  }
+  // The reference pair stays together by default.
+  const KernelSet<float> k = cat.select({});
+  EXPECT_EQ(k.attention_backward, cat.attention_backward.find("reference")->fn);
+  // Head sizes the fused engines do not take are named.
+  EXPECT_NE(cuda::cudnn_sdpa_unsupported(37, 72, 4, false).find("head size"), std::string::npos);
+}
+
+}  // namespace divlab
