@@ -63,22 +63,31 @@ KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choi
     if (!known)
       throw UnknownKernel("kernels." + op + ": unknown op; valid ops: " + join(op_names()));
   }
-  // Variants that run only with a partner bring it along.
+  // Variants that run only with a partner bring it along. A different explicit choice for the
+  // partner's op is refused, unless that choice names this variant as its own partner (several
+  // forwards that save probabilities share the one backward that reads them).
+  const auto partner_of = [&](const std::string& op, const std::string& variant) {
+    const Partner* p = nullptr;
+    for_each_op([&](const auto& ops, auto) {
+      if (ops.op == op) p = ops.partner(variant);
+    });
+    return p;
+  };
   std::map<std::string, std::string> effective = choice;
-  for_each_op([&](const auto& ops, auto) {
-    const auto it = choice.find(ops.op);
-    const Partner* found = it == choice.end() ? nullptr : ops.partner(it->second);
-    if (!found) return;
-    const Partner& partner = *found;
-    const auto named = choice.find(partner.op);
-    if (named != choice.end() && named->second != partner.variant)
-      throw UnknownKernel("kernels." + ops.op + " = '" + it->second + "' runs only with kernels." +
-                          partner.op + " = '" + partner.variant +
-                          "' (its saved state is private "
-                          "to that kernel); got '" +
-                          named->second + "'");
-    effective[partner.op] = partner.variant;
-  });
+  for (const auto& [op, variant] : choice) {
+    const Partner* partner = partner_of(op, variant);
+    if (!partner) continue;
+    const auto named = choice.find(partner->op);
+    if (named == choice.end()) {
+      effective[partner->op] = partner->variant;
+      continue;
+    }
+    const Partner* back = partner_of(named->first, named->second);
+    if (named->second != partner->variant && !(back && back->op == op && back->variant == variant))
+      throw UnknownKernel("kernels." + op + " = '" + variant + "' runs only with kernels." +
+                          partner->op + " = '" + partner->variant +
+                          "' (they share saved state); got '" + named->second + "'");
+  }
   KernelSet<T> set;
   set.memory = memory;
   for_each_op([&](const auto& ops, auto member) {

@@ -46,6 +46,20 @@ TEST(Catalogue, APartnerComesAlongAndAConflictIsRefused) {
             std::string::npos)
       << e;
   EXPECT_NE(e.find("got 'reference'"), std::string::npos) << e;
+  // The backward that reads probabilities needs a forward that saves them: alone it brings one
+  // along; with a forward that names it as partner it is accepted; with another it is refused.
+  cat.attention_forward.add("saving", cat.attention_forward.find("reference")->fn,
+                            {"the same kernel", "", "", ""});
+  cat.attention_forward.pair("saving", "attention_backward", "probabilities");
+  cat.attention_backward.pair("probabilities", "attention_forward", "saving");
+  EXPECT_EQ(cat.select({{"attention_backward", "probabilities"}}).attention_forward,
+            cat.attention_forward.find("saving")->fn);
+  EXPECT_EQ(refusal(cat, {{"attention_forward", "mask_off_by_one"},
+                          {"attention_backward", "probabilities"}}),
+            "");
+  EXPECT_NE(
+      refusal(cat, {{"attention_forward", "reference"}, {"attention_backward", "probabilities"}}),
+      "");
   // Unpaired variants leave the other ops at their references; removing a variant drops its pair.
   EXPECT_EQ(cat.select({{"attention_forward", "no_max_subtraction"}}).attention_backward,
             fn("reference"));

@@ -219,6 +219,8 @@ void register_modes(Catalogue<float>& cat, const char* how) {
                             {"softmax without subtracting the row max", "", "", ""});
   for (const char* v : {"batched_gemm", "mask_off_by_one", "no_max_subtraction"})
     cat.attention_forward.pair(v, "attention_backward", "batched_gemm");
+  // ... and that backward needs a forward that saved them (bf16's fused reference saves none).
+  cat.attention_backward.pair("batched_gemm", "attention_forward", "batched_gemm");
 }
 }  // namespace
 

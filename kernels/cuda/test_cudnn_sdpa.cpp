@@ -168,6 +168,13 @@ TEST(CudnnSdpa, ForwardsThatSaveProbabilitiesBringTheirBackward) {
                  UnknownKernel)
         << v;
   }
+  // The backward that reads probabilities brings a forward that saves them, and refuses the
+  // fused reference forward, which saves none.
+  EXPECT_EQ(cat.select({{"attention_backward", "batched_gemm"}}).attention_forward,
+            cat.attention_forward.find("batched_gemm")->fn);
+  EXPECT_THROW(
+      cat.select({{"attention_forward", "reference"}, {"attention_backward", "batched_gemm"}}),
+      UnknownKernel);
   // The reference pair stays together by default.
   const KernelSet<float> k = cat.select({});
   EXPECT_EQ(k.attention_backward, cat.attention_backward.find("reference")->fn);
