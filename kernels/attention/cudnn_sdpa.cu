@@ -166,11 +166,25 @@ std::unique_ptr<Backward> build_backward(const Layout& L, bool ordered_dq) {
 using Key = std::tuple<int, int, int, int>;
 std::mutex g_mutex;
 
+// A cuDNN without an engine for a graph (another version or GPU) stops the run naming the way
+// around it, rather than silently switching kernels under a reference.
+[[noreturn]] void no_engine(const CudaError& e) {
+  throw CudaError(std::string(e.what()) +
+                  "; kernels.attention_forward = \"batched_gemm\" runs the batched-GEMM "
+                  "attention instead");
+}
+
 Forward& forward_plan(int B, int T_, int C, int NH) {
   static std::map<Key, std::unique_ptr<Forward>> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto& slot = cache[Key{B, T_, C, NH}];
-  if (!slot) slot = build_forward(Layout(B, T_, C, NH));
+  if (!slot) {
+    try {
+      slot = build_forward(Layout(B, T_, C, NH));
+    } catch (const CudaError& e) {
+      no_engine(e);
+    }
+  }
   return *slot;
 }
 
@@ -184,7 +198,11 @@ Backward& backward_plan(int B, int T_, int C, int NH) {
     try {
       slot = build_backward(L, true);
     } catch (const CudaError&) {
-      slot = build_backward(L, false);
+      try {
+        slot = build_backward(L, false);
+      } catch (const CudaError& e) {
+        no_engine(e);
+      }
     }
   }
   return *slot;
