@@ -125,18 +125,22 @@ TEST(Bf16Stochastic, FreshBitsAreUnbiasedReusedSeedIsNot) {
 
 TEST(RacyScatter, LosesUpdatesWithTwoThreadsExactWithOne) {
   std::mt19937_64 gen(test_seed());
-  // 2^20 contributions of exactly 1.0 to one row: fp32 sums them exactly (< 2^24). Enough work
-  // that the threads overlap even when the test shares the machine (ctest -j): then preemption
-  // between a load and its store loses updates too.
-  Scatter s({1 << 20}, 4, 1.0, 1.0, gen);
+  // 2^22 contributions of exactly 1.0 to one row: fp32 sums them exactly (< 2^24). Enough work
+  // per thread (tens of ms) that the threads overlap even when the test shares a 2-core machine
+  // (ctest -j2): each thread's part outlasts a scheduler time slice, so preemption between a load
+  // and its store loses updates too. (At 2^20 one run in 15 lost nothing in 10 tries here with
+  // both cores busy: a thread could finish inside one slice.)
+  const int count = 1 << 22;
+  Scatter s({count}, 4, 1.0, 1.0, gen);
   omp_set_num_threads(1);
-  for (float v : s.run("racy_scatter")) EXPECT_EQ(v, float(1 << 20));
+  for (float v : s.run("racy_scatter")) EXPECT_EQ(v, float(count));
   omp_set_num_threads(2);
   bool lost = false;
-  for (int attempt = 0; attempt < 10 && !lost; ++attempt)
-    for (float v : s.run("racy_scatter")) lost = lost || v < float(1 << 20);
+  int attempts = 0;
+  for (; attempts < 20 && !lost; ++attempts)
+    for (float v : s.run("racy_scatter")) lost = lost || v < float(count);
   omp_set_num_threads(omp_get_num_procs());
-  EXPECT_TRUE(lost) << "no update lost in 10 runs with 2 threads";
+  EXPECT_TRUE(lost) << "no update lost in " << attempts << " runs with 2 threads";
 }
 
 TEST(Controls, StayWithinFp32RoundingOfFp64) {
