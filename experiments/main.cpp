@@ -16,6 +16,7 @@
 #include "experiments/sweep.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
+#include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
 
@@ -75,16 +76,29 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   return 0;
 }
 
-// Lists every op and variant with its documentation; --markdown writes docs/kernels.md's body.
-int cmd_kernels(const std::string& only_op, bool markdown,
-                const std::vector<std::string>& plugins) {
+std::string partner_note(const Partner* p, const char* before, const char* after) {
+  return p ? before + p->op + "=" + p->variant + after : "";
+}
+
+// Lists every op and variant of a backend's catalogue with its documentation (no device is
+// touched); --markdown writes docs/kernels.md's body.
+int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std::string>& plugins,
+                const std::string& backend, const std::string& precision) {
   try {
     load_plugins(plugins);
   } catch (const PluginError& e) {
     throw InputError(std::string("--plugins: ") + e.what());
   }
+  if (precision != "fp32" && precision != "fp64" && precision != "bf16")
+    throw InputError("--precision '" + precision + "': expected fp32, fp64 or bf16");
+  const Catalogue<float>* catalogue = nullptr;  // fp64 lists the same variants as fp32
+  try {
+    catalogue = &backend_catalogue<float>(backend, precision);
+  } catch (const BackendError& e) {
+    throw InputError(std::string("--backend/--precision: ") + e.what());
+  }
   bool found = only_op.empty();
-  cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+  catalogue->for_each_op([&](const auto& ops, auto) {
     if (!only_op.empty() && ops.op != only_op) return;
     found = true;
     if (markdown) {
@@ -93,8 +107,9 @@ int cmd_kernels(const std::string& only_op, bool markdown,
           "| --- | --- | --- | --- | --- |\n",
           ops.op.c_str(), ops.what.c_str());
       for (const auto& e : ops.entries)
-        std::printf("| `%s`%s | %s | %s | %s | %s |\n", e.name.c_str(),
+        std::printf("| `%s`%s | %s%s | %s | %s | %s |\n", e.name.c_str(),
                     e.doc.benign ? " (control)" : "", e.doc.summary.c_str(),
+                    partner_note(ops.partner(e.name), " (runs with `", "`)").c_str(),
                     e.doc.wrong.empty() ? "-" : e.doc.wrong.c_str(),
                     e.doc.exposed_by.empty() ? "-" : e.doc.exposed_by.c_str(),
                     e.doc.masked_by.empty() ? "-" : e.doc.masked_by.c_str());
@@ -110,6 +125,9 @@ int cmd_kernels(const std::string& only_op, bool markdown,
         std::printf("  %-28s exposed by: %s\n", "", e.doc.exposed_by.c_str());
       if (!e.doc.masked_by.empty())
         std::printf("  %-28s masked by: %s\n", "", e.doc.masked_by.c_str());
+      if (const Partner* p = ops.partner(e.name))
+        std::printf("  %-28s runs with: %s=%s (chosen with it)\n", "", p->op.c_str(),
+                    p->variant.c_str());
     }
     std::printf("\n");
   });
@@ -194,6 +212,13 @@ int main(int argc, char** argv) {
   kernels->add_flag("--markdown", markdown, "as Markdown tables (docs/kernels.md)");
   std::vector<std::string> kernel_plugins;
   kernels->add_option("--plugins", kernel_plugins, "also list the variants of these plug-ins");
+  std::string kernels_backend = "cpu", kernels_precision = "fp32";
+  kernels->add_option("--backend", kernels_backend, "whose catalogue: cpu or cuda (no GPU needed)")
+      ->capture_default_str();
+  kernels
+      ->add_option("--precision", kernels_precision,
+                   "the catalogue of this train.precision (cuda: fp32 or bf16)")
+      ->capture_default_str();
 
   auto* sweep = app.add_subcommand("sweep", "run every cell of an experiment grid");
   SweepOptions sw;
@@ -235,7 +260,8 @@ int main(int argc, char** argv) {
       return cmd_train(config, sets, out, force, quiet, resume, profile);
     }
     if (*data) return cmd_data(spec, vocab, batch, seq, seed);
-    if (*kernels) return cmd_kernels(only_op, markdown, kernel_plugins);
+    if (*kernels)
+      return cmd_kernels(only_op, markdown, kernel_plugins, kernels_backend, kernels_precision);
     if (*bisect) return cmd_bisect(bs);
     if (*check) {
       ck.plots = !check_no_plots;

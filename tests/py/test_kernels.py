@@ -38,6 +38,15 @@ class KernelsCommand(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("valid ops", r.stderr)
 
+    def test_gpu_catalogue_shows_its_pairs(self):
+        # Needs the cuda build (not a GPU): listing touches no device.
+        r = run("kernels", "--backend", "cuda", "--precision", "bf16", "--op", "attention_forward")
+        if r.returncode == 2 and "no CUDA backend" in r.stderr:
+            self.skipTest("this build has no CUDA backend")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("cuDNN fused SDPA", r.stdout)
+        self.assertIn("runs with: attention_backward=batched_gemm", r.stdout)
+
 
 class Selection(unittest.TestCase):
     def test_selected_variant_is_recorded_and_changes_the_run(self):
