@@ -17,9 +17,6 @@ constexpr int B = 3, Tn = 37, C = 72, NH = 4, V = 301, N = B * Tn;
 std::vector<double> normal(size_t n, std::mt19937_64& gen, double scale = 1.0) {
   return randn<double>(n, gen, scale);
 }
-std::vector<double> zeros(size_t n) {
-  return std::vector<double>(n, 0.0);
-}
 // Token ids: Zipf-like (id k with weight 1/(k+1)) so some rows collect many contributions.
 std::vector<TokenId> zipf_ids(int n, int vocab, std::mt19937_64& gen) {
   std::vector<double> w(vocab);

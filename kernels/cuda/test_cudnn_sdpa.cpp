@@ -25,9 +25,6 @@ KernelSet<float> bf16_reference() {
   return gpu(GemmMode::Bf16).select({});
 }
 
-std::vector<double> zeros(size_t n) {
-  return std::vector<double>(n, 0.0);
-}
 
 // The forward's output against fp64. *saved_probabilities: whether it wrote the att buffer
 // (the batched path does; the fused one saves none).

@@ -41,6 +41,11 @@ std::vector<std::vector<double>> run_checked(const KernelSet<U>& k, const OpInpu
   return std::move(r.outputs);
 }
 
+// An output buffer's initial contents for ops that overwrite it.
+inline std::vector<double> zeros(size_t n) {
+  return std::vector<double>(n, 0.0);
+}
+
 inline const Catalogue<float>& gpu(cuda::GemmMode mode = cuda::GemmMode::Fp32) {
   return cuda::catalogue(mode);
 }
