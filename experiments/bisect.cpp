@@ -61,21 +61,21 @@ class Bisector {
     }
     std::ofstream(opt.out + "/base.toml") << base.to_toml();
     // Benign controls of the swapped ops: the noise floor of every decision.
-    const auto& cat =
-        backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision);
-    for (const auto& kv : cfg.kernels) {
-      const std::string &op = kv.first, &variant = kv.second;
-      if (variant == "reference") continue;
-      swapped_.push_back(op + "=" + variant);
-      cat.for_each_op([&](const auto& ops, auto) {
-        if (ops.op != op) return;
-        for (const auto& e : ops.entries)
-          if (e.doc.benign) {
-            controls_.push_back(op + "=" + e.name);
-            return;
-          }
-      });
-    }
+    with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
+      for (const auto& kv : cfg.kernels) {
+        const std::string &op = kv.first, &variant = kv.second;
+        if (variant == "reference") continue;
+        swapped_.push_back(op + "=" + variant);
+        cat.for_each_op([&](const auto& ops, auto) {
+          if (ops.op != op) return;
+          for (const auto& e : ops.entries)
+            if (e.doc.benign) {
+              controls_.push_back(op + "=" + e.name);
+              return;
+            }
+        });
+      }
+    });
   }
 
   BisectDecision test(const Subset& s) {

@@ -138,8 +138,8 @@ std::vector<double> rstd_of(const std::vector<double>& x, int N, int C, double e
 
 constexpr double kEps = 1e-5;
 
-template <class U>
-OpRun call_op(const std::string& op, const KernelSet<U>& k, const OpInputs& x, const Shape& s);
+template <class KS>
+OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const Shape& s);
 
 Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& tokens, Values values,
            std::mt19937_64& gen) {
@@ -177,8 +177,7 @@ Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& to
     const auto qkv = act(3 * NC, 3 * C);
     Case fwd = build("attention_forward", s, tokens, Values::Normal, gen);
     fwd.x.values = {qkv};
-    const OpRun ref =
-        call_op<double>("attention_forward", cpu_catalogue<double>().select({}), fwd.x, s);
+    const OpRun ref = call_op("attention_forward", cpu_catalogue<double>().select({}), fwd.x, s);
     c.x.values = {act(NC, C), qkv, ref.outputs[1]};
     c.x.outputs = {zeros(3 * NC)}, c.cols = {3 * C};
   } else if (op == "gelu_forward") {
@@ -212,11 +211,12 @@ Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& to
   return c;
 }
 
-template <class U>
-OpRun call_op(const std::string& op, const KernelSet<U>& k, const OpInputs& x, const Shape& s) {
+template <class KS>
+OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const Shape& s) {
+  using U = typename KS::Value;
   const int B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
   const int64_t NC = int64_t(N) * C;
-  return run_op(k, x, [&](const KernelSet<U>& kk, auto& in, const TokenId* ids, auto& out) {
+  return run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
     if (op == "embedding_forward") kk.embedding_forward(out[0], ids, in[0], in[1], B, T, C);
     if (op == "rmsnorm_forward") kk.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, U(kEps));
     if (op == "rmsnorm_backward")
@@ -330,12 +330,12 @@ CheckReport run_check(const CheckOptions& opt) {
       continue;
     }
     const Case c = build(rep.op, s, tokens, cond.values, gen);
-    const OpRun ref = call_op<double>(rep.op, reference, c.x, s);
-    const OpRun got = call_op<float>(rep.op, variant, c.x, s);
+    const OpRun ref = call_op(rep.op, reference, c.x, s);
+    const OpRun got = call_op(rep.op, variant, c.x, s);
     measure(r, got, ref, c.cols, c.judged);
     r.stray_writes = got.stray_writes;
     if (cond.repeat) {
-      const OpRun again = call_op<float>(rep.op, variant, c.x, s);
+      const OpRun again = call_op(rep.op, variant, c.x, s);
       for (size_t o = 0; o < got.outputs.size(); ++o)
         r.deterministic = r.deterministic && got.outputs[o] == again.outputs[o];
       if (!r.deterministic) r.note = "not bitwise repeatable";

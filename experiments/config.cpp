@@ -66,8 +66,8 @@ const std::vector<KeySpec>& schema() {
       {"train.precision",
        Type::String,
        "fp32",
-       "working precision: fp32 | fp64 (cpu) | bf16 (cuda: bf16 tensor-core GEMMs, fp32 "
-       "accumulation and master weights)",
+       "working precision: fp32 | fp64 (cpu) | bf16 (cuda: activations stored in bf16, bf16 "
+       "tensor-core GEMMs; fp32 accumulation, residual stream and master weights)",
        Range::Any,
        {"fp32", "fp64", "bf16"}},
       {"train.threads", Type::Int, "0", "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)",
@@ -373,12 +373,15 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   // names; running it fails later with its own message.
   const bool checkable = cfg.backend == "cpu" || cuda_built();
   try {
-    const Catalogue<float>& cat = checkable && cfg.precision != "fp64"
-                                      ? backend_catalogue<float>(cfg.backend, cfg.precision)
-                                      : cpu_catalogue<float>();
+    const auto validate = [&](const auto& cat) {
+      if (checkable || cfg.kernels.empty()) cat.select(cfg.kernels);
+      parse_shadow_specs(cfg.shadow_variants, cat);
+    };
     if (cfg.precision == "fp64") backend_catalogue<double>(cfg.backend, cfg.precision);
-    if (checkable || cfg.kernels.empty()) cat.select(cfg.kernels);
-    parse_shadow_specs(cfg.shadow_variants, cat);
+    if (checkable)
+      with_backend_catalogue(cfg.backend, cfg.precision, validate);
+    else
+      validate(cpu_catalogue<float>());
   } catch (const UnknownKernel& e) {
     throw InputError(std::string("config key ") + e.what());
   } catch (const BackendError& e) {

@@ -91,46 +91,47 @@ int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std
   }
   if (precision != "fp32" && precision != "fp64" && precision != "bf16")
     throw InputError("--precision '" + precision + "': expected fp32, fp64 or bf16");
-  const Catalogue<float>* catalogue = nullptr;  // fp64 lists the same variants as fp32
+  bool found = only_op.empty();
+  const auto list = [&](const auto& catalogue) {
+    catalogue.for_each_op([&](const auto& ops, auto) {
+      if (!only_op.empty() && ops.op != only_op) return;
+      found = true;
+      if (markdown) {
+        std::printf(
+            "## `%s`\n\n%s\n\n| variant | what it does | what is wrong | exposed by | masked by |\n"
+            "| --- | --- | --- | --- | --- |\n",
+            ops.op.c_str(), ops.what.c_str());
+        for (const auto& e : ops.entries)
+          std::printf("| `%s`%s | %s%s | %s | %s | %s |\n", e.name.c_str(),
+                      e.doc.benign ? " (control)" : "", e.doc.summary.c_str(),
+                      partner_note(ops.partner(e.name), " (runs with `", "`)").c_str(),
+                      e.doc.wrong.empty() ? "-" : e.doc.wrong.c_str(),
+                      e.doc.exposed_by.empty() ? "-" : e.doc.exposed_by.c_str(),
+                      e.doc.masked_by.empty() ? "-" : e.doc.masked_by.c_str());
+        std::printf("\n");
+        return;
+      }
+      std::printf("%s: %s\n", ops.op.c_str(), ops.what.c_str());
+      for (const auto& e : ops.entries) {
+        std::printf("  %-28s %s%s\n", e.name.c_str(), e.doc.benign ? "[control] " : "",
+                    e.doc.summary.c_str());
+        if (!e.doc.wrong.empty()) std::printf("  %-28s wrong:     %s\n", "", e.doc.wrong.c_str());
+        if (!e.doc.exposed_by.empty())
+          std::printf("  %-28s exposed by: %s\n", "", e.doc.exposed_by.c_str());
+        if (!e.doc.masked_by.empty())
+          std::printf("  %-28s masked by: %s\n", "", e.doc.masked_by.c_str());
+        if (const Partner* p = ops.partner(e.name))
+          std::printf("  %-28s runs with: %s=%s (chosen with it)\n", "", p->op.c_str(),
+                      p->variant.c_str());
+      }
+      std::printf("\n");
+    });
+  };
   try {
-    catalogue = &backend_catalogue<float>(backend, precision);
+    with_backend_catalogue(backend, precision, list);  // fp64 lists the fp32 variants
   } catch (const BackendError& e) {
     throw InputError(std::string("--backend/--precision: ") + e.what());
   }
-  bool found = only_op.empty();
-  catalogue->for_each_op([&](const auto& ops, auto) {
-    if (!only_op.empty() && ops.op != only_op) return;
-    found = true;
-    if (markdown) {
-      std::printf(
-          "## `%s`\n\n%s\n\n| variant | what it does | what is wrong | exposed by | masked by |\n"
-          "| --- | --- | --- | --- | --- |\n",
-          ops.op.c_str(), ops.what.c_str());
-      for (const auto& e : ops.entries)
-        std::printf("| `%s`%s | %s%s | %s | %s | %s |\n", e.name.c_str(),
-                    e.doc.benign ? " (control)" : "", e.doc.summary.c_str(),
-                    partner_note(ops.partner(e.name), " (runs with `", "`)").c_str(),
-                    e.doc.wrong.empty() ? "-" : e.doc.wrong.c_str(),
-                    e.doc.exposed_by.empty() ? "-" : e.doc.exposed_by.c_str(),
-                    e.doc.masked_by.empty() ? "-" : e.doc.masked_by.c_str());
-      std::printf("\n");
-      return;
-    }
-    std::printf("%s: %s\n", ops.op.c_str(), ops.what.c_str());
-    for (const auto& e : ops.entries) {
-      std::printf("  %-28s %s%s\n", e.name.c_str(), e.doc.benign ? "[control] " : "",
-                  e.doc.summary.c_str());
-      if (!e.doc.wrong.empty()) std::printf("  %-28s wrong:     %s\n", "", e.doc.wrong.c_str());
-      if (!e.doc.exposed_by.empty())
-        std::printf("  %-28s exposed by: %s\n", "", e.doc.exposed_by.c_str());
-      if (!e.doc.masked_by.empty())
-        std::printf("  %-28s masked by: %s\n", "", e.doc.masked_by.c_str());
-      if (const Partner* p = ops.partner(e.name))
-        std::printf("  %-28s runs with: %s=%s (chosen with it)\n", "", p->op.c_str(),
-                    p->variant.c_str());
-    }
-    std::printf("\n");
-  });
   if (!found) {
     std::string valid;
     for (const auto& o : op_names()) valid += (valid.empty() ? "" : ", ") + o;

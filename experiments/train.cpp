@@ -71,9 +71,9 @@ std::string hostname() {
 
 // Shadow specs named in the run's own backend catalogue (plug-in and GPU-only variants included).
 std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
-  return parse_shadow_specs(
-      cfg.shadow_variants,
-      backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision));
+  return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
+    return parse_shadow_specs(cfg.shadow_variants, cat);
+  });
 }
 
 std::string shadow_group(const ShadowSpec& s) {
@@ -170,23 +170,23 @@ extern "C" void request_stop(int sig) {
 // Replays a step whose loss or gradients were not finite, checking every op's output, and
 // returns where the first non-finite value appeared (trace attributes). The weights are those
 // the step started from: the optimizer does not apply non-finite gradients.
-template <class T>
-std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T>& model,
-                                                               const TokenId* in,
+template <class Model>
+std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, const TokenId* in,
                                                                const TokenId* tgt, int64_t step) {
   std::vector<std::pair<std::string, std::string>> where = {{"nan_step", std::to_string(step)}};
   bool found = false;
-  std::vector<T> host;
+  std::vector<unsigned char> host;
   const MemoryOps& mem = *model.kernels().memory;
-  model.after_op = [&](const typename Transformer<T>::OpOutput& o) {
+  model.after_op = [&](const typename Model::OpOutput& o) {
     if (found) return;
-    const T* data = o.data;
+    const void* data = o.data;
     if (!mem.host_accessible) {
-      host.resize(size_t(o.size));
-      mem.download(host.data(), o.data, sizeof(T) * size_t(o.size));
+      host.resize(size_t(o.size) * storage_bytes(o.type));
+      mem.download(host.data(), o.data, host.size());
       data = host.data();
     }
-    for (int64_t i = 0; i < o.size && !found; ++i) found = !std::isfinite(double(data[i]));
+    for (int64_t i = 0; i < o.size && !found; ++i)
+      found = !std::isfinite(stored_value(data, o.type, i));
     if (!found) return;
     where.insert(where.end(), {{"nan_pass", o.pass},
                                {"nan_op", o.op},
@@ -259,36 +259,39 @@ int64_t predicted_values(const RunConfig& cfg, int64_t params) {
   return optimizer + scratch;
 }
 
-template <class T>
+template <class T, class A = T>
 TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
                        int threads, const std::string& device, const Resume* resume) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
   const int64_t N = int64_t(B) * Tn;
-  const Catalogue<T>& catalogue = backend_catalogue<T>(cfg.backend, cfg.precision);
-  const KernelSet<T> kernels = catalogue.select(cfg.kernels);
-  const KernelSet<T> reference = catalogue.select({});
+  const Catalogue<T, A>& catalogue = backend_catalogue<T, A>(cfg.backend, cfg.precision);
+  const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
+  const KernelSet<T, A> reference = catalogue.select({});
   const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
-  const int64_t values =
-      Transformer<T>::allocated_values(m, B) + predicted_values(cfg, param_count(m));
-  check_backend_fits(cfg.backend, sizeof(T) * size_t(values),
+  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
+                        int64_t(sizeof(T)) * predicted_values(cfg, param_count(m));
+  check_backend_fits(cfg.backend, size_t(bytes),
                      "this model at train.batch = " + std::to_string(B));
-  std::unique_ptr<ShadowTap<T>> tap;
-  if (cfg.shadow_every > 0) tap = std::make_unique<ShadowTap<T>>(kernels, shadow_specs, catalogue);
+  std::unique_ptr<ShadowTap<T, A>> tap;
+  if (cfg.shadow_every > 0)
+    tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue);
   // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
-  std::unique_ptr<OpProfiler<T>> profiler;
-  if (opt.profile) profiler = std::make_unique<OpProfiler<T>>(tap ? tap->kernels() : kernels);
-  const KernelSet<T> run_kernels = profiler ? profiler->kernels() : tap ? tap->kernels() : kernels;
-  std::unique_ptr<Transformer<T>> owned;
+  std::unique_ptr<OpProfiler<T, A>> profiler;
+  if (opt.profile) profiler = std::make_unique<OpProfiler<T, A>>(tap ? tap->kernels() : kernels);
+  const KernelSet<T, A> run_kernels = profiler ? profiler->kernels()
+                                      : tap    ? tap->kernels()
+                                               : kernels;
+  std::unique_ptr<Transformer<T, A>> owned;
   std::unique_ptr<Optimizer<T>> owned_optim;
   try {
-    owned = std::make_unique<Transformer<T>>(m, run_kernels, B);
+    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B);
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
                      "; try a smaller batch or model)");
   }
-  Transformer<T>& model = *owned;
+  Transformer<T, A>& model = *owned;
   Optimizer<T>& optim = *owned_optim;
   model.init(cfg.seed);
   const int64_t n_params = int64_t(model.params().size());
@@ -416,7 +419,7 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   std::string device;
   try {
     device = open_backend(cfg.backend);
-    backend_catalogue<float>(cfg.backend, cfg.precision == "fp64" ? "fp32" : cfg.precision);
+    with_backend_catalogue(cfg.backend, cfg.precision, [](const auto&) {});
   } catch (const BackendError& e) {
     throw InputError(e.what());
   }
@@ -438,8 +441,12 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   sigaction(SIGTERM, &stop, &old_term);
   TrainResult r;
   try {
-    r = cfg.precision == "fp64" ? train_impl<double>(cfg, opt, *data, threads, device, resume)
-                                : train_impl<float>(cfg, opt, *data, threads, device, resume);
+    if (cfg.precision == "fp64")
+      r = train_impl<double>(cfg, opt, *data, threads, device, resume);
+    else if (cfg.precision == "bf16")
+      r = train_impl<float, bf16>(cfg, opt, *data, threads, device, resume);
+    else
+      r = train_impl<float>(cfg, opt, *data, threads, device, resume);
   } catch (const BackendError& e) {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);

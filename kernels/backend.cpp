@@ -34,16 +34,28 @@ const Catalogue<double>& backend_catalogue(const std::string& backend,
 template <>
 const Catalogue<float>& backend_catalogue(const std::string& backend,
                                           const std::string& precision) {
-  if (backend == "cpu") {
-    if (precision == "bf16")
-      throw BackendError(
-          "train.precision = \"bf16\" needs backend = \"cuda\" (the CPU runs fp32 "
-          "or fp64)");
-    return cpu_catalogue<float>();
-  }
+  if (precision == "bf16")  // a caller's mistake, not the user's: bf16 has its own catalogue type
+    throw std::logic_error("backend_catalogue<float>: bf16 mode is Catalogue<float, bf16>");
+  if (backend == "cpu") return cpu_catalogue<float>();
   if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
-  return cuda::catalogue(precision == "bf16" ? cuda::GemmMode::Bf16 : cuda::GemmMode::Fp32);
+  return cuda::catalogue();
+#else
+  no_cuda();
+#endif
+}
+
+template <>
+const Catalogue<float, bf16>& backend_catalogue(const std::string& backend,
+                                                const std::string& precision) {
+  if (backend == "cpu")
+    throw BackendError(
+        "train.precision = \"bf16\" needs backend = \"cuda\" (the CPU runs fp32 "
+        "or fp64)");
+  if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
+  (void)precision;
+#ifdef DIVLAB_HAVE_CUDA
+  return cuda::bf16_catalogue();
 #else
   no_cuda();
 #endif
@@ -53,8 +65,8 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device) {
   if (device == "cpu") return {&mutable_cpu_catalogue()};
   if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
-  return {&cuda::mutable_catalogue(cuda::GemmMode::Fp32),
-          &cuda::mutable_catalogue(cuda::GemmMode::Bf16)};
+  // The plug-in ABI is fp32: its variants join the fp32 mode (bf16 mode's activations are bf16).
+  return {&cuda::mutable_catalogue()};
 #else
   throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
 #endif

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -24,10 +25,21 @@ bool cuda_built();
 // to add variants to. Throws BackendError for cuda in a build without it.
 std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
 
-// The catalogue for `backend` and `precision`. Touches no device, so configurations can be
-// checked anywhere. Throws BackendError for a combination this build does not have.
-template <class T>
-const Catalogue<T>& backend_catalogue(const std::string& backend, const std::string& precision);
+// The catalogue for `backend` and `precision`, storing T (and activations in A). Touches no
+// device, so configurations can be checked anywhere. Throws BackendError for a combination this
+// build does not have. The cuda bf16 mode is Catalogue<float, bf16> (activations in bf16);
+// fp32 and fp64 are Catalogue<float> and Catalogue<double>.
+template <class T, class A = T>
+const Catalogue<T, A>& backend_catalogue(const std::string& backend, const std::string& precision);
+
+// Calls f(catalogue) with the catalogue a run of `backend` and `precision` selects its kernels
+// from (fp64: the fp32 catalogue, which names the same variants), whatever its storage types.
+template <class F>
+decltype(auto) with_backend_catalogue(const std::string& backend, const std::string& precision,
+                                      F&& f) {
+  if (precision == "bf16") return f(backend_catalogue<float, bf16>(backend, precision));
+  return f(backend_catalogue<float>(backend, precision == "fp64" ? "fp32" : precision));
+}
 
 // Makes sure `backend` can run on this machine now (for cuda: a GPU of compute capability 9.0 or
 // newer) and returns a one-line description of the device. Throws BackendError.

@@ -1,6 +1,7 @@
 #include <sstream>
 
 #include "kernels/attention/attention.h"
+#include "kernels/common/lowp.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
@@ -54,8 +55,8 @@ Catalogue<float>& mutable_cpu_catalogue() {
   return catalogue_instance<float>();
 }
 
-template <class T>
-KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choice) const {
+template <class T, class A>
+KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>& choice) const {
   for (const auto& entry : choice) {
     const std::string& op = entry.first;  // (structured bindings cannot be captured before C++20)
     bool known = false;
@@ -88,7 +89,7 @@ KernelSet<T> Catalogue<T>::select(const std::map<std::string, std::string>& choi
                           partner->op + " = '" + partner->variant +
                           "' (they share saved state); got '" + named->second + "'");
   }
-  KernelSet<T> set;
+  KernelSet<T, A> set;
   set.memory = memory;
   for_each_op([&](const auto& ops, auto member) {
     const auto it = effective.find(ops.op);
@@ -110,6 +111,7 @@ std::vector<std::string> op_names() {
 
 template struct Catalogue<float>;
 template struct Catalogue<double>;
+template struct Catalogue<float, bf16>;
 template const Catalogue<float>& cpu_catalogue<float>();
 template const Catalogue<double>& cpu_catalogue<double>();
 }  // namespace divlab

@@ -3,9 +3,12 @@
 // (ggml's test-backend-ops idea: same inputs everywhere, one error measure, stray writes caught).
 #pragma once
 
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -24,43 +27,82 @@ struct OpRun {
 constexpr int64_t kGuardValues = 1024;  // values before and after every output
 constexpr float kGuardSentinel = -12345.678f;
 
-// Runs `call(k, in, ids, out)` with every tensor in k's memory; returns the outputs as doubles
-// and any guard value that changed.
-template <class U, class F>
-OpRun run_op(const KernelSet<U>& k, const OpInputs& x, F&& call) {
-  const MemoryOps& mem = *k.memory;
-  std::vector<Buffer<U>> in;
-  std::vector<U*> in_p;
-  for (const auto& v : x.values) {
-    in.emplace_back(mem, int64_t(v.size()));
-    in.back().assign(v);
-    in_p.push_back(in.back().data());
+// One of an op call's tensors, given as doubles and bound to the backend's memory in whatever
+// storage type the kernel's parameter asks for (T or the activation type A: the conversion
+// operator sees the parameter's type), with guard regions around it for outputs.
+class BoundArray {
+ public:
+  BoundArray(const MemoryOps& mem, const std::vector<double>& values, int64_t guard)
+      : mem_(&mem), values_(&values), guard_(guard) {}
+  template <class V>
+  operator V*() {
+    return bind<std::remove_const_t<V>>();
   }
+  bool bound() const { return !bytes_.empty(); }
+  // The values now (guards excluded), widened; and whether a guard value changed, per side.
+  std::vector<double> values() const {
+    const std::vector<unsigned char> host = download();
+    std::vector<double> out(values_->size());
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = stored_value(host.data(), type_, guard_ + int64_t(i));
+    return out;
+  }
+  bool guard_changed(bool before) const {
+    const std::vector<unsigned char> host = download();
+    const int64_t first = before ? 0 : guard_ + int64_t(values_->size());
+    for (int64_t g = first; g < first + guard_; ++g)
+      if (!(stored_value(host.data(), type_, g) == sentinel_)) return true;
+    return false;
+  }
+
+ private:
+  template <class V>
+  V* bind() {
+    if (bound()) {
+      if (type_ != storage_of<V>())
+        throw std::logic_error("run_op: one tensor passed as two storage types");
+      return reinterpret_cast<V*>(bytes_.data()) + guard_;
+    }
+    type_ = storage_of<V>();
+    sentinel_ = to_double(stored_as<V>(kGuardSentinel));
+    std::vector<V> host(values_->size() + 2 * size_t(guard_), stored_as<V>(kGuardSentinel));
+    for (size_t i = 0; i < values_->size(); ++i)
+      host[size_t(guard_) + i] = stored_as<V>((*values_)[i]);
+    bytes_ = Buffer<unsigned char>(*mem_, int64_t(host.size() * sizeof(V)));
+    bytes_.upload(reinterpret_cast<const unsigned char*>(host.data()), bytes_.size());
+    return reinterpret_cast<V*>(bytes_.data()) + guard_;
+  }
+  std::vector<unsigned char> download() const {
+    if (!bound()) throw std::logic_error("run_op: an output the call never passed to its kernel");
+    return bytes_.to_vector();
+  }
+  const MemoryOps* mem_;
+  const std::vector<double>* values_;
+  int64_t guard_;
+  Buffer<unsigned char> bytes_;
+  Storage type_ = Storage::F32;
+  double sentinel_ = 0;
+};
+
+// Runs `call(k, in, ids, out)` (in, out: std::vector<BoundArray>, passed to the kernel as its
+// pointer arguments) with every tensor in k's memory; returns the outputs as doubles and any
+// guard value that changed.
+template <class KS, class F>
+OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
+  const MemoryOps& mem = *k.memory;
+  std::vector<BoundArray> in, out;
+  for (const auto& v : x.values) in.emplace_back(mem, v, 0);
+  for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
   Buffer<TokenId> ids(mem, int64_t(x.ids.size()));
   ids.upload(x.ids.data(), int64_t(x.ids.size()));
-  std::vector<Buffer<U>> out;
-  std::vector<U*> out_p;
-  for (const auto& v : x.outputs) {
-    std::vector<U> host(v.size() + 2 * kGuardValues, U(kGuardSentinel));
-    for (size_t i = 0; i < v.size(); ++i) host[kGuardValues + i] = U(v[i]);
-    out.emplace_back(mem, int64_t(host.size()));
-    out.back().upload(host.data(), int64_t(host.size()));
-    out_p.push_back(out.back().data() + kGuardValues);
-  }
-  call(k, in_p, ids.data(), out_p);
+  call(k, in, ids.data(), out);
   OpRun r;
   for (size_t o = 0; o < out.size(); ++o) {
-    const std::vector<U> host = out[o].to_vector();
-    const size_t n = x.outputs[o].size();
-    bool before = false, after = false;
-    for (int64_t g = 0; g < kGuardValues; ++g) {
-      before = before || !(host[g] == U(kGuardSentinel));
-      after = after || !(host[kGuardValues + n + g] == U(kGuardSentinel));
-    }
-    if (before)
+    if (out[o].guard_changed(true))
       r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
-    if (after) r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
-    r.outputs.emplace_back(host.begin() + kGuardValues, host.begin() + kGuardValues + int64_t(n));
+    if (out[o].guard_changed(false))
+      r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
+    r.outputs.push_back(out[o].values());
   }
   return r;
 }

@@ -17,35 +17,40 @@ namespace divlab {
 
 using TokenId = int32_t;
 
-template <class T>
+// Two storage types: T for parameters, their gradients, optimizer state, the residual stream and
+// its gradient, RMSNorm's rstd and the losses (the run's precision); A for the activations
+// between ops and their gradients (GEMM operands and outputs, attention, GELU, logits). On the
+// CPU and in the GPU's fp32 mode A = T; the GPU's bf16 mode stores activations in bf16 (A =
+// bf16, kernels/common/lowp.h) and keeps T = float, as mixed-precision training does.
+template <class T, class A = T>
 struct OpSignatures {
   // x[n] = wte[tokens[n]] + wpe[n % T]
   using EmbeddingForward = void (*)(T* x, const TokenId* tokens, const T* wte, const T* wpe, int B,
                                     int T_, int C);
   // y = x / sqrt(mean(x^2) + eps) * w; rstd[n] saved for the backward.
-  using RmsnormForward = void (*)(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps);
+  using RmsnormForward = void (*)(A* y, T* rstd, const T* x, const T* w, int N, int C, T eps);
   // dresid += d(rmsnorm)/dx^T dy; dw += sum_n dy * x * rstd
-  using RmsnormBackward = void (*)(T* dresid, T* dw, const T* dy, const T* x, const T* w,
+  using RmsnormBackward = void (*)(T* dresid, T* dw, const A* dy, const T* x, const T* w,
                                    const T* rstd, int N, int C);
-  // y[N, out] = x[N, in] W[out, in]^T
-  using LinearForward = void (*)(T* y, const T* x, const T* W, int N, int in, int out);
-  // dx = dy W (overwrite); dW += dy^T x
-  using LinearBackward = void (*)(T* dx, T* dW, const T* dy, const T* x, const T* W, int N, int in,
+  // y[N, out] = x[N, in] W[out, in]^T. W is the weight in activation storage (see Cast).
+  using LinearForward = void (*)(A* y, const A* x, const A* W, int N, int in, int out);
+  // dx = dy W (overwrite); dW += dy^T x (into the T gradient)
+  using LinearBackward = void (*)(A* dx, T* dW, const A* dy, const A* x, const A* W, int N, int in,
                                   int out);
   // Causal multi-head attention: out[N, C] from qkv[N, 3C]; att[B, NH, T, T] saved.
-  using AttentionForward = void (*)(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
+  using AttentionForward = void (*)(A* out, A* att, const A* qkv, int B, int T_, int C, int NH);
   // dqkv = d(attention)/dqkv^T dout (overwrite)
-  using AttentionBackward = void (*)(T* dqkv, const T* dout, const T* qkv, const T* att, int B,
+  using AttentionBackward = void (*)(A* dqkv, const A* dout, const A* qkv, const A* att, int B,
                                      int T_, int C, int NH);
   // Tanh-approximated GELU, elementwise over n values.
-  using GeluForward = void (*)(T* y, const T* x, int64_t n);
+  using GeluForward = void (*)(A* y, const A* x, int64_t n);
   // dx = gelu'(x) * dy (overwrite)
-  using GeluBackward = void (*)(T* dx, const T* dy, const T* x, int64_t n);
-  // y = a + b elementwise (the residual connection).
-  using Add = void (*)(T* y, const T* a, const T* b, int64_t n);
+  using GeluBackward = void (*)(A* dx, const A* dy, const A* x, int64_t n);
+  // y = a + b elementwise (the residual connection: a is the stream, b a block's output).
+  using Add = void (*)(T* y, const T* a, const A* b, int64_t n);
   // Fused softmax + cross-entropy. losses[n] = -log softmax(logits[n])[targets[n]].
   // If dlogits is non-null: dlogits = (softmax - onehot) * dloss (dloss = 1/N for a mean loss).
-  using CrossEntropy = void (*)(T* losses, T* dlogits, const T* logits, const TokenId* targets,
+  using CrossEntropy = void (*)(T* losses, A* dlogits, const A* logits, const TokenId* targets,
                                 int N, int V, T dloss);
   // The fused op the candidate kernels replace: backward of the first block's RMSNorm, the
   // residual gradient, and the embedding scatter, in one kernel.
@@ -53,10 +58,13 @@ struct OpSignatures {
   //   dw_norm   += sum_n dy_norm[n] * x0[n] * rstd[n]
   //   dwte[tok] += dx0[n]  for every n with tokens[n] == tok   (the frequent-row accumulation)
   //   dwpe[t]   += sum_b dx0[b, t]
-  using EmbedRmsnormBackward = void (*)(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm,
+  using EmbedRmsnormBackward = void (*)(T* dwte, T* dwpe, T* dw_norm, const A* dy_norm,
                                         const T* dresid, const T* x0, const T* w_norm,
                                         const T* rstd, const TokenId* tokens, int B, int T_, int C,
                                         int V);
+  // y = x in activation storage (bf16: rounded to nearest even; a copy where A = T): the
+  // weights before a forward, the residual gradient before the GEMMs that read it.
+  using Cast = void (*)(A* y, const T* x, int64_t n);
   // *out = sum of g^2 over n values, accumulated in double in a fixed order (for the global grad
   // norm). `out` lives in the backend's memory, so a step's norms come back in one download.
   using SumSquares = void (*)(double* out, const T* g, int64_t n);

@@ -3,25 +3,27 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "kernels/common/lowp.h"
+
 namespace divlab {
 
 namespace {
-template <class T>
-OpProfiler<T>* g_profiler = nullptr;
+template <class T, class A>
+OpProfiler<T, A>* g_profiler = nullptr;
 
 // The wrapper for one op: Member names the KernelSet slot, Fn is its function-pointer type.
-template <class T, auto Member, class Fn>
+template <class T, class A, auto Member, class Fn>
 struct Timed;
-template <class T, auto Member, class R, class... Args>
-struct Timed<T, Member, R (*)(Args...)> {
+template <class T, class A, auto Member, class R, class... Args>
+struct Timed<T, A, Member, R (*)(Args...)> {
   static const char* name;
   static R call(Args... args) {
-    OpProfiler<T>& p = *g_profiler<T>;
+    OpProfiler<T, A>& p = *g_profiler<T, A>;
     const MemoryOps& mem = *p.inner().memory;
     mem.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     struct Record {  // records on every exit path, including a returned value
-      OpProfiler<T>& p;
+      OpProfiler<T, A>& p;
       const MemoryOps& mem;
       std::chrono::steady_clock::time_point t0;
       ~Record() {
@@ -32,18 +34,18 @@ struct Timed<T, Member, R (*)(Args...)> {
     return (p.inner().*Member)(args...);
   }
 };
-template <class T, auto Member, class R, class... Args>
-const char* Timed<T, Member, R (*)(Args...)>::name = "";
+template <class T, class A, auto Member, class R, class... Args>
+const char* Timed<T, A, Member, R (*)(Args...)>::name = "";
 
-#define DIVLAB_TIME_OP(op)                                             \
-  do {                                                                 \
-    using W = Timed<T, &KernelSet<T>::op, decltype(KernelSet<T>::op)>; \
-    W::name = #op;                                                     \
-    timed.op = &W::call;                                               \
+#define DIVLAB_TIME_OP(op)                                                      \
+  do {                                                                          \
+    using W = Timed<T, A, &KernelSet<T, A>::op, decltype(KernelSet<T, A>::op)>; \
+    W::name = #op;                                                              \
+    timed.op = &W::call;                                                        \
   } while (0)
 
-template <class T>
-void wrap_all(KernelSet<T>& timed) {
+template <class T, class A>
+void wrap_all(KernelSet<T, A>& timed) {
   DIVLAB_TIME_OP(embedding_forward);
   DIVLAB_TIME_OP(rmsnorm_forward);
   DIVLAB_TIME_OP(rmsnorm_backward);
@@ -56,6 +58,7 @@ void wrap_all(KernelSet<T>& timed) {
   DIVLAB_TIME_OP(add);
   DIVLAB_TIME_OP(cross_entropy);
   DIVLAB_TIME_OP(embed_rmsnorm_backward);
+  DIVLAB_TIME_OP(cast);
   DIVLAB_TIME_OP(sum_squares);
   DIVLAB_TIME_OP(sgd_step);
   DIVLAB_TIME_OP(adamw_step);
@@ -63,18 +66,19 @@ void wrap_all(KernelSet<T>& timed) {
 #undef DIVLAB_TIME_OP
 }  // namespace
 
-template <class T>
-OpProfiler<T>::OpProfiler(const KernelSet<T>& inner) : inner_(inner), timed_(inner) {
-  if (g_profiler<T>) throw std::logic_error("profile: only one profiler may be active");
-  g_profiler<T> = this;
+template <class T, class A>
+OpProfiler<T, A>::OpProfiler(const KernelSet<T, A>& inner) : inner_(inner), timed_(inner) {
+  if (g_profiler<T, A>) throw std::logic_error("profile: only one profiler may be active");
+  g_profiler<T, A> = this;
   wrap_all(timed_);
 }
 
-template <class T>
-OpProfiler<T>::~OpProfiler() {
-  g_profiler<T> = nullptr;
+template <class T, class A>
+OpProfiler<T, A>::~OpProfiler() {
+  g_profiler<T, A> = nullptr;
 }
 
 template class OpProfiler<float>;
 template class OpProfiler<double>;
+template class OpProfiler<float, bf16>;
 }  // namespace divlab

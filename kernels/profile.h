@@ -16,24 +16,24 @@ struct OpTime {
   int64_t calls = 0;
 };
 
-template <class T>
+template <class T, class A = T>
 class OpProfiler {
  public:
-  explicit OpProfiler(const KernelSet<T>& inner);
+  explicit OpProfiler(const KernelSet<T, A>& inner);
   ~OpProfiler();
-  const KernelSet<T>& kernels() const { return timed_; }
+  const KernelSet<T, A>& kernels() const { return timed_; }
   const std::map<std::string, OpTime>& times() const { return times_; }
   void reset() { times_.clear(); }
 
   // Used by the timing wrappers.
-  const KernelSet<T>& inner() const { return inner_; }
+  const KernelSet<T, A>& inner() const { return inner_; }
   void add(const char* op, double seconds) {
     OpTime& t = times_[op];
     t.seconds += seconds, ++t.calls;
   }
 
  private:
-  KernelSet<T> inner_, timed_;
+  KernelSet<T, A> inner_, timed_;
   std::map<std::string, OpTime> times_;
 };
 

@@ -73,10 +73,13 @@ struct OpVariants {
   }
 };
 
-// One function pointer per op: what the model calls. Built by Catalogue::select.
-template <class T>
+// One function pointer per op: what the model calls. Built by Catalogue::select. T and A are
+// the storage types of kernels/ops.h (parameters and stream; activations).
+template <class T, class A = T>
 struct KernelSet {
-  using S = OpSignatures<T>;
+  using Value = T;
+  using Activation = A;
+  using S = OpSignatures<T, A>;
   typename S::EmbeddingForward embedding_forward = nullptr;
   typename S::RmsnormForward rmsnorm_forward = nullptr;
   typename S::RmsnormBackward rmsnorm_backward = nullptr;
@@ -89,6 +92,7 @@ struct KernelSet {
   typename S::Add add = nullptr;
   typename S::CrossEntropy cross_entropy = nullptr;
   typename S::EmbedRmsnormBackward embed_rmsnorm_backward = nullptr;
+  typename S::Cast cast = nullptr;
   typename S::SumSquares sum_squares = nullptr;
   typename S::SgdStep sgd_step = nullptr;
   typename S::AdamwStep adamw_step = nullptr;
@@ -101,9 +105,11 @@ struct UnknownKernel : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-template <class T>
+template <class T, class A = T>
 struct Catalogue {
-  using S = OpSignatures<T>;
+  using Value = T;
+  using Activation = A;
+  using S = OpSignatures<T, A>;
   OpVariants<typename S::EmbeddingForward> embedding_forward{"embedding_forward"};
   OpVariants<typename S::RmsnormForward> rmsnorm_forward{"rmsnorm_forward"};
   OpVariants<typename S::RmsnormBackward> rmsnorm_backward{"rmsnorm_backward"};
@@ -116,6 +122,7 @@ struct Catalogue {
   OpVariants<typename S::Add> add{"add"};
   OpVariants<typename S::CrossEntropy> cross_entropy{"cross_entropy"};
   OpVariants<typename S::EmbedRmsnormBackward> embed_rmsnorm_backward{"embed_rmsnorm_backward"};
+  OpVariants<typename S::Cast> cast{"cast"};
   OpVariants<typename S::SumSquares> sum_squares{"sum_squares"};
   OpVariants<typename S::SgdStep> sgd_step{"sgd_step"};
   OpVariants<typename S::AdamwStep> adamw_step{"adamw_step"};
@@ -133,26 +140,27 @@ struct Catalogue {
 
   // `choice` maps op name -> variant name; ops not named get "reference".
   // Throws UnknownKernel naming the valid ops or variants.
-  KernelSet<T> select(const std::map<std::string, std::string>& choice) const;
+  KernelSet<T, A> select(const std::map<std::string, std::string>& choice) const;
 
  private:
   template <class Self, class F>
   static void visit(Self& self, F& f) {
-    f(self.embedding_forward, &KernelSet<T>::embedding_forward);
-    f(self.rmsnorm_forward, &KernelSet<T>::rmsnorm_forward);
-    f(self.rmsnorm_backward, &KernelSet<T>::rmsnorm_backward);
-    f(self.linear_forward, &KernelSet<T>::linear_forward);
-    f(self.linear_backward, &KernelSet<T>::linear_backward);
-    f(self.attention_forward, &KernelSet<T>::attention_forward);
-    f(self.attention_backward, &KernelSet<T>::attention_backward);
-    f(self.gelu_forward, &KernelSet<T>::gelu_forward);
-    f(self.gelu_backward, &KernelSet<T>::gelu_backward);
-    f(self.add, &KernelSet<T>::add);
-    f(self.cross_entropy, &KernelSet<T>::cross_entropy);
-    f(self.embed_rmsnorm_backward, &KernelSet<T>::embed_rmsnorm_backward);
-    f(self.sum_squares, &KernelSet<T>::sum_squares);
-    f(self.sgd_step, &KernelSet<T>::sgd_step);
-    f(self.adamw_step, &KernelSet<T>::adamw_step);
+    f(self.embedding_forward, &KernelSet<T, A>::embedding_forward);
+    f(self.rmsnorm_forward, &KernelSet<T, A>::rmsnorm_forward);
+    f(self.rmsnorm_backward, &KernelSet<T, A>::rmsnorm_backward);
+    f(self.linear_forward, &KernelSet<T, A>::linear_forward);
+    f(self.linear_backward, &KernelSet<T, A>::linear_backward);
+    f(self.attention_forward, &KernelSet<T, A>::attention_forward);
+    f(self.attention_backward, &KernelSet<T, A>::attention_backward);
+    f(self.gelu_forward, &KernelSet<T, A>::gelu_forward);
+    f(self.gelu_backward, &KernelSet<T, A>::gelu_backward);
+    f(self.add, &KernelSet<T, A>::add);
+    f(self.cross_entropy, &KernelSet<T, A>::cross_entropy);
+    f(self.embed_rmsnorm_backward, &KernelSet<T, A>::embed_rmsnorm_backward);
+    f(self.cast, &KernelSet<T, A>::cast);
+    f(self.sum_squares, &KernelSet<T, A>::sum_squares);
+    f(self.sgd_step, &KernelSet<T, A>::sgd_step);
+    f(self.adamw_step, &KernelSet<T, A>::adamw_step);
   }
 };
 

@@ -16,120 +16,120 @@ using shadow_detail::moved_list;
 using shadow_detail::Output;
 using shadow_detail::replay;
 
-// The tap currently installed (one per precision; the trainer owns at most one).
-template <class T>
-ShadowTap<T>* g_tap = nullptr;
+// The tap currently installed (one per storage pair; the trainer owns at most one).
+template <class T, class A>
+ShadowTap<T, A>* g_tap = nullptr;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Copies n values the run's kernels just read (host or device memory) to the host, unconverted.
+// Copies of what the run's kernels just read (host or device memory) to the host, unconverted.
 // On a device the copy is queued behind the step's kernels, never waited for here: a wait would
 // drain the GPU's queue, and the launches after it would then run with the GPU idle.
-template <class T, class V>
-Staged<V> copy_as(const V* p, int64_t n) {
-  ShadowTap<T>& t = *g_tap<T>;
-  Staged<V> host(static_cast<size_t>(n), StagingAllocator<V>(&t.staging()));
-  t.run_kernels().memory->download_async(host.data(), p, sizeof(V) * size_t(n));
-  return host;
-}
-template <class T>
-Staged<T> copy(const T* p, int64_t n) {
-  return copy_as<T, T>(p, n);
-}
-template <class T>
-Staged<TokenId> copy_ids(const TokenId* p, int64_t n) {
-  return copy_as<T, TokenId>(p, n);
-}
-template <class T, class... Arrays>
-std::vector<Staged<T>> inputs(Arrays&&... arrays) {
-  return moved_list<Staged<T>>(std::forward<Arrays>(arrays)...);
-}
+template <class T, class A>
+struct Recorder {
+  ShadowTap<T, A>& t = *g_tap<T, A>;
+  template <class V>
+  StagedArray copy(const V* p, int64_t n) const {
+    StagedArray a = StagedArray::make<V>(n, &t.staging());
+    t.run_kernels().memory->download_async(a.bytes.data(), p, sizeof(V) * size_t(n));
+    return a;
+  }
+  Staged<TokenId> ids(const TokenId* p, int64_t n) const {
+    Staged<TokenId> host(static_cast<size_t>(n), StagingAllocator<TokenId>(&t.staging()));
+    t.run_kernels().memory->download_async(host.data(), p, sizeof(TokenId) * size_t(n));
+    return host;
+  }
+  template <class... Arrays>
+  static std::vector<StagedArray> inputs(Arrays&&... arrays) {
+    return moved_list<StagedArray>(std::forward<Arrays>(arrays)...);
+  }
+  // Records one call: `make` builds the capture (the copies), timed.
+  template <class MakeCapture>
+  void record(const char* op, MakeCapture make) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    typename ShadowTap<T, A>::Capture c = make();
+    t.store(op, std::move(c), seconds_since(t0));
+  }
+};
 
 // --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
-// Records one call: `inputs` builds the capture (the copies), timed.
-template <class T, class MakeCapture>
-void record(ShadowTap<T>& t, const char* op, MakeCapture inputs) {
-  const auto t0 = std::chrono::steady_clock::now();
-  typename ShadowTap<T>::Capture c = inputs();
-  t.store(op, std::move(c), seconds_since(t0));
-}
-
-template <class T>
-void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
+template <class T, class A>
+void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const A* dy_norm, const T* dresid,
                                 const T* x0, const T* w_norm, const T* rstd, const TokenId* tokens,
                                 int B, int T_, int C, int V) {
-  ShadowTap<T>& t = *g_tap<T>;
-  t.run_kernels().embed_rmsnorm_backward(dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd,
-                                         tokens, B, T_, C, V);
-  if (!t.wants("embed_rmsnorm_backward")) return;
+  Recorder<T, A> r;
+  r.t.run_kernels().embed_rmsnorm_backward(dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd,
+                                           tokens, B, T_, C, V);
+  if (!r.t.wants("embed_rmsnorm_backward")) return;
   const int64_t N = int64_t(B) * T_;
-  record(t, "embed_rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
-    return {inputs<T>(copy(dy_norm, N * C), copy(dresid, N * C), copy(x0, N * C), copy(w_norm, C),
-                      copy(rstd, N)),
-            copy_ids<T>(tokens, N),
+  r.record("embed_rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
+    return {r.inputs(r.copy(dy_norm, N * C), r.copy(dresid, N * C), r.copy(x0, N * C),
+                     r.copy(w_norm, C), r.copy(rstd, N)),
+            r.ids(tokens, N),
             {B, T_, C, V},
             0.0};
   });
 }
 
-template <class T>
-void tap_rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
-  ShadowTap<T>& t = *g_tap<T>;
-  t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
-  if (t.wants("rmsnorm_forward"))
-    record(t, "rmsnorm_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {inputs<T>(copy(x, int64_t(N) * C), copy(w, C)), {}, {N, C}, double(eps)};
+template <class T, class A>
+void tap_rmsnorm_forward(A* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
+  Recorder<T, A> r;
+  r.t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
+  if (r.t.wants("rmsnorm_forward"))
+    r.record("rmsnorm_forward", [&]() -> typename ShadowTap<T, A>::Capture {
+      return {r.inputs(r.copy(x, int64_t(N) * C), r.copy(w, C)), {}, {N, C}, double(eps)};
     });
 }
 
-template <class T>
-void tap_rmsnorm_backward(T* dresid, T* dw, const T* dy, const T* x, const T* w, const T* rstd,
+template <class T, class A>
+void tap_rmsnorm_backward(T* dresid, T* dw, const A* dy, const T* x, const T* w, const T* rstd,
                           int N, int C) {
-  ShadowTap<T>& t = *g_tap<T>;
+  Recorder<T, A> r;
   // Record before the call: the run's kernel adds into dresid, which is not an input here.
-  if (t.wants("rmsnorm_backward"))
-    record(t, "rmsnorm_backward", [&]() -> typename ShadowTap<T>::Capture {
-      return {
-          inputs<T>(copy(dy, int64_t(N) * C), copy(x, int64_t(N) * C), copy(w, C), copy(rstd, N)),
-          {},
-          {N, C},
-          0.0};
+  if (r.t.wants("rmsnorm_backward"))
+    r.record("rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
+      return {r.inputs(r.copy(dy, int64_t(N) * C), r.copy(x, int64_t(N) * C), r.copy(w, C),
+                       r.copy(rstd, N)),
+              {},
+              {N, C},
+              0.0};
     });
-  t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
+  r.t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
 }
 
-template <class T>
-void tap_linear_forward(T* y, const T* x, const T* W, int N, int in, int out) {
-  ShadowTap<T>& t = *g_tap<T>;
-  t.run_kernels().linear_forward(y, x, W, N, in, out);
-  if (t.wants("linear_forward"))
-    record(t, "linear_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {
-          inputs<T>(copy(x, int64_t(N) * in), copy(W, int64_t(out) * in)), {}, {N, in, out}, 0.0};
-    });
-}
-
-template <class T>
-void tap_attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
-  ShadowTap<T>& t = *g_tap<T>;
-  t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
-  if (t.wants("attention_forward"))
-    record(t, "attention_forward", [&]() -> typename ShadowTap<T>::Capture {
-      return {inputs<T>(copy(qkv, int64_t(B) * T_ * 3 * C)), {}, {B, T_, C, NH}, 0.0};
+template <class T, class A>
+void tap_linear_forward(A* y, const A* x, const A* W, int N, int in, int out) {
+  Recorder<T, A> r;
+  r.t.run_kernels().linear_forward(y, x, W, N, in, out);
+  if (r.t.wants("linear_forward"))
+    r.record("linear_forward", [&]() -> typename ShadowTap<T, A>::Capture {
+      return {r.inputs(r.copy(x, int64_t(N) * in), r.copy(W, int64_t(out) * in)),
+              {},
+              {N, in, out},
+              0.0};
     });
 }
 
-template <class T>
-void tap_cross_entropy(T* losses, T* dlogits, const T* logits, const TokenId* targets, int N, int V,
+template <class T, class A>
+void tap_attention_forward(A* out, A* att, const A* qkv, int B, int T_, int C, int NH) {
+  Recorder<T, A> r;
+  r.t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
+  if (r.t.wants("attention_forward"))
+    r.record("attention_forward", [&]() -> typename ShadowTap<T, A>::Capture {
+      return {r.inputs(r.copy(qkv, int64_t(B) * T_ * 3 * C)), {}, {B, T_, C, NH}, 0.0};
+    });
+}
+
+template <class T, class A>
+void tap_cross_entropy(T* losses, A* dlogits, const A* logits, const TokenId* targets, int N, int V,
                        T dloss) {
-  ShadowTap<T>& t = *g_tap<T>;
-  t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
-  if (t.wants("cross_entropy"))
-    record(t, "cross_entropy", [&]() -> typename ShadowTap<T>::Capture {
-      return {
-          inputs<T>(copy(logits, int64_t(N) * V)), copy_ids<T>(targets, N), {N, V}, double(dloss)};
+  Recorder<T, A> r;
+  r.t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
+  if (r.t.wants("cross_entropy"))
+    r.record("cross_entropy", [&]() -> typename ShadowTap<T, A>::Capture {
+      return {r.inputs(r.copy(logits, int64_t(N) * V)), r.ids(targets, N), {N, V}, double(dloss)};
     });
 }
 
@@ -172,8 +172,9 @@ std::vector<std::string> shadowable_ops() {
           "linear_forward",         "attention_forward", "cross_entropy"};
 }
 
+template <class Cat>
 std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries,
-                                           const Catalogue<float>& catalogue) {
+                                           const Cat& catalogue) {
   std::vector<ShadowSpec> specs;
   const auto ops = shadowable_ops();
   for (const auto& e : entries) {
@@ -196,16 +197,21 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
   return specs;
 }
 
+template std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>&,
+                                                    const Catalogue<float>&);
+template std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>&,
+                                                    const Catalogue<float, bf16>&);
+
 // One submitted evaluation: the recorded inputs, the candidates' outputs (per spec, per call),
 // and the batch's token counts.
 // On a device its host arrays are being filled by queued copies until `fence` has passed: the
 // reference side calls ready() before reading them, and a job dropped unread waits too, so its
 // staging blocks go back to the pool only when no copy still writes into them.
-template <class T>
-struct ShadowTap<T>::Job {
+template <class T, class A>
+struct ShadowTap<T, A>::Job {
   int64_t step;
   std::map<std::string, std::vector<Capture>> captured;
-  std::vector<std::vector<std::vector<Output<T>>>> candidate;
+  std::vector<std::vector<std::vector<Output>>> candidate;
   std::vector<TokenId> batch;
   std::vector<int64_t> id_count;
   const MemoryOps* mem = nullptr;
@@ -224,63 +230,63 @@ struct ShadowTap<T>::Job {
   }
 };
 
-template <class T>
-ShadowTap<T>::ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
-                        const Catalogue<T>& variants, int background)
+template <class T, class A>
+ShadowTap<T, A>::ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector<ShadowSpec>& specs,
+                           const Catalogue<T, A>& variants, int background)
     : run_(run_kernels),
       tapped_(run_kernels),
       staging_(*run_kernels.memory),
       host_arrays_(host_memory()),
       variants_(variants),
       specs_(specs) {
-  if (g_tap<T>) throw std::logic_error("shadow: only one tap may be active");
-  g_tap<T> = this;
+  if (g_tap<T, A>) throw std::logic_error("shadow: only one tap may be active");
+  g_tap<T, A> = this;
   for (const auto& s : specs) {
     ++wanted_[s.op];
     if (s.op == "embed_rmsnorm_backward")
-      tapped_.embed_rmsnorm_backward = tap_embed_rmsnorm_backward<T>;
-    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = tap_rmsnorm_forward<T>;
-    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = tap_rmsnorm_backward<T>;
-    if (s.op == "linear_forward") tapped_.linear_forward = tap_linear_forward<T>;
-    if (s.op == "attention_forward") tapped_.attention_forward = tap_attention_forward<T>;
-    if (s.op == "cross_entropy") tapped_.cross_entropy = tap_cross_entropy<T>;
+      tapped_.embed_rmsnorm_backward = tap_embed_rmsnorm_backward<T, A>;
+    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = tap_rmsnorm_forward<T, A>;
+    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = tap_rmsnorm_backward<T, A>;
+    if (s.op == "linear_forward") tapped_.linear_forward = tap_linear_forward<T, A>;
+    if (s.op == "attention_forward") tapped_.attention_forward = tap_attention_forward<T, A>;
+    if (s.op == "cross_entropy") tapped_.cross_entropy = tap_cross_entropy<T, A>;
   }
   if (background < 0 ? !run_.memory->host_accessible : background > 0)
     worker_ = std::thread([this] { work(); });
 }
 
-template <class T>
-ShadowTap<T>::~ShadowTap() {
+template <class T, class A>
+ShadowTap<T, A>::~ShadowTap() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
   if (worker_.joinable()) worker_.join();
-  g_tap<T> = nullptr;
+  g_tap<T, A> = nullptr;
 }
 
-template <class T>
-void ShadowTap<T>::arm() {
+template <class T, class A>
+void ShadowTap<T, A>::arm() {
   captured_.clear();
   armed_ = true;
 }
 
 namespace {
 // The fp64 reference of every recorded call and the comparison with the candidates' outputs.
-template <class T, class Job, class Spec>
+template <class T, class A, class Job, class Spec>
 std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vector<Spec>& specs,
                                                   StagingPool* pool) {
   const KernelSet<double> reference = cpu_catalogue<double>().select({});
   // One fp64 replay per recorded call, shared by every variant of that op.
-  std::map<std::string, std::vector<std::vector<Output<double>>>> ref_outputs;
+  std::map<std::string, std::vector<std::vector<Output>>> ref_outputs;
   std::vector<ShadowMetrics> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& calls = job.captured.at(specs[i].op);
     auto& refs = ref_outputs[specs[i].op];
     if (refs.empty())
       for (const auto& call : calls)
-        refs.push_back(replay<T, double>(specs[i].op, call, reference, pool));
+        refs.push_back(replay<T, A>(specs[i].op, call, reference, pool));
     out.push_back(
         shadow_detail::compare_outputs(job.candidate[i], refs, job.id_count, job.batch.data()));
   }
@@ -288,8 +294,8 @@ std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vec
 }
 }  // namespace
 
-template <class T>
-void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t step) {
+template <class T, class A>
+void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t step) {
   armed_ = false;
   const auto t0 = std::chrono::steady_clock::now();
   auto job = std::make_unique<Job>();
@@ -301,10 +307,10 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
     const auto it = captured_.find(s.op);
     if (it == captured_.end())
       throw std::logic_error("shadow: op " + s.op + " was not called during the step");
-    const KernelSet<T> variant = variants_.select({{s.op, s.variant}});
+    const KernelSet<T, A> variant = variants_.select({{s.op, s.variant}});
     auto& outputs = job->candidate.emplace_back();
     for (const auto& call : it->second)
-      outputs.push_back(replay<T, T>(s.op, call, variant, &staging_));
+      outputs.push_back(replay<T, A>(s.op, call, variant, &staging_));
   }
   job->captured = std::move(captured_);
   captured_.clear();
@@ -314,7 +320,7 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
   if (!worker_.joinable()) {
     const auto t1 = std::chrono::steady_clock::now();
     job->ready();
-    done_.push_back({step, compare_with_reference<T>(*job, specs_, &host_arrays_)});
+    done_.push_back({step, compare_with_reference<T, A>(*job, specs_, &host_arrays_)});
     timing_.evaluations += 1;
     timing_.candidates_s += candidates_s;
     timing_.reference_s += seconds_since(t1);
@@ -330,8 +336,8 @@ void ShadowTap<T>::submit(const TokenId* batch, int64_t n, int vocab, int64_t st
   changed_.notify_all();
 }
 
-template <class T>
-void ShadowTap<T>::work() {
+template <class T, class A>
+void ShadowTap<T, A>::work() {
   // Half the cores: the training thread, which launches the GPU's work, must never wait for
   // one, and idle OpenMP threads spin for a while after each parallel region.
   omp_set_num_threads(std::max(1, omp_get_num_procs() / 2));
@@ -346,7 +352,7 @@ void ShadowTap<T>::work() {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       job.ready();
-      r.metrics = compare_with_reference<T>(job, specs_, &host_arrays_);
+      r.metrics = compare_with_reference<T, A>(job, specs_, &host_arrays_);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -360,8 +366,8 @@ void ShadowTap<T>::work() {
   }
 }
 
-template <class T>
-std::vector<typename ShadowTap<T>::Result> ShadowTap<T>::collect(bool wait) {
+template <class T, class A>
+std::vector<typename ShadowTap<T, A>::Result> ShadowTap<T, A>::collect(bool wait) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (wait) changed_.wait(lock, [&] { return pending_.empty() || failure_; });
   if (failure_) std::rethrow_exception(failure_);
@@ -370,12 +376,13 @@ std::vector<typename ShadowTap<T>::Result> ShadowTap<T>::collect(bool wait) {
   return out;
 }
 
-template <class T>
-typename ShadowTap<T>::Timing ShadowTap<T>::timing() {
+template <class T, class A>
+typename ShadowTap<T, A>::Timing ShadowTap<T, A>::timing() {
   std::lock_guard<std::mutex> lock(mutex_);
   return timing_;
 }
 
 template class ShadowTap<float>;
 template class ShadowTap<double>;
+template class ShadowTap<float, bf16>;
 }  // namespace divlab

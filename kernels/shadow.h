@@ -14,11 +14,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "kernels/common/lowp.h"
 #include "kernels/memory.h"
 #include "kernels/registry.h"
 
@@ -30,9 +32,9 @@ struct ShadowSpec {
 // Parses "op=variant" entries, variants named in `catalogue` (the run's backend); throws
 // UnknownKernel naming the entry for an unknown op or variant, or an op shadow mode cannot
 // evaluate.
-std::vector<ShadowSpec> parse_shadow_specs(
-    const std::vector<std::string>& entries,
-    const Catalogue<float>& catalogue = cpu_catalogue<float>());
+template <class Cat = Catalogue<float>>
+std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entries,
+                                           const Cat& catalogue = cpu_catalogue<float>());
 // Ops whose inputs the tap can capture.
 std::vector<std::string> shadowable_ops();
 
@@ -104,17 +106,46 @@ struct StagingAllocator {
 template <class T>
 using Staged = std::vector<T, StagingAllocator<T>>;
 
-template <class T>
+// An array in staging memory with its storage type: a recorded input (the run's T or A), or a
+// replay's output. Widened to double only where compared.
+struct StagedArray {
+  Staged<unsigned char> bytes;
+  Storage type = Storage::F32;
+  int64_t size = 0;
+  template <class V>
+  static StagedArray make(int64_t n, StagingPool* pool) {
+    return {Staged<unsigned char>(size_t(n) * sizeof(V), StagingAllocator<unsigned char>(pool)),
+            storage_of<V>(), n};
+  }
+  template <class V>
+  V* data() {
+    check(storage_of<V>());
+    return reinterpret_cast<V*>(bytes.data());
+  }
+  template <class V>
+  const V* data() const {
+    check(storage_of<V>());
+    return reinterpret_cast<const V*>(bytes.data());
+  }
+  double at(int64_t i) const { return stored_value(bytes.data(), type, i); }
+
+ private:
+  void check(Storage want) const {
+    if (want != type) throw std::logic_error("shadow: an array read as another storage type");
+  }
+};
+
+template <class T, class A = T>
 class ShadowTap {
  public:
   // The variants come from `variants` (the run's backend): on the GPU the candidates run as GPU
   // kernels on uploaded copies of the recorded inputs; the fp64 reference always runs on the CPU.
   // `background`: compare on a worker thread (the default where the run's memory is on a device).
-  ShadowTap(const KernelSet<T>& run_kernels, const std::vector<ShadowSpec>& specs,
-            const Catalogue<T>& variants, int background = -1);
+  ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector<ShadowSpec>& specs,
+            const Catalogue<T, A>& variants, int background = -1);
   ~ShadowTap();
   // The kernels the model should call: the run's own, with taps on the shadowed ops.
-  const KernelSet<T>& kernels() const { return tapped_; }
+  const KernelSet<T, A>& kernels() const { return tapped_; }
   // Record the calls of the shadowed ops until submit().
   void arm();
   // Evaluates every spec on what was recorded since arm(), given the batch's input tokens. The
@@ -144,17 +175,17 @@ class ShadowTap {
   Timing timing();
   bool in_background() const { return worker_.joinable(); }
 
-  // One op's recorded call: host copies of its inputs in the run's precision (exact), its token
+  // One op's recorded call: host copies of its inputs in their storage types (exact), its token
   // ids, sizes and scalars. On a device the copies are queued, not finished: readable only once
   // the evaluation's fence has passed.
   struct Capture {
-    std::vector<Staged<T>> inputs;
+    std::vector<StagedArray> inputs;
     Staged<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
     std::vector<int> dims;
     double scalar = 0;  // eps (rmsnorm_forward) or dloss (cross_entropy)
   };
   // Used by the tap functions: the run's kernels, and whether `op` should be recorded now.
-  const KernelSet<T>& run_kernels() const { return run_; }
+  const KernelSet<T, A>& run_kernels() const { return run_; }
   StagingPool& staging() { return staging_; }
   bool wants(const std::string& op) const { return armed_ && wanted_.count(op); }
   void store(const std::string& op, Capture c, double seconds) {
@@ -167,13 +198,13 @@ class ShadowTap {
   struct Job;
   void work();  // the worker thread's loop
 
-  KernelSet<T> run_, tapped_;
+  KernelSet<T, A> run_, tapped_;
   // Before every member that holds captures: destroyed after them. `staging_` is the run's
   // fastest host memory (page-locked on CUDA: captures, candidate outputs); `host_arrays_` plain
   // host memory for the fp64 reference's arrays, which never cross to a device.
   StagingPool staging_;
   StagingPool host_arrays_;
-  const Catalogue<T>& variants_;
+  const Catalogue<T, A>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;
   std::map<std::string, std::vector<Capture>> captured_;

@@ -17,52 +17,47 @@ constexpr int64_t kConvertChunk = 1 << 16;
 // One input or output array of a replay, in the memory of the kernels that run it: a device
 // buffer, or (for host kernels, e.g. the fp64 reference) a block from the staging pool, which
 // is reused from step to step instead of being allocated, zeroed and faulted in each time.
-template <class U>
+template <class V>
 struct ReplayArray {
-  Buffer<U> device;
-  Staged<U> host;
+  Buffer<V> device;
+  StagedArray host;
   bool on_host;
-  U* data() { return on_host ? host.data() : device.data(); }
+  V* data() { return on_host ? host.data<V>() : device.data(); }
 };
 
-template <class U>
 struct ReplayMemory {
   const MemoryOps& mem;
   StagingPool* pool;
-  Staged<U> staged(int64_t n) const {
-    return Staged<U>(static_cast<size_t>(n), StagingAllocator<U>(pool));
-  }
   // A zeroed output.
-  ReplayArray<U> out(int64_t n) const {
-    if (!mem.host_accessible)
-      return {Buffer<U>(mem, n), Staged<U>(StagingAllocator<U>(pool)), false};
-    Staged<U> h = staged(n);
-    U* p = h.data();
+  template <class V>
+  ReplayArray<V> out(int64_t n) const {
+    if (!mem.host_accessible) return {Buffer<V>(mem, n), StagedArray{}, false};
+    StagedArray h = StagedArray::make<V>(n, pool);
+    V* p = h.data<V>();
     parallel_chunks(n, kConvertChunk,
-                    [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, U(0)); });
-    return {Buffer<U>(), std::move(h), true};
+                    [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, stored_as<V>(0.0)); });
+    return {Buffer<V>(), std::move(h), true};
   }
-  // An input: the recorded values, converted to U.
-  template <class Vec>
-  ReplayArray<U> in(const Vec& v) const {
-    using T = typename Vec::value_type;
-    const int64_t n = int64_t(v.size());
+  // An input: the recorded values, converted to V.
+  template <class V>
+  ReplayArray<V> in(const StagedArray& v) const {
+    const int64_t n = v.size;
     if (mem.host_accessible) {
-      Staged<U> h = staged(n);
-      U* p = h.data();
+      StagedArray h = StagedArray::make<V>(n, pool);
+      V* p = h.data<V>();
       parallel_chunks(n, kConvertChunk, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) p[i] = U(v[i]);
+        for (int64_t i = i0; i < i1; ++i) p[i] = stored_as<V>(v.at(i));
       });
-      return {Buffer<U>(), std::move(h), true};
+      return {Buffer<V>(), std::move(h), true};
     }
-    // On a device only candidates replay, in the run's own precision: the capture goes up as it
+    // On a device only candidates replay, in the run's own storage: the capture goes up as it
     // is, queued after its own download (stream order makes the values arrive first). A
     // converting replay would have to read the capture here, before the fence.
-    if constexpr (!std::is_same_v<T, U>)
-      throw std::logic_error("shadow: a device replay must use the run's precision");
-    Buffer<U> b(mem, n);
-    mem.upload_async(b.data(), v.data(), sizeof(U) * size_t(n));
-    return {std::move(b), Staged<U>(StagingAllocator<U>(pool)), false};
+    if (v.type != storage_of<V>())
+      throw std::logic_error("shadow: a device replay must use the run's storage types");
+    Buffer<V> b(mem, n);
+    mem.upload_async(b.data(), v.bytes.data(), sizeof(V) * size_t(n));
+    return {std::move(b), StagedArray{}, false};
   }
   Buffer<TokenId> ids(const Staged<TokenId>& v) const {
     if (mem.host_accessible) return Buffer<TokenId>();  // host kernels read the capture itself
@@ -75,73 +70,76 @@ struct ReplayMemory {
   }
   // The output's values on the host (moved, when they are there already). From a device the
   // download is queued: the values are there once the evaluation's fence has passed.
-  Staged<U> take(ReplayArray<U>& a) const {
+  template <class V>
+  StagedArray take(ReplayArray<V>& a) const {
     if (a.on_host) return std::move(a.host);
-    Staged<U> v = staged(a.device.size());
-    mem.download_async(v.data(), a.device.data(), sizeof(U) * size_t(a.device.size()));
+    StagedArray v = StagedArray::make<V>(a.device.size(), pool);
+    mem.download_async(v.bytes.data(), a.device.data(), sizeof(V) * size_t(a.device.size()));
     return v;
   }
 };
 
 }  // namespace
 
-template <class T, class U>
-std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>::Capture& c,
-                              const KernelSet<U>& k, StagingPool* pool) {
+template <class T, class A, class U, class UA>
+std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
+                           const KernelSet<U, UA>& k, StagingPool* pool) {
   const auto& in = c.inputs;
   const auto& d = c.dims;
-  const ReplayMemory<U> m{*k.memory, pool};
+  const ReplayMemory m{*k.memory, pool};
   if (op == "embed_rmsnorm_backward") {
     const int B = d[0], T_ = d[1], C = d[2], V = d[3];
-    auto dwte = m.out(int64_t(V) * C), dwpe = m.out(int64_t(T_) * C), dw = m.out(C);
-    auto dy = m.in(in[0]), dres = m.in(in[1]), x0 = m.in(in[2]), w = m.in(in[3]),
-         rstd = m.in(in[4]);
+    auto dwte = m.out<U>(int64_t(V) * C), dwpe = m.out<U>(int64_t(T_) * C), dw = m.out<U>(C);
+    auto dy = m.in<UA>(in[0]);
+    auto dres = m.in<U>(in[1]), x0 = m.in<U>(in[2]), w = m.in<U>(in[3]), rstd = m.in<U>(in[4]);
     auto ids = m.ids(c.ids);
     k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
-                             w.data(), rstd.data(), ReplayMemory<U>::ids_ptr(ids, c.ids), B, T_, C,
-                             V);
-    return moved_list<Output<U>>(Output<U>{m.take(dwte), V, C, RowKey::TokenId},
-                                 Output<U>{m.take(dwpe), T_, C, RowKey::None},
-                                 Output<U>{m.take(dw), 1, C, RowKey::None});
+                             w.data(), rstd.data(), ReplayMemory::ids_ptr(ids, c.ids), B, T_, C, V);
+    return moved_list<Output>(Output{m.take(dwte), V, C, RowKey::TokenId},
+                              Output{m.take(dwpe), T_, C, RowKey::None},
+                              Output{m.take(dw), 1, C, RowKey::None});
   }
   if (op == "rmsnorm_forward") {
     const int N = d[0], C = d[1];
-    auto x = m.in(in[0]), w = m.in(in[1]);
-    auto y = m.out(int64_t(N) * C), rstd = m.out(N);
+    auto x = m.in<U>(in[0]), w = m.in<U>(in[1]);
+    auto y = m.out<UA>(int64_t(N) * C);
+    auto rstd = m.out<U>(N);
     k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
-    return moved_list<Output<U>>(Output<U>{m.take(y), N, C, RowKey::Position});
+    return moved_list<Output>(Output{m.take(y), N, C, RowKey::Position});
   }
   if (op == "rmsnorm_backward") {
     const int N = d[0], C = d[1];
-    auto dy = m.in(in[0]), x = m.in(in[1]), w = m.in(in[2]), rstd = m.in(in[3]);
-    auto dx = m.out(int64_t(N) * C), dw = m.out(C);
+    auto dy = m.in<UA>(in[0]);
+    auto x = m.in<U>(in[1]), w = m.in<U>(in[2]), rstd = m.in<U>(in[3]);
+    auto dx = m.out<U>(int64_t(N) * C), dw = m.out<U>(C);
     k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-    return moved_list<Output<U>>(Output<U>{m.take(dx), N, C, RowKey::Position},
-                                 Output<U>{m.take(dw), 1, C, RowKey::None});
+    return moved_list<Output>(Output{m.take(dx), N, C, RowKey::Position},
+                              Output{m.take(dw), 1, C, RowKey::None});
   }
   if (op == "linear_forward") {
     const int N = d[0], i = d[1], o = d[2];
-    auto x = m.in(in[0]), W = m.in(in[1]);
-    auto y = m.out(int64_t(N) * o);
+    auto x = m.in<UA>(in[0]), W = m.in<UA>(in[1]);
+    auto y = m.out<UA>(int64_t(N) * o);
     k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
-    return moved_list<Output<U>>(Output<U>{m.take(y), N, o, RowKey::Position});
+    return moved_list<Output>(Output{m.take(y), N, o, RowKey::Position});
   }
   if (op == "attention_forward") {
     const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
-    auto qkv = m.in(in[0]);
-    auto out = m.out(int64_t(B) * T_ * C), att = m.out(int64_t(B) * NH * T_ * T_);
+    auto qkv = m.in<UA>(in[0]);
+    auto out = m.out<UA>(int64_t(B) * T_ * C), att = m.out<UA>(int64_t(B) * NH * T_ * T_);
     k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
-    return moved_list<Output<U>>(Output<U>{m.take(out), int64_t(B) * T_, C, RowKey::Position});
+    return moved_list<Output>(Output{m.take(out), int64_t(B) * T_, C, RowKey::Position});
   }
   if (op == "cross_entropy") {
     const int N = d[0], V = d[1];
-    auto logits = m.in(in[0]);
-    auto losses = m.out(N), dlogits = m.out(int64_t(N) * V);
+    auto logits = m.in<UA>(in[0]);
+    auto losses = m.out<U>(N);
+    auto dlogits = m.out<UA>(int64_t(N) * V);
     auto targets = m.ids(c.ids);
     k.cross_entropy(losses.data(), dlogits.data(), logits.data(),
-                    ReplayMemory<U>::ids_ptr(targets, c.ids), N, V, U(c.scalar));
-    return moved_list<Output<U>>(Output<U>{m.take(losses), N, 1, RowKey::Position},
-                                 Output<U>{m.take(dlogits), N, V, RowKey::Position});
+                    ReplayMemory::ids_ptr(targets, c.ids), N, V, U(c.scalar));
+    return moved_list<Output>(Output{m.take(losses), N, 1, RowKey::Position},
+                              Output{m.take(dlogits), N, V, RowKey::Position});
   }
   throw std::logic_error("shadow: no replay for op " + op);
 }
@@ -167,26 +165,39 @@ struct Tally {
 
 // Per-row sums in parallel (rows are independent), folded in row order: the metrics do not
 // depend on the thread count.
-template <class U>
-void tally(Tally& t, const std::vector<Output<U>>& got, const std::vector<Output<double>>& ref,
-           const std::vector<int64_t>& id_count, const TokenId* batch) {
-  struct RowSums {
-    double diff, ref, got, dot;
-  };
-  for (size_t o = 0; o < got.size(); ++o) {
-    const Output<U>& v = got[o];
-    const Output<double>& r = ref[o];
-    std::vector<RowSums> rows(static_cast<size_t>(r.rows));
-    parallel_chunks(r.rows, 64, [&](int64_t row0, int64_t row1) {
-      for (int64_t row = row0; row < row1; ++row) {
-        RowSums s{0, 0, 0, 0};
-        for (int64_t c = 0; c < r.cols; ++c) {
-          const double a = double(v.values[row * r.cols + c]), b = r.values[row * r.cols + c];
-          s.diff += (a - b) * (a - b), s.ref += b * b, s.got += a * a, s.dot += a * b;
-        }
-        rows[row] = s;
+struct RowSums {
+  double diff, ref, got, dot;
+};
+
+// Per storage type of the candidate's output (the reference's is double), so the inner loop
+// reads plain arrays.
+template <class V>
+void tally_rows(std::vector<RowSums>& rows, const V* got, const double* ref, int64_t cols) {
+  parallel_chunks(int64_t(rows.size()), 64, [&](int64_t row0, int64_t row1) {
+    for (int64_t row = row0; row < row1; ++row) {
+      RowSums s{0, 0, 0, 0};
+      for (int64_t c = 0; c < cols; ++c) {
+        const double a = to_double(got[row * cols + c]), b = ref[row * cols + c];
+        s.diff += (a - b) * (a - b), s.ref += b * b, s.got += a * a, s.dot += a * b;
       }
-    });
+      rows[row] = s;
+    }
+  });
+}
+
+void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& ref,
+           const std::vector<int64_t>& id_count, const TokenId* batch) {
+  for (size_t o = 0; o < got.size(); ++o) {
+    const Output& v = got[o];
+    const Output& r = ref[o];
+    std::vector<RowSums> rows(static_cast<size_t>(r.rows));
+    const double* rv = r.values.data<double>();
+    if (v.values.type == Storage::F32)
+      tally_rows(rows, v.values.data<float>(), rv, r.cols);
+    else if (v.values.type == Storage::F64)
+      tally_rows(rows, v.values.data<double>(), rv, r.cols);
+    else
+      tally_rows(rows, v.values.data<bf16>(), rv, r.cols);
     for (int64_t row = 0; row < r.rows; ++row) {
       const RowSums& s = rows[row];
       t.diff += s.diff, t.norm_r += s.ref, t.norm_v += s.got, t.dot += s.dot;
@@ -204,9 +215,8 @@ void tally(Tally& t, const std::vector<Output<U>>& got, const std::vector<Output
 
 }  // namespace
 
-template <class U>
-ShadowMetrics compare_outputs(const std::vector<std::vector<Output<U>>>& candidate,
-                              const std::vector<std::vector<Output<double>>>& reference,
+ShadowMetrics compare_outputs(const std::vector<std::vector<Output>>& candidate,
+                              const std::vector<std::vector<Output>>& reference,
                               const std::vector<int64_t>& id_count, const TokenId* batch) {
   Tally t;
   for (size_t c = 0; c < candidate.size(); ++c)
@@ -214,20 +224,14 @@ ShadowMetrics compare_outputs(const std::vector<std::vector<Output<U>>>& candida
   return t.metrics();
 }
 
-template std::vector<Output<float>> replay<float, float>(const std::string&,
-                                                         const ShadowTap<float>::Capture&,
-                                                         const KernelSet<float>&, StagingPool*);
-template std::vector<Output<double>> replay<float, double>(const std::string&,
-                                                           const ShadowTap<float>::Capture&,
-                                                           const KernelSet<double>&, StagingPool*);
-template std::vector<Output<double>> replay<double, double>(const std::string&,
-                                                            const ShadowTap<double>::Capture&,
-                                                            const KernelSet<double>&, StagingPool*);
-template ShadowMetrics compare_outputs(const std::vector<std::vector<Output<float>>>&,
-                                       const std::vector<std::vector<Output<double>>>&,
-                                       const std::vector<int64_t>&, const TokenId*);
-template ShadowMetrics compare_outputs(const std::vector<std::vector<Output<double>>>&,
-                                       const std::vector<std::vector<Output<double>>>&,
-                                       const std::vector<int64_t>&, const TokenId*);
+#define DIVLAB_REPLAY(T, A, U, UA)                  \
+  template std::vector<Output> replay<T, A, U, UA>( \
+      const std::string&, const ShadowTap<T, A>::Capture&, const KernelSet<U, UA>&, StagingPool*)
+DIVLAB_REPLAY(float, float, float, float);
+DIVLAB_REPLAY(float, float, double, double);
+DIVLAB_REPLAY(double, double, double, double);
+DIVLAB_REPLAY(float, bf16, float, bf16);
+DIVLAB_REPLAY(float, bf16, double, double);
+#undef DIVLAB_REPLAY
 
 }  // namespace divlab::shadow_detail

@@ -25,26 +25,25 @@ std::vector<Item> moved_list(Items&&... items) {
 
 // How an output's rows map to the batch's tokens, for the frequency buckets.
 enum class RowKey { Position, TokenId, None };
-// One output of a replay, in the precision it was computed in (widened only where compared).
-template <class U>
+// One output of a replay, in the storage it was computed in (widened only where compared).
 struct Output {
-  Staged<U> values;
+  StagedArray values;
   int64_t rows, cols;
   RowKey key;
 };
 
-// The recorded call `c` of `op` run with kernel set `k` in precision U. Inputs and outputs live in
-// k's memory; outputs come back in staging blocks from `pool` (on a device: filled by queued
-// downloads, readable once a fence behind them has passed).
-template <class T, class U>
-std::vector<Output<U>> replay(const std::string& op, const typename ShadowTap<T>::Capture& c,
-                              const KernelSet<U>& k, StagingPool* pool);
+// The recorded call `c` (of a run storing T and A) of `op`, run with kernel set `k` (storing U
+// and UA: the run's own types for candidates, double for the fp64 reference). Inputs and
+// outputs live in k's memory; outputs come back in staging blocks from `pool` (on a device:
+// filled by queued downloads, readable once a fence behind them has passed).
+template <class T, class A, class U, class UA>
+std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
+                           const KernelSet<U, UA>& k, StagingPool* pool);
 
 // One spec's metrics over every recorded call: candidate outputs against the reference's, rows
 // bucketed by their token's count in the step (`id_count`, `batch`).
-template <class U>
-ShadowMetrics compare_outputs(const std::vector<std::vector<Output<U>>>& candidate,
-                              const std::vector<std::vector<Output<double>>>& reference,
+ShadowMetrics compare_outputs(const std::vector<std::vector<Output>>& candidate,
+                              const std::vector<std::vector<Output>>& reference,
                               const std::vector<int64_t>& id_count, const TokenId* batch);
 
 }  // namespace divlab::shadow_detail

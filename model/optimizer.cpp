@@ -23,8 +23,9 @@ Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& la
       sum_squares_(mem, int64_t(layout.size())) {}
 
 template <class T>
-StepStats Optimizer<T>::step(Transformer<T>& model, int64_t step) {
-  const KernelSet<T>& k = model.kernels();
+template <class A>
+StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
+  const KernelSet<T, A>& k = model.kernels();
   StepStats stats;
   for (size_t i = 0; i < layout_.size(); ++i)
     k.sum_squares(sum_squares_.data() + i, model.grads().data() + layout_[i].offset,
@@ -59,4 +60,7 @@ StepStats Optimizer<T>::step(Transformer<T>& model, int64_t step) {
 
 template class Optimizer<float>;
 template class Optimizer<double>;
+template StepStats Optimizer<float>::step(Transformer<float>&, int64_t);
+template StepStats Optimizer<double>::step(Transformer<double>&, int64_t);
+template StepStats Optimizer<float>::step(Transformer<float, bf16>&, int64_t);
 }  // namespace divlab

@@ -39,7 +39,8 @@ class Optimizer {
   Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& layout, const MemoryOps& mem);
   // One update from the model's current gradients. `step` is 0-based. Gradients with a
   // non-finite norm are not applied (stats.grad_norm says so).
-  StepStats step(Transformer<T>& model, int64_t step);
+  template <class A>
+  StepStats step(Transformer<T, A>& model, int64_t step);
 
   // Optimizer state, exposed for checkpoints.
   Buffer<T>& first_moment() { return m_; }

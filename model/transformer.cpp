@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "model/rng.h"
 
@@ -39,8 +40,8 @@ int64_t param_count(const ModelConfig& cfg) {
   return layout.back().offset + layout.back().size;
 }
 
-template <class T>
-Transformer<T>::Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels, int batch)
+template <class T, class A>
+Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& kernels, int batch)
     : cfg_(cfg), k_(kernels), B_(batch), N_(batch * cfg.seq_len), layout_(param_layout(cfg)) {
   if (cfg.d_model % cfg.n_heads != 0)
     throw std::invalid_argument("d_model must be divisible by n_heads");
@@ -62,33 +63,65 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels,
   const int64_t n = param_count(cfg), N = N_, C = cfg.d_model, V = cfg.vocab, S = cfg.seq_len;
   const MemoryOps& mem = *kernels.memory;
   auto buf = [&](int64_t size) { return Buffer<T>(mem, size); };
+  auto act = [&](int64_t size) { return Buffer<A>(mem, size); };
+  constexpr bool kSplit = !std::is_same_v<T, A>;
   params_ = buf(n), grads_ = buf(n);
+  if (kSplit) weights_ = act(n);
   tokens_ = Buffer<TokenId>(mem, N), targets_ = Buffer<TokenId>(mem, N);
   for (int l = 0; l <= cfg.n_layers; ++l) resid_.push_back(buf(N * C));
   acts_.resize(cfg.n_layers);
   for (auto& a : acts_) {
-    a.ln1 = buf(N * C), a.rstd1 = buf(N), a.qkv = buf(N * 3 * C);
-    a.att = buf(int64_t(B_) * cfg.n_heads * S * S), a.atty = buf(N * C), a.xmid = buf(N * C);
-    a.ln2 = buf(N * C), a.rstd2 = buf(N), a.h = buf(N * 4 * C), a.g = buf(N * 4 * C);
+    a.ln1 = act(N * C), a.rstd1 = buf(N), a.qkv = act(N * 3 * C);
+    a.att = act(int64_t(B_) * cfg.n_heads * S * S), a.atty = act(N * C), a.xmid = buf(N * C);
+    a.ln2 = act(N * C), a.rstd2 = buf(N), a.h = act(N * 4 * C), a.g = act(N * 4 * C);
   }
-  lnf_out_ = buf(N * C), rstdf_ = buf(N), logits_ = buf(N * V), dlogits_ = buf(N * V);
+  lnf_out_ = act(N * C), rstdf_ = buf(N), logits_ = act(N * V), dlogits_ = act(N * V);
   losses_ = buf(N), host_losses_.resize(N);
-  dres_ = buf(N * C), dln_ = buf(N * C), dqkv_ = buf(N * 3 * C), datty_ = buf(N * C);
-  dh_ = buf(N * 4 * C), dg_ = buf(N * 4 * C), tmp_ = buf(N * C);
+  dres_ = buf(N * C), dln_ = act(N * C), dqkv_ = act(N * 3 * C), datty_ = act(N * C);
+  if (kSplit) dres_act_ = act(N * C);
+  dh_ = act(N * 4 * C), dg_ = act(N * 4 * C), tmp_ = act(N * C);
 }
 
-template <class T>
-int64_t Transformer<T>::allocated_values(const ModelConfig& cfg, int batch) {
+template <class T, class A>
+int64_t Transformer<T, A>::allocated_bytes(const ModelConfig& cfg, int batch) {
   const int64_t N = int64_t(batch) * cfg.seq_len, C = cfg.d_model, V = cfg.vocab;
-  const int64_t per_layer = N * C * 5 + N * 2 + N * 3 * C +
-                            int64_t(batch) * cfg.n_heads * cfg.seq_len * cfg.seq_len +
-                            N * 4 * C * 2;
-  return 2 * param_count(cfg) + 2 * N + (cfg.n_layers + 1) * N * C + cfg.n_layers * per_layer +
-         N * C + N + 2 * N * V + N + N * (C * 4 + 3 * C + 4 * C * 2);
+  const int64_t n = param_count(cfg), split = std::is_same_v<T, A> ? 0 : 1;
+  const int64_t t = sizeof(T), a = sizeof(A);
+  const int64_t att = int64_t(batch) * cfg.n_heads * cfg.seq_len * cfg.seq_len;
+  const int64_t layer_t = N * C + 2 * N;
+  const int64_t layer_a = 3 * N * C + 3 * N * C + att + 2 * N * 4 * C;
+  const int64_t stream_t = 2 * n + (cfg.n_layers + 1) * N * C + 2 * N + N * C;
+  const int64_t stream_a =
+      split * n + N * C + 2 * N * V + N * C * (3 + split) + 2 * N * 4 * C + N * 3 * C;
+  return t * (stream_t + cfg.n_layers * layer_t) + a * (stream_a + cfg.n_layers * layer_a) +
+         int64_t(sizeof(TokenId)) * 2 * N;
 }
 
-template <class T>
-void Transformer<T>::init(uint64_t seed) {
+template <class T, class A>
+const A* Transformer<T, A>::linear_weights() const {
+  if constexpr (std::is_same_v<T, A>)
+    return params_.data();
+  else
+    return weights_.data();
+}
+
+template <class T, class A>
+void Transformer<T, A>::cast_weights() {
+  if constexpr (!std::is_same_v<T, A>) k_.cast(weights_.data(), params_.data(), params_.size());
+}
+
+template <class T, class A>
+const A* Transformer<T, A>::residual_grad_for_gemm() {
+  if constexpr (std::is_same_v<T, A>) {
+    return dres_.data();
+  } else {
+    k_.cast(dres_act_.data(), dres_.data(), dres_.size());
+    return dres_act_.data();
+  }
+}
+
+template <class T, class A>
+void Transformer<T, A>::init(uint64_t seed) {
   Rng rng(seed, kStreamInit);
   const double proj_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers);
   std::vector<T> host(params_.size());
@@ -101,11 +134,13 @@ void Transformer<T>::init(uint64_t seed) {
   params_.upload(host.data(), params_.size());
 }
 
-template <class T>
-T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool for_backward) {
+template <class T, class A>
+T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool for_backward) {
   const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
   const T eps = T(cfg_.norm_eps);
   const T* P = params_.data();
+  cast_weights();
+  const A* W = linear_weights();
   tokens_.upload(inputs, N);
   targets_.upload(targets, N);
   k_.embedding_forward(resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_, Tn, C);
@@ -116,28 +151,28 @@ T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool fo
     const T* x = resid_[l].data();
     k_.rmsnorm_forward(a.ln1.data(), a.rstd1.data(), x, P + w.ln1, N, C, eps);
     observe("forward", "rmsnorm_forward", l, "ln1", a.ln1.data(), int64_t(N) * C);
-    k_.linear_forward(a.qkv.data(), a.ln1.data(), P + w.qkv, N, C, 3 * C);
+    k_.linear_forward(a.qkv.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
     observe("forward", "linear_forward", l, "attn.qkv", a.qkv.data(), int64_t(N) * 3 * C);
     k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C, NH);
     observe("forward", "attention_forward", l, "attn.out", a.atty.data(), int64_t(N) * C);
-    k_.linear_forward(tmp_.data(), a.atty.data(), P + w.proj, N, C, C);
+    k_.linear_forward(tmp_.data(), a.atty.data(), W + w.proj, N, C, C);
     observe("forward", "linear_forward", l, "attn.proj", tmp_.data(), int64_t(N) * C);
     k_.add(a.xmid.data(), x, tmp_.data(), int64_t(N) * C);
     observe("forward", "add", l, "resid.mid", a.xmid.data(), int64_t(N) * C);
     k_.rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N, C, eps);
     observe("forward", "rmsnorm_forward", l, "ln2", a.ln2.data(), int64_t(N) * C);
-    k_.linear_forward(a.h.data(), a.ln2.data(), P + w.fc, N, C, 4 * C);
+    k_.linear_forward(a.h.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
     observe("forward", "linear_forward", l, "mlp.fc", a.h.data(), int64_t(N) * 4 * C);
     k_.gelu_forward(a.g.data(), a.h.data(), int64_t(N) * 4 * C);
     observe("forward", "gelu_forward", l, "mlp.gelu", a.g.data(), int64_t(N) * 4 * C);
-    k_.linear_forward(tmp_.data(), a.g.data(), P + w.fc2, N, 4 * C, C);
+    k_.linear_forward(tmp_.data(), a.g.data(), W + w.fc2, N, 4 * C, C);
     observe("forward", "linear_forward", l, "mlp.proj", tmp_.data(), int64_t(N) * C);
     k_.add(resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
     observe("forward", "add", l, "resid.out", resid_[l + 1].data(), int64_t(N) * C);
   }
   k_.rmsnorm_forward(lnf_out_.data(), rstdf_.data(), resid_.back().data(), P + lnf_, N, C, eps);
   observe("forward", "rmsnorm_forward", -1, "ln_f", lnf_out_.data(), int64_t(N) * C);
-  k_.linear_forward(logits_.data(), lnf_out_.data(), P + head_, N, C, V);
+  k_.linear_forward(logits_.data(), lnf_out_.data(), W + head_, N, C, V);
   observe("forward", "linear_forward", -1, "lm_head (logits)", logits_.data(), int64_t(N) * V);
   k_.cross_entropy(losses_.data(), for_backward ? dlogits_.data() : nullptr, logits_.data(),
                    targets_.data(), N, V, T(1) / T(N));
@@ -151,15 +186,16 @@ T Transformer<T>::forward(const TokenId* inputs, const TokenId* targets, bool fo
   return T(sum / N);
 }
 
-template <class T>
-void Transformer<T>::backward() {
+template <class T, class A>
+void Transformer<T, A>::backward() {
   const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
   const T* P = params_.data();
+  const A* W = linear_weights();
   T* G = grads_.data();
   grads_.zero();
   dres_.zero();
 
-  k_.linear_backward(dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(), P + head_, N, C, V);
+  k_.linear_backward(dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(), W + head_, N, C, V);
   observe("backward", "linear_backward", -1, "grad lm_head.weight", G + head_, int64_t(V) * C);
   observe("backward", "linear_backward", -1, "grad ln_f", dln_.data(), int64_t(N) * C);
   k_.rmsnorm_backward(dres_.data(), G + lnf_, dln_.data(), resid_.back().data(), P + lnf_,
@@ -169,25 +205,27 @@ void Transformer<T>::backward() {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
     // dres holds d loss / d resid_[l + 1] = d / d(xmid + mlp(ln2(xmid))).
-    k_.linear_backward(dg_.data(), G + w.fc2, dres_.data(), a.g.data(), P + w.fc2, N, 4 * C, C);
+    k_.linear_backward(dg_.data(), G + w.fc2, residual_grad_for_gemm(), a.g.data(), W + w.fc2, N,
+                       4 * C, C);
     observe("backward", "linear_backward", l, "grad mlp.proj.weight", G + w.fc2,
             int64_t(4) * C * C);
     observe("backward", "linear_backward", l, "grad mlp.gelu", dg_.data(), int64_t(N) * 4 * C);
     k_.gelu_backward(dh_.data(), dg_.data(), a.h.data(), int64_t(N) * 4 * C);
     observe("backward", "gelu_backward", l, "grad mlp.fc", dh_.data(), int64_t(N) * 4 * C);
-    k_.linear_backward(dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), P + w.fc, N, C, 4 * C);
+    k_.linear_backward(dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
     observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(4) * C * C);
     observe("backward", "linear_backward", l, "grad ln2", dln_.data(), int64_t(N) * C);
     k_.rmsnorm_backward(dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(), P + w.ln2,
                         a.rstd2.data(), N, C);
     observe("backward", "rmsnorm_backward", l, "grad resid.mid", dres_.data(), int64_t(N) * C);
     // dres now holds d loss / d xmid = d / d(resid_[l] + attn(ln1(resid_[l]))).
-    k_.linear_backward(datty_.data(), G + w.proj, dres_.data(), a.atty.data(), P + w.proj, N, C, C);
+    k_.linear_backward(datty_.data(), G + w.proj, residual_grad_for_gemm(), a.atty.data(),
+                       W + w.proj, N, C, C);
     observe("backward", "linear_backward", l, "grad attn.proj.weight", G + w.proj, int64_t(C) * C);
     observe("backward", "linear_backward", l, "grad attn.out", datty_.data(), int64_t(N) * C);
     k_.attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, Tn, C, NH);
     observe("backward", "attention_backward", l, "grad attn.qkv", dqkv_.data(), int64_t(N) * 3 * C);
-    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), P + w.qkv, N, C, 3 * C);
+    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
     observe("backward", "linear_backward", l, "grad attn.qkv.weight", G + w.qkv,
             int64_t(3) * C * C);
     observe("backward", "linear_backward", l, "grad ln1", dln_.data(), int64_t(N) * C);
@@ -209,4 +247,5 @@ void Transformer<T>::backward() {
 
 template class Transformer<float>;
 template class Transformer<double>;
+template class Transformer<float, bf16>;
 }  // namespace divlab

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -35,14 +36,18 @@ struct ParamInfo {
 std::vector<ParamInfo> param_layout(const ModelConfig& cfg);
 int64_t param_count(const ModelConfig& cfg);
 
-template <class T>
+// T stores the parameters, gradients and the residual stream; A the activations between ops
+// (kernels/ops.h). With A != T the forward first casts the weights to A (as mixed-precision
+// training does), and the backward casts the residual gradient where a GEMM reads it.
+template <class T, class A = T>
 class Transformer {
  public:
-  Transformer(const ModelConfig& cfg, const KernelSet<T>& kernels, int batch);
+  using Activation = A;
+  Transformer(const ModelConfig& cfg, const KernelSet<T, A>& kernels, int batch);
 
-  // How many values of T the constructor allocates (parameters, gradients, activations, scratch):
+  // How many bytes the constructor allocates (parameters, gradients, activations, scratch):
   // lets a device backend refuse a model that will not fit before allocating any of it.
-  static int64_t allocated_values(const ModelConfig& cfg, int batch);
+  static int64_t allocated_bytes(const ModelConfig& cfg, int batch);
 
   // Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 n_layers) (GPT-2);
   // RMSNorm gains 1. Deterministic in `seed`.
@@ -61,8 +66,8 @@ class Transformer {
   Buffer<T>& params() { return params_; }
   const Buffer<T>& params() const { return params_; }
   const Buffer<T>& grads() const { return grads_; }
-  const KernelSet<T>& kernels() const { return k_; }
-  void set_kernels(const KernelSet<T>& k) { k_ = k; }
+  const KernelSet<T, A>& kernels() const { return k_; }
+  void set_kernels(const KernelSet<T, A>& k) { k_ = k; }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.
@@ -72,40 +77,52 @@ class Transformer {
     const char* op;    // kernel op name
     int layer;
     const char* tensor;  // what was written, e.g. "attn.qkv" or "grad mlp.fc.weight"
-    const T* data;
+    const void* data;
+    Storage type;  // T's or A's
     int64_t size;
   };
   std::function<void(const OpOutput&)> after_op;
 
  private:
-  void observe(const char* pass, const char* op, int layer, const char* tensor, const T* data,
+  template <class V>
+  void observe(const char* pass, const char* op, int layer, const char* tensor, const V* data,
                int64_t size) const {
-    if (after_op) after_op({pass, op, layer, tensor, data, size});
+    if (after_op) after_op({pass, op, layer, tensor, data, storage_of<V>(), size});
   }
+  // The weights as linear layers read them: the parameters themselves where A = T, else their
+  // copy in A (refreshed by cast_weights() at the start of every forward).
+  const A* linear_weights() const;
+  void cast_weights();
+  // dres_ where a GEMM reads it as its dy: itself where A = T, else cast into dres_act_.
+  const A* residual_grad_for_gemm();
 
   struct Layer {  // offsets of one block's tensors in the flat buffers
     int64_t ln1, qkv, proj, ln2, fc, fc2;
   };
   struct LayerActs {
-    Buffer<T> ln1, rstd1, qkv, att, atty, xmid, ln2, rstd2, h, g;
+    Buffer<A> ln1, qkv, att, atty, ln2, h, g;
+    Buffer<T> rstd1, xmid, rstd2;
   };
 
   ModelConfig cfg_;
-  KernelSet<T> k_;
+  KernelSet<T, A> k_;
   int B_, N_;
   std::vector<ParamInfo> layout_;
   std::vector<Layer> layers_;
   int64_t wte_, wpe_, lnf_, head_;
   Buffer<T> params_, grads_;
+  Buffer<A> weights_;  // the parameters in A, where A != T
 
   // Activations of the last forward.
   Buffer<TokenId> tokens_, targets_;
   std::vector<Buffer<T>> resid_;  // resid_[l]: input of block l; resid_[L]: final stream
   std::vector<LayerActs> acts_;
-  Buffer<T> lnf_out_, rstdf_, logits_, dlogits_, losses_;
+  Buffer<A> lnf_out_, logits_, dlogits_;
+  Buffer<T> rstdf_, losses_;
   std::vector<T> host_losses_;
   // Gradient scratch, reused every step.
-  Buffer<T> dres_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
+  Buffer<T> dres_;
+  Buffer<A> dres_act_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
 };
 
 }  // namespace divlab

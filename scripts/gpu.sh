@@ -32,7 +32,7 @@ if [ $all_tests = 1 ]; then
 fi
 step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
 # The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
-step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining.LossTracks*:*GpuTraining.Gradients*'
+step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining*LossTracks*:*GpuTraining*Gradients*'
 # divlab check on the GPU candidates (exit 1 = the kernel fails its check, as bf16_accum must).
 step check_gpu bash -c 'build/cuda/divlab check embed_rmsnorm_backward=bf16_accum --backend cuda; test $? = 1 && build/cuda/divlab check embed_rmsnorm_backward=reference --backend cuda'
 step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60

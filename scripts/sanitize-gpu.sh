@@ -7,9 +7,9 @@
 # cuDNN's fused attention kernels (the bf16 attention reference) are Hopper warp-specialised
 # kernels: racecheck reports shared-memory hazards in them that their mbarrier/TMA pipelines
 # order (racecheck does not model those), and initcheck cannot see their TMA stores, so it flags
-# every later read of their outputs (by our widening kernel to_fp32, and by cuDNN's own
-# rowsum(dO * O) kernel in the backward). racecheck skips the generated SDPA kernels, initcheck
-# all cuDNN kernels and to_fp32; what they would check is tested directly instead: every output
+# every later read of their outputs (by cuDNN's own rowsum(dO * O) kernel in the backward).
+# racecheck skips the generated SDPA kernels, initcheck all cuDNN kernels; what they would
+# check is tested directly instead: every output
 # element written (CudnnSdpa.WritesEveryOutputElement, NaN-filled buffers), bitwise repeatable
 # backward, fp64 agreement. memcheck runs over everything.
 # Usage: scripts/sanitize-gpu.sh [build/cuda/tests/divlab_gpu_tests]
@@ -18,10 +18,10 @@ cd "$(dirname "$0")/.."
 bin=${1:-build/cuda/tests/divlab_gpu_tests}
 out=${OUT:-/tmp/divlab-sanitize}
 mkdir -p "$out"
-clean='*GpuOps.*:CudnnSdpa.*:GpuOpsBf16.*:GpuVariants.*:GpuDeterminism.*:GpuEmbedScatter.Controls*:GpuEmbedScatter.Bf16*'
+clean='GpuOps/*:CudnnSdpa.*:GpuOpsBf16.*:GpuVariants.*:GpuDeterminism.*:GpuEmbedScatter.Controls*:GpuEmbedScatter.Bf16*'
 status=0
 declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated"
-                 [initcheck]="--kernel-name-exclude kns=cudnn --kernel-name-exclude kns=to_fp32_kernel")
+                 [initcheck]="--kernel-name-exclude kns=cudnn")
 for tool in memcheck racecheck initcheck; do
   # shellcheck disable=SC2086
   if compute-sanitizer --tool "$tool" ${skip[$tool]} --error-exitcode 99 "$bin" --gtest_filter="$clean" \

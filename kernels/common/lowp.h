@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 // The bit-level helpers below also compile as CUDA device code: the GPU candidates round the
 // same way, bit for bit.
@@ -85,3 +87,56 @@ inline float fp16_rne(float x) {
 }
 
 }  // namespace divlab::lowp
+
+namespace divlab {
+
+// bf16 as a storage type: the activations of the GPU's bf16 mode (kernels/ops.h). Plain data,
+// usable in host code without CUDA; device code reinterprets it as __nv_bfloat16 (same layout).
+struct bf16 {
+  uint16_t bits;
+};
+DIVLAB_HOST_DEVICE inline float widen(bf16 x) {
+  return lowp::from_bits(uint32_t(x.bits) << 16);
+}
+DIVLAB_HOST_DEVICE inline bf16 to_bf16(float x) {  // round to nearest even
+  return bf16{uint16_t(lowp::bits(lowp::bf16_rne(x)) >> 16)};
+}
+
+// Any storage value as a double, and a double stored as V (bf16: rounded to nearest even).
+inline double to_double(float x) {
+  return x;
+}
+inline double to_double(double x) {
+  return x;
+}
+inline double to_double(bf16 x) {
+  return widen(x);
+}
+template <class V>
+V stored_as(double x) {
+  if constexpr (std::is_same_v<V, bf16>)
+    return to_bf16(float(x));
+  else
+    return V(x);
+}
+
+// The storage type of an array passed without its C++ type (op outputs seen by observers).
+enum class Storage { F32, F64, Bf16 };
+template <class V>
+constexpr Storage storage_of() {
+  static_assert(std::is_same_v<V, float> || std::is_same_v<V, double> || std::is_same_v<V, bf16>);
+  return std::is_same_v<V, float>    ? Storage::F32
+         : std::is_same_v<V, double> ? Storage::F64
+                                     : Storage::Bf16;
+}
+inline size_t storage_bytes(Storage s) {
+  return s == Storage::F64 ? 8 : s == Storage::F32 ? 4 : 2;
+}
+// Element i of an array of storage s, as a double.
+inline double stored_value(const void* p, Storage s, int64_t i) {
+  if (s == Storage::F32) return static_cast<const float*>(p)[i];
+  if (s == Storage::F64) return static_cast<const double*>(p)[i];
+  return widen(static_cast<const bf16*>(p)[i]);
+}
+
+}  // namespace divlab

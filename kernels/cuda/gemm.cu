@@ -4,9 +4,9 @@
 namespace divlab::cuda {
 
 namespace {
-__global__ void head_pointers_kernel(const float** a, const float* A, HeadStrides sa,
-                                     const float** b, const float* B, HeadStrides sb, float** c,
-                                     float* C, HeadStrides sc, int nheads, int count) {
+__global__ void head_pointers_kernel(const void** a, const char* A, HeadStrides sa, const void** b,
+                                     const char* B, HeadStrides sb, void** c, char* C,
+                                     HeadStrides sc, int nheads, int count) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const long long bi = i / nheads, h = i % nheads;
@@ -16,8 +16,8 @@ __global__ void head_pointers_kernel(const float** a, const float* A, HeadStride
 }
 }  // namespace
 
-void head_pointers(const float** a, const float* A, HeadStrides sa, const float** b, const float* B,
-                   HeadStrides sb, float** c, float* C, HeadStrides sc, int nbatch, int nheads) {
+void head_pointers(const void** a, const char* A, HeadStrides sa, const void** b, const char* B,
+                   HeadStrides sb, void** c, char* C, HeadStrides sc, int nbatch, int nheads) {
   const int count = nbatch * nheads;
   head_pointers_kernel<<<blocks_for(count, 128), 128>>>(a, A, sa, b, B, sb, c, C, sc, nheads,
                                                         count);

@@ -1,22 +1,23 @@
-// One checked cuBLAS GEMM entry point (column-major, fp32 in and out) for both GEMM modes.
-// Bf16 mode lets cuBLAS round the fp32 operands to bf16 itself (CUBLAS_COMPUTE_32F_FAST_16BF).
-// Measured on an H200 at configs/bench-gpu.toml: 15.3 ms per step; rounding both operands in a
-// conversion pass of our own and multiplying bf16 x bf16 -> fp32 was slower (18.0 ms).
+// One checked cuBLAS GEMM entry point (column-major) for both modes: operands In (float: fp32
+// FMA, no TF32, for parity with the CPU; bf16: bf16 tensor cores), fp32 accumulation, output
+// Out (the activation type, or float for parameter gradients).
+// History: bf16 mode used to keep fp32 activations and let cuBLAS round the operands
+// (CUBLAS_COMPUTE_32F_FAST_16BF); bench/gemm_modes.cu measured bf16 operands 1.3-2.0x faster at
+// the GEMM-bound bench size, which is why activations are now stored in bf16.
 #pragma once
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace divlab::cuda {
 
-template <GemmMode mode>
+template <class In, class Out>
 inline void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                 const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  const cublasComputeType_t compute =
-      mode == GemmMode::Bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-  DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B,
-                                   CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, compute,
-                                   CUBLAS_GEMM_DEFAULT));
+                 const In* A, int lda, const In* B, int ldb, float beta, Out* C, int ldc) {
+  DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, cuda_type<In>(), lda, B,
+                                   cuda_type<In>(), ldb, &beta, C, cuda_type<Out>(), ldc,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -29,26 +30,29 @@ struct HeadStrides {
 
 // B x NH independent GEMMs on operands addressed by HeadStrides, in one cuBLAS batched call; the
 // pointer arrays are built on the device, in stream order with the GEMM.
-void head_pointers(const float** a, const float* A, HeadStrides sa, const float** b, const float* B,
-                   HeadStrides sb, float** c, float* C, HeadStrides sc, int nbatch, int nheads);
+// Strides are in elements; the pointers go to the kernel as bytes (any storage type).
+void head_pointers(const void** a, const char* A, HeadStrides sa, const void** b, const char* B,
+                   HeadStrides sb, void** c, char* C, HeadStrides sc, int nbatch, int nheads);
 
-template <GemmMode mode>
+template <class In, class Out>
 inline void gemm_heads(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                       const float* A, int lda, HeadStrides sa, const float* B, int ldb,
-                       HeadStrides sb, float beta, float* C, int ldc, HeadStrides sc, int nbatch,
-                       int nheads) {
+                       const In* A, int lda, HeadStrides sa, const In* B, int ldb, HeadStrides sb,
+                       float beta, Out* C, int ldc, HeadStrides sc, int nbatch, int nheads) {
   const int count = nbatch * nheads;
   void* arrays = scratch(Scratch::Pointers, 3 * size_t(count) * sizeof(void*));
-  const float** a = static_cast<const float**>(arrays);
-  const float** b = a + count;
-  float** c = static_cast<float**>(arrays) + 2 * count;
-  head_pointers(a, A, sa, b, B, sb, c, C, sc, nbatch, nheads);
-  const cublasComputeType_t compute =
-      mode == GemmMode::Bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-  DIVLAB_CUBLAS_CHECK(cublasGemmBatchedEx(
-      cublas(), ta, tb, m, n, k, &alpha, reinterpret_cast<const void* const*>(a), CUDA_R_32F, lda,
-      reinterpret_cast<const void* const*>(b), CUDA_R_32F, ldb, &beta,
-      reinterpret_cast<void* const*>(c), CUDA_R_32F, ldc, count, compute, CUBLAS_GEMM_DEFAULT));
+  const void** a = static_cast<const void**>(arrays);
+  const void** b = a + count;
+  void** c = static_cast<void**>(arrays) + 2 * count;
+  const auto in_bytes = [](HeadStrides s) {
+    return HeadStrides{s.batch * (long long)sizeof(In), s.head * (long long)sizeof(In)};
+  };
+  const HeadStrides sc_bytes{sc.batch * (long long)sizeof(Out), sc.head * (long long)sizeof(Out)};
+  head_pointers(a, reinterpret_cast<const char*>(A), in_bytes(sa), b,
+                reinterpret_cast<const char*>(B), in_bytes(sb), c, reinterpret_cast<char*>(C),
+                sc_bytes, nbatch, nheads);
+  DIVLAB_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(), ta, tb, m, n, k, &alpha, a, cuda_type<In>(),
+                                          lda, b, cuda_type<In>(), ldb, &beta, c, cuda_type<Out>(),
+                                          ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -1,34 +1,50 @@
-// The CUDA backend's catalogue: every op's deterministic reference on the GPU, and the GPU
-// versions of the candidate variants. Each op's kernels live beside its CPU reference
-// (kernels/<op>/cuda.cu); this header only wires them together.
+// The CUDA backend's catalogues: every op's deterministic reference on the GPU, and the GPU
+// versions of the candidate variants, in two modes. Each op's kernels live beside its CPU
+// reference (kernels/<op>/cuda.cu); this header only wires them together.
 #pragma once
 
+#include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab::cuda {
 
-// How the GEMMs (linear layers and the attention products) compute.
-//   Fp32: fp32 inputs, fp32 FMA (no TF32), for parity with the CPU at 1e-4.
-//   Bf16: inputs rounded to bf16 on the tensor cores, fp32 accumulation and fp32 outputs
-//         (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF): the mixed-precision training mode.
+// The two modes differ in the activation storage type A (kernels/ops.h), and the GEMMs with it:
+//   fp32 (A = float): fp32 operands, fp32 FMA (no TF32), for parity with the CPU at 1e-4.
+//   bf16 (A = bf16):  activations and the weights' working copy stored in bf16, GEMMs on bf16
+//                     tensor cores with fp32 accumulation; master weights, gradients, optimizer
+//                     state and the residual stream stay fp32: the mixed-precision training mode.
 enum class GemmMode { Fp32, Bf16 };
+template <class A>
+constexpr GemmMode mode_of() {
+  return std::is_same_v<A, bf16> ? GemmMode::Bf16 : GemmMode::Fp32;
+}
 
-const Catalogue<float>& catalogue(GemmMode mode);
-Catalogue<float>& mutable_catalogue(GemmMode mode);  // for plug-in variants
+const Catalogue<float>& catalogue();               // fp32 mode
+Catalogue<float>& mutable_catalogue();             // for plug-in variants (fp32 ABI)
+const Catalogue<float, bf16>& bf16_catalogue();    // bf16 mode
 
-void register_embedding(Catalogue<float>& cat);
-void register_rmsnorm(Catalogue<float>& cat);
-void register_linear(Catalogue<float>& cat, GemmMode mode);
-void register_attention(Catalogue<float>& cat, GemmMode mode);
-void register_elementwise(Catalogue<float>& cat);
-void register_cross_entropy(Catalogue<float>& cat);
-void register_embed_rmsnorm_backward(Catalogue<float>& cat);
-void register_optimizer(Catalogue<float>& cat);
+template <class A>
+void register_embedding(Catalogue<float, A>& cat);
+template <class A>
+void register_rmsnorm(Catalogue<float, A>& cat);
+template <class A>
+void register_linear(Catalogue<float, A>& cat);
+template <class A>
+void register_attention(Catalogue<float, A>& cat);
+template <class A>
+void register_elementwise(Catalogue<float, A>& cat);
+template <class A>
+void register_cross_entropy(Catalogue<float, A>& cat);
+template <class A>
+void register_embed_rmsnorm_backward(Catalogue<float, A>& cat);
+template <class A>
+void register_optimizer(Catalogue<float, A>& cat);
 
 // Shared by rmsnorm and embed_rmsnorm_backward: per row n,
 //   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd
 // (prod feeds the norm weight's gradient). `accumulate` adds into dx instead of overwriting.
-void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x, const float* w,
+template <class A>
+void rmsnorm_backward_rows(float* dx, float* prod, const A* dy, const float* x, const float* w,
                            const float* rstd, int N, int C, bool accumulate, const float* dresid);
 
 }  // namespace divlab::cuda

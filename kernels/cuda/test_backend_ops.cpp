@@ -9,7 +9,6 @@
 
 namespace divlab {
 using namespace testing;
-using cuda::GemmMode;
 
 namespace {
 constexpr int B = 3, Tn = 37, C = 72, NH = 4, V = 301, N = B * Tn;
@@ -28,19 +27,19 @@ std::vector<TokenId> zipf_ids(int n, int vocab, std::mt19937_64& gen) {
 }
 
 // Runs `call` with the fp64 CPU reference and with `gpu_set`; compares every output.
-template <class F>
-void expect_matches_fp64(const std::string& what, const OpInputs& x,
-                         const KernelSet<float>& gpu_set, double tol, F&& call) {
+template <class KS, class F>
+void expect_matches_fp64(const std::string& what, const OpInputs& x, const KS& gpu_set, double tol,
+                         F&& call) {
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(gpu_set, x, call);
   for (size_t o = 0; o < ref.size(); ++o)
     EXPECT_CLOSE(got[o], ref[o], tol, what + " output " + std::to_string(o));
 }
 
-// The calls, generic over the value type so one lambda serves fp64 CPU and fp32 GPU.
+// The calls, generic over the kernel set so one lambda serves fp64 CPU and either GPU mode.
 #define OP_CALL [&](const auto& k, auto& in, const TokenId* ids, auto& out)
-template <class P>
-using Value = std::remove_pointer_t<std::decay_t<P>>;
+template <class K>
+using Value = typename std::decay_t<K>::Value;
 
 struct Fixture {
   std::mt19937_64 gen{test_seed()};
@@ -49,52 +48,65 @@ struct Fixture {
 
 }  // namespace
 
-class GpuOps : public ::testing::TestWithParam<GemmMode> {
+// Typed over the activation storage type: fp32 mode (float) and bf16 mode (bf16). In bf16 mode
+// the activation inputs are rounded to bf16 first (act()), as the model stores them, so both
+// sides compute from the same values and the comparison measures the kernel; its bf16 outputs
+// carry 2^-9 relative rounding each, which kTolGpuBf16 covers.
+template <class A>
+class GpuOps : public ::testing::Test {
  protected:
   void SetUp() override { REQUIRE_GPU(); }
-  KernelSet<float> reference() const { return gpu(GetParam()).select({}); }
-  double tol() const { return GetParam() == GemmMode::Fp32 ? kTolGpuFp32 : kTolGpuBf16; }
+  static constexpr bool kBf16 = std::is_same_v<A, bf16>;
+  KernelSet<float, A> reference() const { return gpu_catalogue<A>().select({}); }
+  double tol() const { return kBf16 ? kTolGpuBf16 : kTolGpuFp32; }
+  // Tolerance of ops without GEMMs: fp32 arithmetic, outputs in A.
+  double pointwise_tol() const { return tol(); }
+  std::vector<double> act(std::vector<double> v) const {
+    if (kBf16)
+      for (auto& x : v) x = to_double(to_bf16(float(x)));
+    return v;
+  }
   Fixture f;
 };
+TYPED_TEST_SUITE(GpuOps, StorageTypes, StorageName);
 
-TEST_P(GpuOps, PointwiseAndRowOpsMatchFp64) {
-  const auto k = reference();
-  // No GEMMs here: fp32 tolerance in either mode.
+TYPED_TEST(GpuOps, PointwiseAndRowOpsMatchFp64) {
+  const auto k = this->reference();
+  auto& f = this->f;
+  const double kTol = this->pointwise_tol();
+  auto act = [&](std::vector<double> v) { return this->act(std::move(v)); };
   expect_matches_fp64(
       "embedding_forward",
       {{normal(V * C, f.gen), normal(Tn * C, f.gen)}, f.tokens, {zeros(N * C)}}, k, kTolGpuFp32,
       OP_CALL { k.embedding_forward(out[0], ids, in[0], in[1], B, Tn, C); });
   expect_matches_fp64(
       "rmsnorm_forward",
-      {{normal(N * C, f.gen, 3.0), normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}}, k, kTolGpuFp32,
-      OP_CALL {
-        k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, Value<decltype(in[0])>(1e-5));
-      });
+      {{normal(N * C, f.gen, 3.0), normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}}, k, kTol,
+      OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, Value<decltype(k)>(1e-5)); });
   expect_matches_fp64(
       "rmsnorm_backward",
-      {{normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
+      {{act(normal(N * C, f.gen)), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
        {},
        {normal(N * C, f.gen), normal(C, f.gen)}},
-      k, kTolGpuFp32,
-      OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
+      k, kTol, OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
   expect_matches_fp64(
-      "gelu_forward", {{normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k, kTolGpuFp32,
+      "gelu_forward", {{act(normal(N * C, f.gen, 4.0))}, {}, {zeros(N * C)}}, k, kTol,
       OP_CALL { k.gelu_forward(out[0], in[0], int64_t(N) * C); });
   expect_matches_fp64(
-      "gelu_backward", {{normal(N * C, f.gen), normal(N * C, f.gen, 4.0)}, {}, {zeros(N * C)}}, k,
-      kTolGpuFp32, OP_CALL { k.gelu_backward(out[0], in[0], in[1], int64_t(N) * C); });
+      "gelu_backward",
+      {{act(normal(N * C, f.gen)), act(normal(N * C, f.gen, 4.0))}, {}, {zeros(N * C)}}, k, kTol,
+      OP_CALL { k.gelu_backward(out[0], in[0], in[1], int64_t(N) * C); });
   expect_matches_fp64(
-      "add", {{normal(N * C, f.gen), normal(N * C, f.gen)}, {}, {zeros(N * C)}}, k, kTolGpuFp32,
+      "add", {{normal(N * C, f.gen), act(normal(N * C, f.gen))}, {}, {zeros(N * C)}}, k, kTol,
       OP_CALL { k.add(out[0], in[0], in[1], int64_t(N) * C); });
   std::vector<TokenId> targets = zipf_ids(N, V, f.gen);
   expect_matches_fp64(
-      "cross_entropy", {{normal(N * V, f.gen, 5.0)}, targets, {zeros(N), zeros(N * V)}}, k,
-      kTolGpuFp32, OP_CALL {
-        k.cross_entropy(out[0], out[1], in[0], ids, N, V, Value<decltype(in[0])>(1.0 / N));
-      });
+      "cross_entropy", {{act(normal(N * V, f.gen, 5.0))}, targets, {zeros(N), zeros(N * V)}}, k,
+      kTol,
+      OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, Value<decltype(k)>(1.0 / N)); });
   expect_matches_fp64(
       "embed_rmsnorm_backward",
-      {{normal(N * C, f.gen), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
+      {{act(normal(N * C, f.gen)), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
         normal(N, f.gen, 0.5)},
        f.tokens,
        {normal(V * C, f.gen), normal(Tn * C, f.gen), normal(C, f.gen)}},
@@ -102,45 +114,55 @@ TEST_P(GpuOps, PointwiseAndRowOpsMatchFp64) {
         k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
                                  Tn, C, V);
       });
+  // The activation copy: exact in fp32 mode, round to nearest even in bf16 mode.
+  const std::vector<double> xs = normal(N * C, f.gen);
+  const auto cast = run_checked<float>(
+      k, OpInputs{{xs}, {}, {zeros(N * C)}}, OP_CALL { k.cast(out[0], in[0], int64_t(N) * C); });
+  for (size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(cast[0][i], this->act({double(float(xs[i]))})[0]) << "cast, element " << i;
 }
 
-TEST_P(GpuOps, GemmOpsMatchFp64) {
-  const auto k = reference();
+TYPED_TEST(GpuOps, GemmOpsMatchFp64) {
+  const auto k = this->reference();
+  auto& f = this->f;
+  const double tol = this->tol();
+  auto act = [&](std::vector<double> v) { return this->act(std::move(v)); };
   const int in_f = 72, out_f = 217;
   expect_matches_fp64(
       "linear_forward",
-      {{normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)}, {}, {zeros(N * out_f)}}, k, tol(),
-      OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
+      {{act(normal(N * in_f, f.gen)), act(normal(out_f * in_f, f.gen))}, {}, {zeros(N * out_f)}}, k,
+      tol, OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
   expect_matches_fp64(
       "linear_backward",
-      {{normal(N * out_f, f.gen), normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)},
+      {{act(normal(N * out_f, f.gen)), act(normal(N * in_f, f.gen)),
+        act(normal(out_f * in_f, f.gen))},
        {},
        {zeros(N * in_f), normal(out_f * in_f, f.gen)}},
-      k, tol(),
-      OP_CALL { k.linear_backward(out[0], out[1], in[0], in[1], in[2], N, in_f, out_f); });
+      k, tol, OP_CALL { k.linear_backward(out[0], out[1], in[0], in[1], in[2], N, in_f, out_f); });
   expect_matches_fp64(
       "attention_forward",
-      {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, k, tol(),
+      {{act(normal(N * 3 * C, f.gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, k, tol,
       OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
   // The backward's saved probabilities come from the CPU reference forward, so both backends
   // differentiate at the same point.
-  OpInputs fwd{{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
+  OpInputs fwd{{act(normal(N * 3 * C, f.gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
   const auto saved = run_checked<double>(
       cpu_catalogue<double>().select({}), fwd,
       OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
   expect_matches_fp64(
       "attention_backward",
-      {{normal(N * C, f.gen), fwd.values[0], saved[1]}, {}, {zeros(N * 3 * C)}}, k, tol(),
+      {{act(normal(N * C, f.gen)), fwd.values[0], act(saved[1])}, {}, {zeros(N * 3 * C)}}, k, tol,
       OP_CALL { k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH); });
 }
 
-TEST_P(GpuOps, OptimizerOpsMatchFp64) {
-  const auto k = reference();
+TYPED_TEST(GpuOps, OptimizerOpsMatchFp64) {
+  const auto k = this->reference();
+  auto& f = this->f;
   const int64_t n = 100003;
   expect_matches_fp64(
       "sgd_step", {{normal(n, f.gen)}, {}, {normal(n, f.gen), normal(n, f.gen)}}, k, kTolGpuFp32,
       OP_CALL {
-        using U = Value<decltype(in[0])>;
+        using U = Value<decltype(k)>;
         k.sgd_step(out[0], out[1], in[0], n, U(0.1), U(0.9), true, U(0.01), U(0.5));
       });
   std::vector<double> v = normal(n, f.gen);
@@ -148,7 +170,7 @@ TEST_P(GpuOps, OptimizerOpsMatchFp64) {
   expect_matches_fp64(
       "adamw_step", {{normal(n, f.gen)}, {}, {normal(n, f.gen), normal(n, f.gen), v}}, k,
       kTolGpuFp32, OP_CALL {
-        using U = Value<decltype(in[0])>;
+        using U = Value<decltype(k)>;
         k.adamw_step(out[0], out[1], out[2], in[0], n, U(1e-3), U(0.9), U(0.95), U(1e-8), U(0.1),
                      U(1.0), 7);
       });
@@ -163,11 +185,6 @@ TEST_P(GpuOps, OptimizerOpsMatchFp64) {
   EXPECT_NEAR(out.to_vector()[0], expect, expect * 1e-12);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GpuOps, ::testing::Values(GemmMode::Fp32, GemmMode::Bf16),
-                         [](const auto& p) {
-                           return std::string(p.param == GemmMode::Fp32 ? "fp32" : "bf16");
-                         });
-
 // The bf16 mode must really run bf16 GEMMs: its error is above fp32's.
 TEST(GpuOpsBf16, GemmsAreReallyBf16) {
   REQUIRE_GPU();
@@ -178,7 +195,7 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
     k.linear_forward(out[0], in[0], in[1], N, in_f, out_f);
   };
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
-  const auto got = run_checked<float>(gpu(GemmMode::Bf16).select({}), x, call);
+  const auto got = run_checked<float>(gpu_catalogue<bf16>().select({}), x, call);
   EXPECT_GT(compare(got[0], ref[0]).error, 1e-4);
 }
 
@@ -342,8 +359,8 @@ TEST(GpuEmbedScatter, ControlsStayWithinFp32) {
 TEST(GpuDeterminism, ReferencesAreBitwiseRepeatable) {
   REQUIRE_GPU();
   std::mt19937_64 gen(test_seed());
-  for (GemmMode mode : {GemmMode::Fp32, GemmMode::Bf16}) {
-    const auto k = gpu(mode).select({});
+  auto repeatable = [&](const auto& cat) {
+    const auto k = cat.select({});
     const Scatter s(gen, true);
     EXPECT_EQ(run_checked<float>(k, s.x, s.call()), run_checked<float>(k, s.x, s.call()));
     OpInputs fwd{{normal(N * 3 * C, gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
@@ -357,7 +374,9 @@ TEST(GpuDeterminism, ReferencesAreBitwiseRepeatable) {
       k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH);
     };
     EXPECT_EQ(run_checked<float>(k, bwd, back), run_checked<float>(k, bwd, back));
-  }
+  };
+  repeatable(gpu());
+  repeatable(gpu_catalogue<bf16>());
 }
 
 }  // namespace divlab

@@ -12,7 +12,6 @@
 
 namespace divlab {
 using namespace testing;
-using cuda::GemmMode;
 
 namespace {
 #define OP_CALL [&](const auto& k, auto& in, const TokenId*, auto& out)
@@ -21,8 +20,8 @@ struct Shape {
   int B, T, C, NH;
 };
 
-KernelSet<float> bf16_reference() {
-  return gpu(GemmMode::Bf16).select({});
+KernelSet<float, bf16> bf16_reference() {
+  return gpu_catalogue<bf16>().select({});
 }
 
 
@@ -156,7 +155,7 @@ TEST(CudnnSdpa, WritesEveryOutputElement) {
 
 // Catalogue only: needs no GPU, so it also runs where the cuda preset is only built (CI).
 TEST(CudnnSdpa, ForwardsThatSaveProbabilitiesBringTheirBackward) {
-  const auto& cat = gpu(GemmMode::Bf16);
+  const auto& cat = gpu_catalogue<bf16>();
   for (const char* v : {"batched_gemm", "mask_off_by_one", "no_max_subtraction"}) {
     EXPECT_EQ(cat.select({{"attention_forward", v}}).attention_backward,
               cat.attention_backward.find("batched_gemm")->fn)
@@ -173,7 +172,7 @@ TEST(CudnnSdpa, ForwardsThatSaveProbabilitiesBringTheirBackward) {
       cat.select({{"attention_forward", "reference"}, {"attention_backward", "batched_gemm"}}),
       UnknownKernel);
   // The reference pair stays together by default.
-  const KernelSet<float> k = cat.select({});
+  const auto k = cat.select({});
   EXPECT_EQ(k.attention_backward, cat.attention_backward.find("reference")->fn);
   // Head sizes the fused engines do not take are named.
   EXPECT_NE(cuda::cudnn_sdpa_unsupported(37, 72, 4, false).find("head size"), std::string::npos);

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "kernels/common/parallel.h"
 #include "kernels/elementwise/elementwise.h"
 
@@ -60,6 +62,13 @@ void add_reference(T* y, const T* a, const T* b, int64_t n) {
   });
 }
 
+// A = T on the CPU: the activation copy is exact.
+template <class T>
+void cast_reference(T* y, const T* x, int64_t n) {
+  parallel_chunks(n, kElemChunk,
+                  [&](int64_t i0, int64_t i1) { std::copy(x + i0, x + i1, y + i0); });
+}
+
 template <class T>
 void register_elementwise(Catalogue<T>& cat) {
   cat.gelu_forward.what = "GELU forward (tanh approximation)";
@@ -70,6 +79,9 @@ void register_elementwise(Catalogue<T>& cat) {
                         {"analytic derivative", "", "", ""});
   cat.add.what = "residual add";
   cat.add.add("reference", add_reference<T>, {"elementwise", "", "", ""});
+  cat.cast.what = "copy into activation storage (the weights before a forward; dresid)";
+  cat.cast.add("reference", cast_reference<T>,
+               {"a copy (activations are stored as T)", "", "", ""});
 }
 
 template void gelu_forward_reference(float*, const float*, int64_t);

@@ -1,7 +1,9 @@
 // GELU and the residual add on the GPU, in the same cancellation-free form as the CPU
-// reference (see cpu.cpp): s = sigmoid(2u) computed from e = exp(-2|u|).
+// reference (see cpu.cpp): s = sigmoid(2u) computed from e = exp(-2|u|). Activations are read and
+// written as A (storage.cuh), the residual stream as float.
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace divlab::cuda {
 
@@ -15,49 +17,77 @@ __device__ inline void gelu_gates(float x, float& s, float& one_minus_s) {
   one_minus_s = u >= 0 ? small : big;
 }
 
-__global__ void gelu_forward_kernel(float* y, const float* x, int64_t n) {
+template <class A>
+__global__ void gelu_forward_kernel(A* y, const A* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float s, one_minus_s;
-  gelu_gates(x[i], s, one_minus_s);
-  y[i] = x[i] * s;
-}
-
-__global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float k = 0.7978845608028654f, a = 0.044715f, xi = x[i];
+  const float xi = load(x[i]);
   float s, one_minus_s;
   gelu_gates(xi, s, one_minus_s);
-  dx[i] = dy[i] * (s + 2.0f * xi * s * one_minus_s * k * (1.0f + 3.0f * a * xi * xi));
+  y[i] = store<A>(xi * s);
 }
 
-__global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
+template <class A>
+__global__ void gelu_backward_kernel(A* dx, const A* dy, const A* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a[i] + b[i];
+  if (i >= n) return;
+  const float k = 0.7978845608028654f, a = 0.044715f, xi = load(x[i]);
+  float s, one_minus_s;
+  gelu_gates(xi, s, one_minus_s);
+  dx[i] =
+      store<A>(load(dy[i]) * (s + 2.0f * xi * s * one_minus_s * k * (1.0f + 3.0f * a * xi * xi)));
 }
 
-void gelu_forward(float* y, const float* x, int64_t n) {
+template <class A>
+__global__ void add_kernel(float* y, const float* a, const A* b, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a[i] + load(b[i]);
+}
+
+template <class A>
+__global__ void cast_kernel(A* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = store<A>(x[i]);
+}
+
+template <class A>
+void gelu_forward(A* y, const A* x, int64_t n) {
   gelu_forward_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
   DIVLAB_LAUNCHED("gelu_forward");
 }
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+template <class A>
+void gelu_backward(A* dx, const A* dy, const A* x, int64_t n) {
   gelu_backward_kernel<<<blocks_for(n, 256), 256>>>(dx, dy, x, n);
   DIVLAB_LAUNCHED("gelu_backward");
 }
-void add(float* y, const float* a, const float* b, int64_t n) {
+template <class A>
+void add(float* y, const float* a, const A* b, int64_t n) {
   add_kernel<<<blocks_for(n, 256), 256>>>(y, a, b, n);
   DIVLAB_LAUNCHED("add");
 }
+template <class A>
+void cast(A* y, const float* x, int64_t n) {
+  cast_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
+  DIVLAB_LAUNCHED("cast");
+}
 }  // namespace
 
-void register_elementwise(Catalogue<float>& cat) {
+template <class A>
+void register_elementwise(Catalogue<float, A>& cat) {
   cat.gelu_forward.what = "GELU forward (tanh approximation)";
-  cat.gelu_forward.add("reference", gelu_forward, {"one thread per element", "", "", ""});
+  cat.gelu_forward.add("reference", gelu_forward<A>, {"one thread per element", "", "", ""});
   cat.gelu_backward.what = "GELU backward";
-  cat.gelu_backward.add("reference", gelu_backward, {"analytic derivative", "", "", ""});
+  cat.gelu_backward.add("reference", gelu_backward<A>, {"analytic derivative", "", "", ""});
   cat.add.what = "residual add";
-  cat.add.add("reference", add, {"elementwise", "", "", ""});
+  cat.add.add("reference", add<A>, {"elementwise", "", "", ""});
+  cat.cast.what = "copy into activation storage (the weights before a forward; dresid)";
+  cat.cast.add("reference", cast<A>,
+               {std::is_same_v<A, bf16> ? "round to nearest even bf16, one thread per value"
+                                        : "a copy, one thread per value",
+                "", "", ""});
 }
+
+template void register_elementwise(Catalogue<float>&);
+template void register_elementwise(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

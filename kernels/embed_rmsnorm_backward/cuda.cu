@@ -42,8 +42,10 @@ struct Rows {
   const float* prod;  // [N, C] dy * x0 * rstd, for the norm gain
 };
 
-// The parts every variant shares; returns the rows the scatter reads.
-Rows shared_rows(float* dw_norm, const float* dy_norm, const float* dresid, const float* x0,
+// The parts every variant shares; returns the rows the scatter reads. dy_norm is an activation
+// gradient (A), the rest fp32.
+template <class A>
+Rows shared_rows(float* dw_norm, const A* dy_norm, const float* dresid, const float* x0,
                  const float* w_norm, const float* rstd, int N, int C) {
   float* dx0 = scratch_as<float>(Scratch::B, size_t(N) * C);
   float* prod = scratch_as<float>(Scratch::C, size_t(N) * C);
@@ -156,10 +158,10 @@ void sorted_scatter(float* dwte, const float* dx0, const TokenId* tokens, int N,
   DIVLAB_LAUNCHED("close_segments");
 }
 
-template <class Acc>
-void sorted_variant(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
-                    const float* dresid, const float* x0, const float* w_norm, const float* rstd,
-                    const TokenId* tokens, int B, int T_, int C, int V) {
+template <class Acc, class A>
+void sorted_variant(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
+                    const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
+                    int B, int T_, int C, int V) {
   const int N = B * T_;
   const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
   position_grad(dwpe, r.dx0, B, T_, C);
@@ -199,9 +201,10 @@ __global__ void add_low(float* dwte, const Low* acc, int64_t n) {
   if (i < n) dwte[i] += float(acc[i]);
 }
 
-void fp32_reordered(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
-                    const float* dresid, const float* x0, const float* w_norm, const float* rstd,
-                    const TokenId* tokens, int B, int T_, int C, int V) {
+template <class A>
+void fp32_reordered(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
+                    const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
+                    int B, int T_, int C, int V) {
   const int N = B * T_;
   const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
   position_grad(dwpe, r.dx0, B, T_, C);
@@ -210,8 +213,8 @@ void fp32_reordered(float* dwte, float* dwpe, float* dw_norm, const float* dy_no
   DIVLAB_LAUNCHED("atomic_scatter_f32");
 }
 
-template <class Low>
-void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+template <class Low, class A>
+void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,
                          const float* dresid, const float* x0, const float* w_norm,
                          const float* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
   const int N = B * T_;
@@ -260,8 +263,8 @@ __global__ void rounded_scatter_bf16(unsigned short* acc, const float* dx0, cons
   } while (seen != assumed);
 }
 
-template <class Round>
-void rounded_bf16_accum(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
+template <class Round, class A>
+void rounded_bf16_accum(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,
                         const float* dresid, const float* x0, const float* w_norm,
                         const float* rstd, const TokenId* tokens, int B, int T_, int C, int V,
                         Round round) {
@@ -280,19 +283,22 @@ void rounded_bf16_accum(float* dwte, float* dwpe, float* dw_norm, const float* d
 }
 
 #define DIVLAB_SCATTER_ARGS                                                                  \
-  float *dwte, float *dwpe, float *dw_norm, const float *dy_norm, const float *dresid,       \
+  float *dwte, float *dwpe, float *dw_norm, const A *dy_norm, const float *dresid,           \
       const float *x0, const float *w_norm, const float *rstd, const TokenId *tokens, int B, \
       int T_, int C, int V
 #define DIVLAB_SCATTER_PASS \
   dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd, tokens, B, T_, C, V
+template <class A>
 void bf16_truncate_accum(DIVLAB_SCATTER_ARGS) {
   rounded_bf16_accum(DIVLAB_SCATTER_PASS, Truncate{});
 }
+template <class A>
 void bf16_stochastic_accum(DIVLAB_SCATTER_ARGS) {
   // The call counter is the CPU variant's: checkpoints save it, so a resumed run draws on.
   rounded_bf16_accum(DIVLAB_SCATTER_PASS,
                      StochasticFresh{stochastic_rounding_calls().fetch_add(1), C});
 }
+template <class A>
 void bf16_stochastic_reused_seed(DIVLAB_SCATTER_ARGS) {
   rounded_bf16_accum(DIVLAB_SCATTER_PASS, StochasticReusedSeed{});
 }
@@ -322,9 +328,10 @@ __global__ void racy_position_grad_kernel(float* dwpe, const float* dx0, int B, 
   if (threadIdx.y == 0 && c < C) dwpe[int64_t(t) * C + c] += acc[threadIdx.x];
 }
 
-void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
-                  const float* dresid, const float* x0, const float* w_norm, const float* rstd,
-                  const TokenId* tokens, int B, int T_, int C, int V) {
+template <class A>
+void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
+                  const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
+                  int B, int T_, int C, int V) {
   const int N = B * T_;
   const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
   racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes)>>>(dwpe, r.dx0, B, T_,
@@ -336,31 +343,35 @@ void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm
 }
 }  // namespace
 
-void register_embed_rmsnorm_backward(Catalogue<float>& cat) {
+template <class A>
+void register_embed_rmsnorm_backward(Catalogue<float, A>& cat) {
   auto& op = cat.embed_rmsnorm_backward;
   op.what = "fused first-block RMSNorm backward + residual gradient + embedding scatter";
-  op.add("reference", sorted_variant<float>,
+  op.add("reference", sorted_variant<float, A>,
          {"stable radix sort by token, one block per token segment, fp32 in position order", "", "",
           ""});
-  op.add("bf16_accum", low_precision_accum<__nv_bfloat16>,
+  op.add("bf16_accum", low_precision_accum<__nv_bfloat16, A>,
          {"atomicAdd of each row into a bf16 [V, C] buffer, added to dwte at the end", "", "", ""});
   op.add(
-      "fp16_accum", low_precision_accum<__half>,
+      "fp16_accum", low_precision_accum<__half, A>,
       {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "", ""});
-  op.add("bf16_truncate_accum", bf16_truncate_accum,
+  op.add("bf16_truncate_accum", bf16_truncate_accum<A>,
          {"compare-and-swap bf16 accumulation, truncating after every addition", "", "", ""});
-  op.add("bf16_stochastic_accum", bf16_stochastic_accum,
+  op.add("bf16_stochastic_accum", bf16_stochastic_accum<A>,
          {"compare-and-swap bf16 accumulation, stochastic rounding with fresh bits", "", "", ""});
   op.add(
-      "bf16_stochastic_reused_seed", bf16_stochastic_reused_seed,
+      "bf16_stochastic_reused_seed", bf16_stochastic_reused_seed<A>,
       {"compare-and-swap bf16 accumulation, stochastic rounding with one fixed seed", "", "", ""});
-  op.add("racy_scatter", racy_scatter,
+  op.add("racy_scatter", racy_scatter<A>,
          {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "", "",
           ""});
-  op.add("fp32_reordered", fp32_reordered,
+  op.add("fp32_reordered", fp32_reordered<A>,
          {"float atomicAdd into dwte: fp32, summation order varies run to run", "", "", ""});
-  op.add("fp64_accum", sorted_variant<double>,
+  op.add("fp64_accum", sorted_variant<double, A>,
          {"the reference's segments summed in double", "", "", ""});
 }
+
+template void register_embed_rmsnorm_backward(Catalogue<float>&);
+template void register_embed_rmsnorm_backward(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

@@ -22,9 +22,13 @@ void embedding_forward(float* x, const TokenId* tokens, const float* wte, const 
 }
 }  // namespace
 
-void register_embedding(Catalogue<float>& cat) {
+template <class A>
+void register_embedding(Catalogue<float, A>& cat) {
   cat.embedding_forward.what = "token + position embedding lookup";
   cat.embedding_forward.add("reference", embedding_forward, {"one thread per element", "", "", ""});
 }
+
+template void register_embedding(Catalogue<float>&);
+template void register_embedding(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

@@ -1,5 +1,7 @@
 // Linear layers on the GPU through cuBLAS. Row-major [N, in] activations and [out, in] weights
-// are column-major [in, N] and [in, out] to cuBLAS, so y^T = W^T' x^T needs no copies.
+// are column-major [in, N] and [in, out] to cuBLAS, so y^T = W^T' x^T needs no copies. Operands
+// and outputs are A (fp32 mode: float; bf16 mode: bf16 on the tensor cores), accumulation fp32,
+// and the weight gradient goes straight into its fp32 buffer.
 #include "kernels/common/lowp.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
@@ -8,30 +10,30 @@
 namespace divlab::cuda {
 
 namespace {
-template <GemmMode mode>
-void linear_forward(float* y, const float* x, const float* W, int N, int in, int out) {
+template <class A>
+void linear_forward(A* y, const A* x, const A* W, int N, int in, int out) {
   // y^T[out, N] = (W as [in, out])^T * x^T[in, N]
-  gemm<mode>(CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
 }
 
-template <GemmMode mode>
-void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W, int N,
-                     int in, int out) {
+template <class A>
+void linear_backward(A* dx, float* dW, const A* dy, const A* x, const A* W, int N, int in,
+                     int out) {
   // dx^T[in, N] = (W as [in, out]) * dy^T[out, N]
-  gemm<mode>(CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, 1.0f, W, in, dy, out, 0.0f, dx, in);
+  gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, 1.0f, W, in, dy, out, 0.0f, dx, in);
   // dW^T[in, out] += x^T[in, N] * (dy^T[out, N])^T
-  gemm<mode>(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, in);
+  gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, in);
 }
 // --- candidates (kernels/linear/variants.cpp documents them) ----------------------------------
 constexpr int kFeatureBlock = 32;
 
 // The GEMM over whole blocks of 32 output features only: y's last out % 32 columns are never
 // written.
-template <GemmMode mode>
-void tail_skip(float* y, const float* x, const float* W, int N, int in, int out) {
+template <class A>
+void tail_skip(A* y, const A* x, const A* W, int N, int in, int out) {
   const int covered = out / kFeatureBlock * kFeatureBlock;
   if (covered == 0) return;
-  gemm<mode>(CUBLAS_OP_T, CUBLAS_OP_N, covered, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, covered, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
 }
 
 template <bool truncate>
@@ -40,9 +42,10 @@ __global__ void round_to_bf16(float* out, const float* in, int64_t n) {
   if (i < n) out[i] = truncate ? lowp::bf16_truncate(in[i]) : lowp::bf16_rne(in[i]);
 }
 
-// x and W rounded to bf16 values (kept in fp32 buffers), then the mode's GEMM: its products of
-// bf16 values are exact, so both modes compute the CPU variant's result.
-template <GemmMode mode, bool truncate>
+// x and W rounded to bf16 values (kept in fp32 buffers), then the fp32 GEMM: its products of
+// bf16 values are exact, so it computes the CPU variant's result. fp32 mode only: in bf16 mode
+// the operands are bf16 already (rounded to nearest), which leaves nothing to truncate.
+template <bool truncate>
 void bf16_inputs(float* y, const float* x, const float* W, int N, int in, int out) {
   const int64_t nx = int64_t(N) * in, nw = int64_t(out) * in;
   float* xb = scratch_as<float>(Scratch::A, size_t(nx));
@@ -51,36 +54,31 @@ void bf16_inputs(float* y, const float* x, const float* W, int N, int in, int ou
   DIVLAB_LAUNCHED("round_to_bf16 (x)");
   round_to_bf16<truncate><<<blocks_for(nw, 256), 256>>>(Wb, W, nw);
   DIVLAB_LAUNCHED("round_to_bf16 (W)");
-  linear_forward<mode>(y, xb, Wb, N, in, out);
-}
-
-template <GemmMode mode>
-void register_candidates(Catalogue<float>& cat) {
-  cat.linear_forward.add("tail_skip", tail_skip<mode>,
-                         {"cuBLAS over the first out / 32 * 32 output features only", "", "", ""});
-  cat.linear_forward.add("bf16_truncate", bf16_inputs<mode, true>,
-                         {"x and W truncated to bf16 by a kernel, then cuBLAS", "", "", ""});
-  cat.linear_forward.add("bf16_rne", bf16_inputs<mode, false>,
-                         {"x and W rounded to nearest bf16 by a kernel, then cuBLAS", "", "", ""});
+  linear_forward<float>(y, xb, Wb, N, in, out);
 }
 }  // namespace
 
-void register_linear(Catalogue<float>& cat, GemmMode mode) {
+template <class A>
+void register_linear(Catalogue<float, A>& cat) {
   cat.linear_forward.what = "y = x W^T (no bias)";
   cat.linear_backward.what = "dx = dy W, dW += dy^T x";
-  if (mode == GemmMode::Fp32) {
-    cat.linear_forward.add("reference", linear_forward<GemmMode::Fp32>,
-                           {"cuBLAS SGEMM, fp32 FMA (no TF32)", "", "", ""});
-    cat.linear_backward.add("reference", linear_backward<GemmMode::Fp32>,
-                            {"cuBLAS SGEMM, fp32 FMA (no TF32)", "", "", ""});
-    register_candidates<GemmMode::Fp32>(cat);
-  } else {
-    cat.linear_forward.add("reference", linear_forward<GemmMode::Bf16>,
-                           {"cuBLAS, bf16 tensor cores, fp32 accumulation", "", "", ""});
-    cat.linear_backward.add("reference", linear_backward<GemmMode::Bf16>,
-                            {"cuBLAS, bf16 tensor cores, fp32 accumulation", "", "", ""});
-    register_candidates<GemmMode::Bf16>(cat);
+  const char* how = std::is_same_v<A, bf16>
+                        ? "cuBLAS, bf16 operands and output on tensor cores, fp32 accumulation"
+                        : "cuBLAS SGEMM, fp32 FMA (no TF32)";
+  cat.linear_forward.add("reference", linear_forward<A>, {how, "", "", ""});
+  cat.linear_backward.add("reference", linear_backward<A>,
+                          {std::string(how) + "; dW accumulated into fp32", "", "", ""});
+  cat.linear_forward.add("tail_skip", tail_skip<A>,
+                         {"cuBLAS over the first out / 32 * 32 output features only", "", "", ""});
+  if constexpr (std::is_same_v<A, float>) {
+    cat.linear_forward.add("bf16_truncate", bf16_inputs<true>,
+                           {"x and W truncated to bf16 by a kernel, then cuBLAS", "", "", ""});
+    cat.linear_forward.add("bf16_rne", bf16_inputs<false>,
+                           {"x and W rounded to nearest bf16 by a kernel, then cuBLAS", "", "", ""});
   }
 }
+
+template void register_linear(Catalogue<float>&);
+template void register_linear(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

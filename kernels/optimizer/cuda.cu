@@ -78,7 +78,8 @@ void adamw_step(float* p, float* m, float* v, const float* g, int64_t n, float l
 }
 }  // namespace
 
-void register_optimizer(Catalogue<float>& cat) {
+template <class A>
+void register_optimizer(Catalogue<float, A>& cat) {
   cat.sum_squares.what = "sum of squared gradients (global norm for clipping)";
   cat.sum_squares.add("reference", sum_squares,
                       {"fixed grid of double block sums, added in block order", "", "", ""});
@@ -88,5 +89,8 @@ void register_optimizer(Catalogue<float>& cat) {
   cat.adamw_step.add("reference", adamw_step,
                      {"PyTorch semantics, one thread per value", "", "", ""});
 }
+
+template void register_optimizer(Catalogue<float>&);
+template void register_optimizer(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

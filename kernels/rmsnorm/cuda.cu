@@ -4,6 +4,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace divlab::cuda {
 
@@ -19,8 +20,8 @@ __device__ inline float rstd_of(float mean_square, float eps) {
   return 1.0f / sqrtf(mean_square + eps);
 }
 
-template <Rstd mode>
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w, int C,
+template <Rstd mode, class A>
+__global__ void rmsnorm_forward_kernel(A* y, float* rstd, const float* x, const float* w, int C,
                                        float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
@@ -29,37 +30,40 @@ __global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, co
   for (int c = threadIdx.x; c < C; c += blockDim.x) ss += xr[c] * xr[c];
   ss = block_sum(ss, shared);
   const float r = rstd_of<mode>(ss / float(C), eps);
-  for (int c = threadIdx.x; c < C; c += blockDim.x) y[row * C + c] = xr[c] * r * w[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) y[row * C + c] = store<A>(xr[c] * r * w[c]);
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
-template <Rstd mode>
-void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C,
-                     float eps) {
+template <Rstd mode, class A>
+void rmsnorm_forward(A* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
   rmsnorm_forward_kernel<mode><<<N, kRowThreads>>>(y, rstd, x, w, C, eps);
   DIVLAB_LAUNCHED("rmsnorm_forward");
 }
 
-__global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const float* dy,
-                                             const float* x, const float* w, const float* rstd,
-                                             int C, bool accumulate, const float* dresid) {
+template <class A>
+__global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy, const float* x,
+                                             const float* w, const float* rstd, int C,
+                                             bool accumulate, const float* dresid) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float r = rstd[row];
   float dot = 0;  // sum_c dy w x
-  for (int c = threadIdx.x; c < C; c += blockDim.x) dot += dy[row * C + c] * w[c] * x[row * C + c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    dot += load(dy[row * C + c]) * w[c] * x[row * C + c];
   dot = block_sum(dot, shared);
   const float k = r * r * r * dot / float(C);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const int64_t i = row * C + c;
-    const float g = r * w[c] * dy[i] - x[i] * k;
+    const float d = load(dy[i]);
+    const float g = r * w[c] * d - x[i] * k;
     const float base = dresid ? dresid[i] : (accumulate ? dx[i] : 0.0f);
     dx[i] = base + g;
-    prod[i] = dy[i] * x[i] * r;
+    prod[i] = d * x[i] * r;
   }
 }
 
-void rmsnorm_backward(float* dresid, float* dw, const float* dy, const float* x, const float* w,
+template <class A>
+void rmsnorm_backward(float* dresid, float* dw, const A* dy, const float* x, const float* w,
                       const float* rstd, int N, int C) {
   float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
   rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
@@ -77,7 +81,8 @@ __global__ void bf16_column_sum_kernel(float* dw, const float* prod, int N, int 
   dw[c] = __bfloat162float(acc);
 }
 
-void bf16_reduce(float* dresid, float* dw, const float* dy, const float* x, const float* w,
+template <class A>
+void bf16_reduce(float* dresid, float* dw, const A* dy, const float* x, const float* w,
                  const float* rstd, int N, int C) {
   float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
   rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
@@ -86,26 +91,36 @@ void bf16_reduce(float* dresid, float* dw, const float* dy, const float* x, cons
 }
 }  // namespace
 
-void rmsnorm_backward_rows(float* dx, float* prod, const float* dy, const float* x, const float* w,
+template <class A>
+void rmsnorm_backward_rows(float* dx, float* prod, const A* dy, const float* x, const float* w,
                            const float* rstd, int N, int C, bool accumulate, const float* dresid) {
   rmsnorm_backward_rows_kernel<<<N, kRowThreads>>>(dx, prod, dy, x, w, rstd, C, accumulate, dresid);
   DIVLAB_LAUNCHED("rmsnorm_backward_rows");
 }
 
-void register_rmsnorm(Catalogue<float>& cat) {
+template void rmsnorm_backward_rows(float*, float*, const float*, const float*, const float*,
+                                    const float*, int, int, bool, const float*);
+template void rmsnorm_backward_rows(float*, float*, const bf16*, const float*, const float*,
+                                    const float*, int, int, bool, const float*);
+
+template <class A>
+void register_rmsnorm(Catalogue<float, A>& cat) {
   cat.rmsnorm_forward.what = "RMSNorm forward, y = x * rsqrt(mean(x^2) + eps) * w";
-  cat.rmsnorm_forward.add("reference", rmsnorm_forward<Rstd::Reference>,
+  cat.rmsnorm_forward.add("reference", rmsnorm_forward<Rstd::Reference, A>,
                           {"one block per row, fixed-tree sum of squares", "", "", ""});
-  cat.rmsnorm_forward.add("eps_outside_sqrt", rmsnorm_forward<Rstd::EpsOutsideSqrt>,
+  cat.rmsnorm_forward.add("eps_outside_sqrt", rmsnorm_forward<Rstd::EpsOutsideSqrt, A>,
                           {"rstd = 1 / (sqrt(mean(x^2)) + eps)", "", "", ""});
-  cat.rmsnorm_forward.add("no_eps", rmsnorm_forward<Rstd::NoEps>,
+  cat.rmsnorm_forward.add("no_eps", rmsnorm_forward<Rstd::NoEps, A>,
                           {"rstd = 1 / sqrt(mean(x^2))", "", "", ""});
   cat.rmsnorm_backward.what = "RMSNorm backward (input and weight gradients)";
-  cat.rmsnorm_backward.add("reference", rmsnorm_backward,
+  cat.rmsnorm_backward.add("reference", rmsnorm_backward<A>,
                            {"rows per block; dw by fixed-order column sums", "", "", ""});
   cat.rmsnorm_backward.add(
-      "bf16_reduce", bf16_reduce,
+      "bf16_reduce", bf16_reduce<A>,
       {"dw summed over rows in a bf16 accumulator, one thread per channel", "", "", ""});
 }
+
+template void register_rmsnorm(Catalogue<float>&);
+template void register_rmsnorm(Catalogue<float, bf16>&);
 
 }  // namespace divlab::cuda

@@ -17,7 +17,7 @@ namespace divlab::testing {
 
 // Tolerances of the normalised error (max |a - b| / max |b|) against the fp64 CPU reference.
 constexpr double kTolGpuFp32 = 1e-5;  // fp32 arithmetic, sums of up to a few hundred terms
-constexpr double kTolGpuBf16 = 1e-2;  // GEMM inputs rounded to bf16 (2^-9 relative each)
+constexpr double kTolGpuBf16 = 1e-2;  // bf16 operands and outputs (2^-9 relative each)
 
 inline bool have_gpu() {
   static const bool ok = [] {
@@ -34,8 +34,9 @@ inline bool have_gpu() {
   if (!::divlab::testing::have_gpu()) GTEST_SKIP() << "no usable GPU"
 
 // The shared harness, failing the test on any stray write.
-template <class U, class F>
-std::vector<std::vector<double>> run_checked(const KernelSet<U>& k, const OpInputs& x, F&& call) {
+template <class U, class A = U, class F>
+std::vector<std::vector<double>> run_checked(const KernelSet<U, A>& k, const OpInputs& x,
+                                             F&& call) {
   OpRun r = ::divlab::run_op(k, x, call);
   for (const auto& w : r.stray_writes) ADD_FAILURE() << w;
   return std::move(r.outputs);
@@ -46,8 +47,25 @@ inline std::vector<double> zeros(size_t n) {
   return std::vector<double>(n, 0.0);
 }
 
-inline const Catalogue<float>& gpu(cuda::GemmMode mode = cuda::GemmMode::Fp32) {
-  return cuda::catalogue(mode);
+// The GPU catalogue of one mode: activations stored as A (float: fp32 mode; bf16: bf16 mode).
+template <class A>
+const Catalogue<float, A>& gpu_catalogue() {
+  if constexpr (std::is_same_v<A, bf16>)
+    return cuda::bf16_catalogue();
+  else
+    return cuda::catalogue();
 }
+inline const Catalogue<float>& gpu() {
+  return cuda::catalogue();
+}
+
+// For typed tests over both GPU modes: TYPED_TEST_SUITE(Suite, StorageTypes, StorageName).
+using StorageTypes = ::testing::Types<float, bf16>;
+struct StorageName {
+  template <class A>
+  static std::string GetName(int) {
+    return std::is_same_v<A, bf16> ? "bf16" : "fp32";
+  }
+};
 
 }  // namespace divlab::testing

@@ -1,6 +1,6 @@
 // The GPU trainer against the CPU trainer: same weights, same batches, same optimizer.
 //   fp32 mode: loss within 1e-4 relative at every one of 200 steps;
-//   bf16 mode: within 2e-2.
+//   bf16 mode (activations stored in bf16): within 2e-2.
 // Per-tensor gradient bands at the first step (documented in docs/cuda.md) and run-to-run
 // bitwise determinism of the GPU reference kernels over a training run.
 #include <cstdio>
@@ -11,7 +11,6 @@
 
 namespace divlab {
 using namespace testing;
-using cuda::GemmMode;
 
 namespace {
 // seq_len 128 and heads of 16: the shape where bf16 mode runs cuDNN's fused attention.
@@ -30,10 +29,11 @@ OptimConfig sgd(int steps) {
 }
 
 // Losses of `steps` steps on Zipf-distributed tokens.
-std::vector<double> train_losses(const KernelSet<float>& k, const OptimConfig& oc, int steps,
+template <class A>
+std::vector<double> train_losses(const KernelSet<float, A>& k, const OptimConfig& oc, int steps,
                                  uint64_t seed) {
   const ModelConfig m = small_model();
-  Transformer<float> model(m, k, kBatch);
+  Transformer<float, A> model(m, k, kBatch);
   model.init(seed);
   Optimizer<float> optim(oc, model.layout(), *k.memory);
   DatasetOptions dopt;
@@ -60,16 +60,21 @@ double max_relative_gap(const std::vector<double>& a, const std::vector<double>&
 }
 }  // namespace
 
-class GpuTraining : public ::testing::TestWithParam<GemmMode> {
+// Typed over the activation storage: fp32 mode (float) and bf16 mode (bf16).
+template <class A>
+class GpuTraining : public ::testing::Test {
  protected:
   void SetUp() override { REQUIRE_GPU(); }
+  static constexpr bool kBf16 = std::is_same_v<A, bf16>;
 };
+TYPED_TEST_SUITE(GpuTraining, StorageTypes, StorageName);
 
-TEST_P(GpuTraining, LossTracksTheCpuFor200Steps) {
+TYPED_TEST(GpuTraining, LossTracksTheCpuFor200Steps) {
   const int steps = 200;
-  const double tol = GetParam() == GemmMode::Fp32 ? 1e-4 : 2e-2;
+  const double tol = this->kBf16 ? 2e-2 : 1e-4;
   const auto cpu = train_losses(cpu_catalogue<float>().select({}), sgd(steps), steps, test_seed());
-  const auto gpu_losses = train_losses(gpu(GetParam()).select({}), sgd(steps), steps, test_seed());
+  const auto gpu_losses =
+      train_losses(gpu_catalogue<TypeParam>().select({}), sgd(steps), steps, test_seed());
   int at = 0;
   const double gap = max_relative_gap(gpu_losses, cpu, &at);
   std::printf("max relative loss gap %.3g at step %d (cpu %.6f, gpu %.6f)\n", gap, at, cpu[at],
@@ -78,11 +83,11 @@ TEST_P(GpuTraining, LossTracksTheCpuFor200Steps) {
   EXPECT_LT(cpu.back(), cpu.front() - 0.5) << "the run must actually learn";
 }
 
-TEST_P(GpuTraining, GradientsPerTensorAgreeWithTheCpu) {
+TYPED_TEST(GpuTraining, GradientsPerTensorAgreeWithTheCpu) {
   const ModelConfig m = small_model();
-  const auto k_gpu = gpu(GetParam()).select({});
+  const auto k_gpu = gpu_catalogue<TypeParam>().select({});
   const auto k_cpu = cpu_catalogue<double>().select({});
-  Transformer<float> g(m, k_gpu, kBatch);
+  Transformer<float, TypeParam> g(m, k_gpu, kBatch);
   Transformer<double> c(m, k_cpu, kBatch);
   g.init(test_seed());
   c.init(test_seed());
@@ -95,9 +100,12 @@ TEST_P(GpuTraining, GradientsPerTensorAgreeWithTheCpu) {
   c.backward();
   const auto gg = g.grads().to_vector();
   const auto cg = c.grads().to_vector();
-  // Bands (measured on an H200: fp32 2e-7 to 3.3e-7, bf16 2.9e-4 to 7.3e-4 per tensor):
-  // fp32 within 1e-5 of fp64, bf16 GEMM inputs within 5e-3.
-  const double band = GetParam() == GemmMode::Fp32 ? 1e-5 : 5e-3;
+  // Bands (docs/cuda.md has the measured values). fp32: within 1e-5 of fp64. bf16 mode stores
+  // every activation and activation gradient in bf16 (unit roundoff u = 2^-9 per store), and a
+  // parameter's gradient reaches it through a chain of such stores (forward and backward through
+  // up to both blocks): 8u = 1.6e-2, which is also PyTorch's default bf16 rtol in
+  // assert_close. Measured on an H100: 3.0e-3 to 6.1e-3 (the norm gains highest).
+  const double band = this->kBf16 ? 1.6e-2 : 1e-5;
   for (const auto& p : g.layout()) {
     double diff = 0, norm = 0;
     for (int64_t i = p.offset; i < p.offset + p.size; ++i)
@@ -108,16 +116,11 @@ TEST_P(GpuTraining, GradientsPerTensorAgreeWithTheCpu) {
   }
 }
 
-TEST_P(GpuTraining, RunsAreBitwiseRepeatable) {
+TYPED_TEST(GpuTraining, RunsAreBitwiseRepeatable) {
   const int steps = 40;
-  const auto k = gpu(GetParam()).select({});
+  const auto k = gpu_catalogue<TypeParam>().select({});
   EXPECT_EQ(train_losses(k, sgd(steps), steps, test_seed()),
             train_losses(k, sgd(steps), steps, test_seed()));
 }
-
-INSTANTIATE_TEST_SUITE_P(Modes, GpuTraining, ::testing::Values(GemmMode::Fp32, GemmMode::Bf16),
-                         [](const auto& p) {
-                           return std::string(p.param == GemmMode::Fp32 ? "fp32" : "bf16");
-                         });
 
 }  // namespace divlab
