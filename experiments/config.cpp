@@ -66,8 +66,8 @@ const std::vector<KeySpec>& schema() {
       {"train.precision",
        Type::String,
        "fp32",
-       "working precision: fp32 | fp64 (cpu) | bf16 (cuda: activations stored in bf16, bf16 "
-       "tensor-core GEMMs; fp32 accumulation, residual stream and master weights)",
+       "working precision: fp32 | fp64 (cpu) | bf16 (activations stored in bf16; fp32 "
+       "accumulation, residual stream and master weights; cuda: bf16 tensor-core GEMMs)",
        Range::Any,
        {"fp32", "fp64", "bf16"}},
       {"train.threads", Type::Int, "0", "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)",

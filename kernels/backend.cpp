@@ -1,5 +1,7 @@
 #include "kernels/backend.h"
 
+#include "kernels/bf16_activations.h"
+
 #ifdef DIVLAB_HAVE_CUDA
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
@@ -48,12 +50,9 @@ const Catalogue<float>& backend_catalogue(const std::string& backend,
 template <>
 const Catalogue<float, bf16>& backend_catalogue(const std::string& backend,
                                                 const std::string& precision) {
-  if (backend == "cpu")
-    throw BackendError(
-        "train.precision = \"bf16\" needs backend = \"cuda\" (the CPU runs fp32 "
-        "or fp64)");
-  if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
   (void)precision;
+  if (backend == "cpu") return cpu_bf16_catalogue();
+  if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
   return cuda::bf16_catalogue();
 #else

@@ -1,8 +1,10 @@
 // Backends: which kernel catalogue runs a configuration, and whether it can run here.
-//   cpu:  Eigen + OpenMP; precision fp32 or fp64.
-//   cuda: CUDA + cuBLAS (this build with the `cuda` preset); precision fp32 (fp32 GEMMs, for
-//         parity with the CPU) or bf16 (GEMMs on bf16 tensor cores, fp32 accumulation; fp32
-//         master weights and optimizer state).
+//   cpu:  Eigen + OpenMP; precision fp32, fp64, or bf16 (the fp32 kernels with activations
+//         stored in bf16 between ops: kernels/bf16_activations.h).
+//   cuda: CUDA + cuBLAS + cuDNN (this build with the `cuda` preset); precision fp32 (fp32
+//         GEMMs, for parity with the CPU) or bf16 (activations stored in bf16, GEMMs on bf16
+//         tensor cores with fp32 accumulation; fp32 master weights, optimizer state and
+//         residual stream).
 #pragma once
 
 #include <stdexcept>
@@ -27,8 +29,8 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
 
 // The catalogue for `backend` and `precision`, storing T (and activations in A). Touches no
 // device, so configurations can be checked anywhere. Throws BackendError for a combination this
-// build does not have. The cuda bf16 mode is Catalogue<float, bf16> (activations in bf16);
-// fp32 and fp64 are Catalogue<float> and Catalogue<double>.
+// build does not have. bf16 mode is Catalogue<float, bf16> (activations in bf16); fp32 and
+// fp64 are Catalogue<float> and Catalogue<double>.
 template <class T, class A = T>
 const Catalogue<T, A>& backend_catalogue(const std::string& backend, const std::string& precision);
 
