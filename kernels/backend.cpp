@@ -64,8 +64,17 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device) {
   if (device == "cpu") return {&mutable_cpu_catalogue()};
   if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
-  // The plug-in ABI is fp32: its variants join the fp32 mode (bf16 mode's activations are bf16).
-  return {&cuda::mutable_catalogue()};
+  return {&cuda::mutable_catalogue()};  // fp32 mode; bf16 mode adopts: device_bf16_catalogue
+#else
+  throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
+#endif
+}
+
+std::pair<Catalogue<float, bf16>*, Bf16Set> device_bf16_catalogue(const std::string& device) {
+  if (device == "cpu") return {&mutable_cpu_bf16_catalogue(), Bf16Set::Cpu};
+  if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
+#ifdef DIVLAB_HAVE_CUDA
+  return {&cuda::mutable_bf16_catalogue(), Bf16Set::Cuda};
 #else
   throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
 #endif

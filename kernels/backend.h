@@ -9,8 +9,10 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/bf16_activations.h"
 #include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
@@ -26,6 +28,9 @@ bool cuda_built();
 // Every fp32 catalogue whose kernels take pointers of `device` ("cpu" | "cuda"), for plug-ins
 // to add variants to. Throws BackendError for cuda in a build without it.
 std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
+// The bf16-mode catalogue of `device`, which adopts plug-in variants through adapters
+// (kernels/bf16_activations.h), and the adapters' set.
+std::pair<Catalogue<float, bf16>*, Bf16Set> device_bf16_catalogue(const std::string& device);
 
 // The catalogue for `backend` and `precision`, storing T (and activations in A). Touches no
 // device, so configurations can be checked anywhere. Throws BackendError for a combination this

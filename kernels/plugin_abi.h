@@ -9,7 +9,8 @@
  * selected with kernels.<op> = "name", shadowed (shadow.variants) and swept in grids like the
  * built-in ones. The table and its strings must stay valid while the library is loaded.
  *
- * Tensors: fp32, row-major, contiguous. N = B * T rows (batch-major, then position).
+ * Tensors: fp32, row-major, contiguous. N = B * T rows (batch-major, then position). In bf16
+ * mode divlab stores activations in bf16 and calls the variant with widened fp32 copies.
  *   device "cpu":  host pointers; the kernel may use any number of threads.
  *   device "cuda": device pointers; launch on the default (legacy) stream; do not synchronise.
  * Token ids are int32 in [0, V). Conventions as in kernels/ops.h: a backward ADDS into parameter

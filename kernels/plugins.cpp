@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "kernels/backend.h"
+#include "kernels/bf16_activations.h"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.h"
 
@@ -19,6 +20,8 @@ struct Loaded {
   void* handle;
   // (catalogue, op, variant) of every entry this library added
   std::vector<std::tuple<Catalogue<float>*, std::string, std::string>> added;
+  // ... and the same entries adapted into the bf16 modes (bf16 activations around the fp32 ABI)
+  std::vector<std::tuple<Catalogue<float, bf16>*, Bf16Set, std::string, std::string>> adopted;
 };
 std::vector<Loaded>& loaded() {
   static std::vector<Loaded> l;
@@ -60,6 +63,7 @@ bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* wh
 }
 
 void remove_added(const Loaded& l) {
+  for (const auto& [cat, set, op, name] : l.adopted) drop_adopted_variant(*cat, op, name, set);
   for (const auto& added : l.added) {
     const std::string &op = std::get<1>(added), &name = std::get<2>(added);
     std::get<0>(added)->for_each_op([&](auto& ops, auto) {
@@ -105,6 +109,10 @@ void load_one(const std::string& path) {
         if (!add_variant(*cat, v, &why)) fail(where + ": " + why);
         l.added.emplace_back(cat, str(v.op), name);
       }
+      // The bf16 mode of the same device runs it on widened copies of its bf16 inputs.
+      const auto [bf16_cat, set] = device_bf16_catalogue(str(v.device));
+      adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, set);
+      l.adopted.emplace_back(bf16_cat, set, str(v.op), name);
     }
   } catch (...) {
     remove_added(l);

@@ -1,8 +1,10 @@
 // Plug-ins: the example library loads, its variants appear in the catalogue with their
 // documentation, compute what they claim (the correct one matches fp64, the buggy one loses the
-// hot row), and go away on unload; broken libraries are refused with the reason named.
+// hot row), in the bf16 mode too, and go away on unload; broken libraries are refused with the
+// reason named.
 #include <random>
 
+#include "kernels/bf16_activations.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
@@ -24,18 +26,26 @@ std::string error_of(const std::string& path) {
   return "";
 }
 
-// dwte of the embedding op for one hot token at every position, with `k`, against fp64.
-double hot_row_error(const KernelSet<float>& k) {
+// dwte of the embedding op for one hot token at every position, with `k` (activations stored
+// as A: its dy is A), against fp64.
+template <class A>
+double hot_row_error(const KernelSet<float, A>& k) {
   const int B = 16, T = 64, C = 16, V = 32, N = B * T;
   std::mt19937_64 gen(test_seed());
-  std::vector<float> dy = randn<float>(N * C, gen, 0.1), dres = randn<float>(N * C, gen, 0.1),
-                     x = randn<float>(N * C, gen), w(C, 1.0f), rstd(N, 1.0f);
-  for (auto& v : dy) v += 1.0f;  // same-sign contributions per channel
+  std::vector<float> dres = randn<float>(N * C, gen, 0.1), x = randn<float>(N * C, gen), w(C, 1.0f),
+                     rstd(N, 1.0f);
+  std::vector<A> dy;
+  for (double v : randn<double>(N * C, gen, 0.1))
+    dy.push_back(stored_as<A>(v + 1.0));  // same-sign contributions per channel
   std::vector<TokenId> tok(N, 3);
   std::vector<float> dwte(V * C, 0), dwpe(T * C, 0), dw(C, 0);
   k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x.data(),
                            w.data(), rstd.data(), tok.data(), B, T, C, V);
-  auto to_d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  auto to_d = [](const auto& v) {
+    std::vector<double> d;
+    for (auto x : v) d.push_back(to_double(x));
+    return d;
+  };
   std::vector<double> rwte(V * C, 0), rwpe(T * C, 0), rw(C, 0);
   const auto dyd = to_d(dy), dresd = to_d(dres), xd = to_d(x), wd = to_d(w), rd = to_d(rstd);
   cpu_catalogue<double>().select({}).embed_rmsnorm_backward(
@@ -61,10 +71,19 @@ TEST(Plugins, ExampleLoadsComputesAndUnloads) {
   const auto& cat = cpu_catalogue<float>();
   EXPECT_LT(hot_row_error(cat.select({{"embed_rmsnorm_backward", "example_fp32_rows"}})), 1e-5);
   EXPECT_GT(hot_row_error(cat.select({{"embed_rmsnorm_backward", "example_bf16_rows"}})), 0.3);
+  // The bf16 mode adopts them, running on widened copies of its bf16 dy.
+  const auto& bf = cpu_bf16_catalogue();
+  ASSERT_TRUE(bf.embed_rmsnorm_backward.find("example_bf16_rows"));
+  EXPECT_LT(hot_row_error(bf.select({{"embed_rmsnorm_backward", "example_fp32_rows"}})), 1e-5);
+  EXPECT_GT(hot_row_error(bf.select({{"embed_rmsnorm_backward", "example_bf16_rows"}})), 0.3);
   unload_plugins();
   EXPECT_EQ(ops.find("example_bf16_rows"), nullptr);
+  EXPECT_EQ(bf.embed_rmsnorm_backward.find("example_bf16_rows"), nullptr);
   EXPECT_TRUE(loaded_plugins().empty());
   EXPECT_THROW(cat.select({{"embed_rmsnorm_backward", "example_bf16_rows"}}), UnknownKernel);
+  // Loading again reuses the freed trampolines.
+  load_plugins({DIVLAB_EXAMPLE_PLUGIN});
+  EXPECT_GT(hot_row_error(bf.select({{"embed_rmsnorm_backward", "example_bf16_rows"}})), 0.3);
 }
 
 TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {

@@ -1,6 +1,7 @@
 // The CUDA catalogues, one per mode (kernels/cuda/ops.h). GPU variants share their CPU
 // namesakes' documentation (what is wrong, what exposes it, what masks it); their own summary
 // says how the GPU does it.
+#include "kernels/bf16_activations.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -45,9 +46,16 @@ const Catalogue<float>& catalogue() {
   return mutable_catalogue();
 }
 
-const Catalogue<float, bf16>& bf16_catalogue() {
-  static const Catalogue<float, bf16> cat = build<bf16>();
+Catalogue<float, bf16>& mutable_bf16_catalogue() {
+  static Catalogue<float, bf16> cat = [] {
+    set_bf16_conversions(Bf16Set::Cuda, {&device_memory(), widen_bf16, round_to_bf16});
+    return build<bf16>();
+  }();
   return cat;
+}
+
+const Catalogue<float, bf16>& bf16_catalogue() {
+  return mutable_bf16_catalogue();
 }
 
 }  // namespace divlab::cuda

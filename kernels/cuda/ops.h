@@ -22,6 +22,11 @@ constexpr GemmMode mode_of() {
 const Catalogue<float>& catalogue();               // fp32 mode
 Catalogue<float>& mutable_catalogue();             // for plug-in variants (fp32 ABI)
 const Catalogue<float, bf16>& bf16_catalogue();    // bf16 mode
+Catalogue<float, bf16>& mutable_bf16_catalogue();  // for plug-in variants (adapted)
+
+// Device conversions between fp32 scratch and bf16 activations (the plug-in adapters').
+void widen_bf16(float* out, const bf16* in, int64_t n);
+void round_to_bf16(bf16* out, const float* in, int64_t n);
 
 template <class A>
 void register_embedding(Catalogue<float, A>& cat);

@@ -70,7 +70,20 @@ void cast(A* y, const float* x, int64_t n) {
   cast_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
   DIVLAB_LAUNCHED("cast");
 }
+__global__ void widen_kernel(float* y, const bf16* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = load(x[i]);
+}
 }  // namespace
+
+void widen_bf16(float* out, const bf16* in, int64_t n) {
+  if (n <= 0) return;
+  widen_kernel<<<blocks_for(n, 256), 256>>>(out, in, n);
+  DIVLAB_LAUNCHED("widen_bf16");
+}
+void round_to_bf16(bf16* out, const float* in, int64_t n) {
+  if (n > 0) cast(out, in, n);
+}
 
 template <class A>
 void register_elementwise(Catalogue<float, A>& cat) {

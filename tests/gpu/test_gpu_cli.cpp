@@ -94,24 +94,28 @@ TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
 
 namespace divlab {
 
-// The example CUDA plug-in: loaded into the GPU catalogues, trained with, shadowed.
+// The example CUDA plug-in: loaded into the GPU catalogues, trained with, shadowed; in fp32
+// mode as written, in bf16 mode through the adapters (widened copies of its bf16 dy).
 TEST(GpuPlugin, ExampleCudaPluginTrainsAndIsShadowed) {
   REQUIRE_GPU();
-  const std::string dir = temp_dir("gpu_plugin"), out = dir + "/run.h5";
-  const RunConfig cfg = load_config(
-      "", {"backend=cuda", std::string("plugins=[") + DIVLAB_EXAMPLE_CUDA_PLUGIN + "]",
-           "data=zipf:1.1", "model.vocab=512", "model.seq_len=64", "train.batch=64",
-           "train.steps=20", "kernels.embed_rmsnorm_backward=example_cuda_fp32_atomic",
-           "shadow.every=10", "shadow.variants=[embed_rmsnorm_backward=example_cuda_bf16_atomic]"});
-  TrainOptions opt;
-  opt.out = out, opt.progress = false;
-  EXPECT_EQ(train(cfg, opt).status, "completed");
-  const auto rel =
-      TraceReader(out).floats("/shadow/embed_rmsnorm_backward/example_cuda_bf16_atomic/rel_l2");
-  ASSERT_EQ(rel.size(), 2u);
-  for (double r : rel) EXPECT_GT(r, 1e-2);
-  unlink(out.c_str());
-  rmdir(dir.c_str());
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::string dir = temp_dir("gpu_plugin"), out = dir + "/run.h5";
+    const RunConfig cfg = load_config(
+        "", {"backend=cuda", std::string("train.precision=") + precision,
+             std::string("plugins=[") + DIVLAB_EXAMPLE_CUDA_PLUGIN + "]", "data=zipf:1.1",
+             "model.vocab=512", "model.seq_len=64", "train.batch=64", "train.steps=20",
+             "kernels.embed_rmsnorm_backward=example_cuda_fp32_atomic", "shadow.every=10",
+             "shadow.variants=[embed_rmsnorm_backward=example_cuda_bf16_atomic]"});
+    TrainOptions opt;
+    opt.out = out, opt.progress = false;
+    EXPECT_EQ(train(cfg, opt).status, "completed") << precision;
+    const auto rel =
+        TraceReader(out).floats("/shadow/embed_rmsnorm_backward/example_cuda_bf16_atomic/rel_l2");
+    ASSERT_EQ(rel.size(), 2u) << precision;
+    for (double r : rel) EXPECT_GT(r, 1e-2) << precision;
+    unlink(out.c_str());
+    rmdir(dir.c_str());
+  }
 }
 
 }  // namespace divlab
