@@ -192,7 +192,8 @@ void adapt(const Entry* e, To& to, const std::string& name) {
       to.add(e->name, fns[s], e->doc);
       return;
     }
-  throw std::logic_error("bf16 activations: more than 32 variants of " + to.op);
+  throw std::logic_error("bf16 mode adapts at most " + std::to_string(kSlots) + " variants of " +
+                         to.op + " (all taken)");
 }
 
 // Ops with activation arguments go through trampolines; the others take the function as is.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <stdexcept>
 #include <tuple>
 
 #include "kernels/backend.h"
@@ -111,7 +112,11 @@ void load_one(const std::string& path) {
       }
       // The bf16 mode of the same device runs it on widened copies of its bf16 inputs.
       const auto [bf16_cat, set] = device_bf16_catalogue(str(v.device));
-      adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, set);
+      try {
+        adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, set);
+      } catch (const std::logic_error& e) {  // its op's adapters are all taken
+        fail(where + ": " + e.what());
+      }
       l.adopted.emplace_back(bf16_cat, set, str(v.op), name);
     }
   } catch (...) {
