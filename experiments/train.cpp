@@ -246,16 +246,21 @@ std::vector<double> widen(const Buffer<T>& b) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-// The device's share of a run: the model's buffers, optimizer state, backend scratch (attention
-// scores' gradient or cuDNN's workspace, the fused attention's bf16 copies of qkv, out, dout and
-// dqkv and its row statistics, RMSNorm and embedding-gradient work space), in values of T.
-int64_t predicted_values(const RunConfig& cfg, int64_t params) {
+// The device's share of a run beyond the model's own buffers (Transformer::allocated_bytes), in
+// bytes: optimizer state, and backend scratch at its largest: fp32 attention scores or their
+// gradient [B, NH, T, T] (and, with bf16 activations, the scores' gradient as a bf16 GEMM
+// operand beside it), the fused attention's recomputed output and row statistics, RMSNorm and
+// embedding-gradient work space, rounded GEMM operands of the linear variants.
+template <class T, class A>
+int64_t predicted_bytes(const RunConfig& cfg, int64_t params) {
   const ModelConfig& m = cfg.model;
   const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model;
-  const int64_t rows = int64_t(cfg.batch) * m.n_heads * m.seq_len;
+  const int64_t rows = int64_t(cfg.batch) * m.n_heads * m.seq_len, square = rows * m.seq_len;
+  const int64_t t = sizeof(T), a = sizeof(A);
   const int64_t scratch =
-      3 * N * C + rows * m.seq_len + 4 * N * C + 2 * rows + int64_t(m.vocab) * C + 64 * C + 4 * N;
-  const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params;
+      t * (3 * N * C + square + 4 * N * C + 2 * rows + int64_t(m.vocab) * C + 64 * C + 4 * N) +
+      (a < t ? a * square : 0);
+  const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params * t;
   return optimizer + scratch;
 }
 
@@ -269,8 +274,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
   const KernelSet<T, A> reference = catalogue.select({});
   const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
-  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
-                        int64_t(sizeof(T)) * predicted_values(cfg, param_count(m));
+  const int64_t bytes =
+      Transformer<T, A>::allocated_bytes(m, B) + predicted_bytes<T, A>(cfg, param_count(m));
   check_backend_fits(cfg.backend, size_t(bytes),
                      "this model at train.batch = " + std::to_string(B));
   std::unique_ptr<ShadowTap<T, A>> tap;
