@@ -39,20 +39,24 @@ class BoundArray {
     return bind<std::remove_const_t<V>>();
   }
   bool bound() const { return !bytes_.empty(); }
-  // The values now (guards excluded), widened; and whether a guard value changed, per side.
-  std::vector<double> values() const {
-    const std::vector<unsigned char> host = download();
-    std::vector<double> out(values_->size());
-    for (size_t i = 0; i < out.size(); ++i)
-      out[i] = stored_value(host.data(), type_, guard_ + int64_t(i));
-    return out;
-  }
-  bool guard_changed(bool before) const {
-    const std::vector<unsigned char> host = download();
-    const int64_t first = before ? 0 : guard_ + int64_t(values_->size());
-    for (int64_t g = first; g < first + guard_; ++g)
-      if (!(stored_value(host.data(), type_, g) == sentinel_)) return true;
-    return false;
+  // What the call left: the values (guards excluded), widened, and whether a guard value
+  // changed before or after them. One download.
+  struct Result {
+    std::vector<double> values;
+    bool before_changed = false, after_changed = false;
+  };
+  Result read() const {
+    if (!bound()) throw std::logic_error("run_op: an output the call never passed to its kernel");
+    const std::vector<unsigned char> host = bytes_.to_vector();
+    const int64_t n = int64_t(values_->size());
+    Result r;
+    r.values.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) r.values[i] = stored_value(host.data(), type_, guard_ + i);
+    for (int64_t g = 0; g < guard_; ++g) {
+      r.before_changed |= !(stored_value(host.data(), type_, g) == sentinel_);
+      r.after_changed |= !(stored_value(host.data(), type_, guard_ + n + g) == sentinel_);
+    }
+    return r;
   }
 
  private:
@@ -71,10 +75,6 @@ class BoundArray {
     bytes_ = Buffer<unsigned char>(*mem_, int64_t(host.size() * sizeof(V)));
     bytes_.upload(reinterpret_cast<const unsigned char*>(host.data()), bytes_.size());
     return reinterpret_cast<V*>(bytes_.data()) + guard_;
-  }
-  std::vector<unsigned char> download() const {
-    if (!bound()) throw std::logic_error("run_op: an output the call never passed to its kernel");
-    return bytes_.to_vector();
   }
   const MemoryOps* mem_;
   const std::vector<double>* values_;
@@ -98,11 +98,12 @@ OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
   call(k, in, ids.data(), out);
   OpRun r;
   for (size_t o = 0; o < out.size(); ++o) {
-    if (out[o].guard_changed(true))
+    BoundArray::Result got = out[o].read();
+    if (got.before_changed)
       r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
-    if (out[o].guard_changed(false))
+    if (got.after_changed)
       r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
-    r.outputs.push_back(out[o].values());
+    r.outputs.push_back(std::move(got.values));
   }
   return r;
 }

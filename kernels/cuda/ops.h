@@ -8,17 +8,11 @@
 
 namespace divlab::cuda {
 
-// The two modes differ in the activation storage type A (kernels/ops.h), and the GEMMs with it:
+// Two modes, differing in the activation storage type A (kernels/ops.h) and the GEMMs with it:
 //   fp32 (A = float): fp32 operands, fp32 FMA (no TF32), for parity with the CPU at 1e-4.
 //   bf16 (A = bf16):  activations and the weights' working copy stored in bf16, GEMMs on bf16
 //                     tensor cores with fp32 accumulation; master weights, gradients, optimizer
 //                     state and the residual stream stay fp32: the mixed-precision training mode.
-enum class GemmMode { Fp32, Bf16 };
-template <class A>
-constexpr GemmMode mode_of() {
-  return std::is_same_v<A, bf16> ? GemmMode::Bf16 : GemmMode::Fp32;
-}
-
 const Catalogue<float>& catalogue();               // fp32 mode
 Catalogue<float>& mutable_catalogue();             // for plug-in variants (fp32 ABI)
 const Catalogue<float, bf16>& bf16_catalogue();    // bf16 mode
