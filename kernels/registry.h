@@ -78,7 +78,6 @@ struct OpVariants {
 template <class T, class A = T>
 struct KernelSet {
   using Value = T;
-  using Activation = A;
   using S = OpSignatures<T, A>;
   typename S::EmbeddingForward embedding_forward = nullptr;
   typename S::RmsnormForward rmsnorm_forward = nullptr;
@@ -108,7 +107,6 @@ struct UnknownKernel : std::runtime_error {
 template <class T, class A = T>
 struct Catalogue {
   using Value = T;
-  using Activation = A;
   using S = OpSignatures<T, A>;
   OpVariants<typename S::EmbeddingForward> embedding_forward{"embedding_forward"};
   OpVariants<typename S::RmsnormForward> rmsnorm_forward{"rmsnorm_forward"};

@@ -42,7 +42,6 @@ int64_t param_count(const ModelConfig& cfg);
 template <class T, class A = T>
 class Transformer {
  public:
-  using Activation = A;
   Transformer(const ModelConfig& cfg, const KernelSet<T, A>& kernels, int batch);
 
   // How many bytes the constructor allocates (parameters, gradients, activations, scratch):
