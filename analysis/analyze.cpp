@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "analysis/dose.h"
 #include "analysis/stats.h"
 #include "experiments/config.h"
 #include "experiments/trace.h"
@@ -38,8 +39,9 @@ struct Cell {
   std::string path, status;
   std::map<std::string, std::string> config;  // resolved key -> value text
   std::vector<double> loss, val_loss, max_row;
-  std::string group_key, variant;
-  std::string nan_where;  // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
+  std::string group_key, series_key, variant;
+  double tokens_per_step = 0;  // train.batch x model.seq_len (0 if the trace does not say)
+  std::string nan_where;       // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
   bool control = false;
   long long seed = 0;
 };
@@ -122,7 +124,13 @@ Cell load_cell(const std::string& path) {
   if (c.variant.empty()) c.variant = "reference";
   c.control = !swapped.empty() && all_benign;
   for (const auto& [key, value] : c.config)
-    if (!ignored_for_grouping(key)) c.group_key += key + "=" + value + "\n";
+    if (!ignored_for_grouping(key)) {
+      c.group_key += key + "=" + value + "\n";
+      if (!is_dose_key(key)) c.series_key += key + "=" + value + "\n";
+    }
+  if (c.config.count("train.batch") && c.config.count("model.seq_len"))
+    c.tokens_per_step =
+        std::stod(c.config.at("train.batch")) * std::stod(c.config.at("model.seq_len"));
   return c;
 }
 
@@ -156,7 +164,8 @@ std::map<std::string, std::string> group_labels(
 }
 
 struct Series {  // one variant's per-seed curves within a group, paired with the reference
-  std::vector<double> gaps, areas, val_gaps;
+  std::vector<double> gaps, areas, val_gaps, doses;
+  std::vector<long long> seeds;
   std::vector<std::vector<double>> smooth_gap;  // per seed: smooth(variant) - smooth(reference)
   std::vector<std::vector<double>> smooth_ref, smooth_variant;
   std::string nan_where;
@@ -182,12 +191,18 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "hedges_g", v.hedges_g);
     w.attr(g, "onset_step", int64_t(v.onset));
     w.attr(g, "max_row_contributions", v.max_row_contributions);
+    w.attr(g, "dose_min", v.dose_min);
+    w.attr(g, "dose_max", v.dose_max);
+    w.attr(g, "tokens_per_step", v.tokens_per_step);
+    w.attr(g, "series", v.series);
+    w.attr(g, "gap_ci_low", v.gap_ci_low);
+    w.attr(g, "gap_ci_high", v.gap_ci_high);
+    w.attr(g, "control_band", v.control_band);
     w.attr(g, "final_loss_ref", v.final_loss_ref);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
-        {"ref_curve", &v.ref_curve},
-        {"variant_curve", &v.variant_curve},
-        {"gap_curve", &v.gap_curve},
-        {"band_curve", &v.band_curve}};
+        {"ref_curve", &v.ref_curve}, {"variant_curve", &v.variant_curve},
+        {"gap_curve", &v.gap_curve}, {"band_curve", &v.band_curve},
+        {"seed_gaps", &v.seed_gaps}, {"seed_doses", &v.seed_doses}};
     for (const auto& [name, data] : curves) {
       w.array(g + "/" + name, K::Float64, int64_t(data->size()));
       if (!data->empty()) w.write_array(g + "/" + name, *data);
@@ -213,6 +228,7 @@ std::string fmt(double x, const char* f = "%.3g") {
 }
 
 void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdicts,
+                  const std::vector<DoseResponse>& responses,
                   const std::vector<std::string>& unfinished, const std::string& plots) {
   std::ofstream md(opt.dir + "/report.md");
   md << "# divlab analysis: " << opt.dir << "\n\n"
@@ -225,7 +241,7 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
         "seed-mean control gap) for "
         "good. A verdict of `diverged` needs both. Method: docs/analysis.md.\n\n"
      << "| group | variant | verdict | seeds | gap | gap / loss | p (Welch) | p (perm.) | "
-        "Hedges g | onset | val gap | max row contributions |\n"
+        "Hedges g | onset | val gap | dose (seeds' range) |\n"
      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : verdicts)
     md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "")
@@ -234,11 +250,13 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
        << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
        << (v.onset >= 0 ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
-       << fmt(v.max_row_contributions, "%.0f") << " |\n";
+       << fmt(v.max_row_contributions, "%.0f") << " (" << fmt(v.dose_min, "%.0f") << "-"
+       << fmt(v.dose_max, "%.0f") << ") |\n";
   for (const auto& v : verdicts)
     if (!v.nan_where.empty())
       md << "\n`" << v.variant << "` in " << v.group << ": first non-finite value in "
          << v.nan_where << ".\n";
+  if (!responses.empty()) md << "\n" << dose_markdown(responses);
   if (!unfinished.empty()) {
     md << "\nLeft out (not finished):\n\n";
     for (const auto& u : unfinished) md << "- " << u << "\n";
@@ -248,7 +266,10 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
     md << "Not drawn: " << plots << "\n";
     return;
   }
-  md << "![gap against dose](dose.png)\n\n";
+  if (access((opt.dir + "/story.png").c_str(), F_OK) == 0)
+    md << "![loss curves of reference, candidates and controls per row, and the dose-response]"
+          "(story.png)\n\n";
+  md << "![gap against dose, per seed](dose.png)\n\n";
   if (access((opt.dir + "/shadow.png").c_str(), F_OK) == 0)
     md << "![shadow error by token-frequency bucket](shadow.png)\n\n";
   for (size_t i = 0; i < verdicts.size(); ++i)
@@ -277,6 +298,15 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   std::map<std::string, std::vector<Cell*>> groups;
   for (auto& c : cells) groups[c.group_key].push_back(&c);
   const auto labels = group_labels(groups);
+  // A group's dose series: its label without the keys that set the tokens per step.
+  std::map<std::string, std::string> series_labels;
+  for (const auto& [key, label] : labels) {
+    std::string kept;
+    std::istringstream words(label);
+    for (std::string w; words >> w;)
+      if (!is_dose_key(w.substr(0, w.find('=')))) kept += (kept.empty() ? "" : " ") + w;
+    series_labels[key] = kept.empty() ? "all" : kept;
+  }
 
   std::vector<Verdict> verdicts;
   for (auto& [key, members] : groups) {
@@ -308,6 +338,8 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         std::vector<double> a(c->loss.begin(), c->loss.begin() + long(n)),
             b(r.loss.begin(), r.loss.begin() + long(n));
         s.gaps.push_back(tail_mean(a, window) - tail_mean(b, window));
+        s.seeds.push_back(c->seed);
+        s.doses.push_back(r.max_row.empty() ? 0 : stats::mean(r.max_row));
         double area = 0;
         for (size_t i = 0; i < n; ++i) area += a[i] - b[i];
         s.areas.push_back(area / double(n));
@@ -321,9 +353,12 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
           s.val_gaps.push_back(c->val_loss.back() - r.val_loss.back());
       }
     }
-    double dose = 0, ref_final = 0;
+    double dose = 0, ref_final = 0, dose_min = kNaN, dose_max = kNaN;
     for (const auto& [seed, c] : ref) {
-      dose += c->max_row.empty() ? 0 : stats::mean(c->max_row);
+      const double d = c->max_row.empty() ? 0 : stats::mean(c->max_row);
+      dose += d;
+      dose_min = std::isnan(dose_min) ? d : std::min(dose_min, d);
+      dose_max = std::isnan(dose_max) ? d : std::max(dose_max, d);
       ref_final += tail_mean(c->loss, window);
     }
     dose /= double(std::max<size_t>(1, ref.size()));
@@ -337,7 +372,18 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       v.seeds = int(s.gaps.size());
       v.final_loss_ref = ref_final;
       v.max_row_contributions = dose;
+      v.dose_min = dose_min, v.dose_max = dose_max;
+      v.tokens_per_step = members[0]->tokens_per_step;
+      for (const Cell* c : members) {
+        const std::string name = c->path.substr(c->path.find_last_of('/') + 1);
+        const int number = std::atoi(name.c_str());  // NNNN.h5; 0 for other names
+        v.first_cell = v.first_cell < 0 ? number : std::min(v.first_cell, number);
+      }
+      v.series = series_labels.at(key);
+      v.seed_ids = s.seeds, v.seed_gaps = s.gaps, v.seed_doses = s.doses;
       v.gap = stats::mean(s.gaps);
+      const stats::Interval ci = stats::mean_interval(s.gaps);
+      v.gap_ci_low = ci.low, v.gap_ci_high = ci.high;
       v.area = stats::mean(s.areas);
       v.val_gap = s.val_gaps.empty() ? kNaN : stats::mean(s.val_gaps);
       // The noise floor: every other benign control in the group.
@@ -385,6 +431,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         }
         v.onset = control_curves.empty() ? -1 : stats::onset(gap, band, sign, int64_t(window));
         v.gap_curve = gap, v.band_curve = band;
+        v.control_band = band.empty() ? 0 : band.back();
         v.ref_curve.assign(n, 0.0), v.variant_curve.assign(n, 0.0);
         for (size_t i = 0; i < s.smooth_ref.size(); ++i)
           for (size_t t = 0; t < n; ++t) {
@@ -403,18 +450,43 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   // verdicts.csv
   {
     std::ofstream csv(opt.dir + "/verdicts.csv");
-    csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,area,val_gap,p_welch,"
-           "p_permutation,hedges_g,compared_with,onset_step,max_row_contributions,nan_where\n";
+    csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,gap_ci_low,"
+           "gap_ci_high,control_band,area,val_gap,p_welch,p_permutation,hedges_g,compared_with,"
+           "onset_step,max_row_contributions,dose_min,dose_max,tokens_per_step,nan_where\n";
     for (const auto& v : verdicts)
       csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
           << v.verdict << "," << v.seeds << "," << v.final_loss_ref << "," << v.gap << ","
-          << v.gap / v.final_loss_ref << "," << v.area << "," << v.val_gap << "," << v.p_welch
-          << "," << v.p_permutation << "," << v.hedges_g << "," << v.compared_with << "," << v.onset
-          << "," << v.max_row_contributions << "\n";
+          << v.gap / v.final_loss_ref << "," << v.gap_ci_low << "," << v.gap_ci_high << ","
+          << v.control_band << "," << v.area << "," << v.val_gap << "," << v.p_welch << ","
+          << v.p_permutation << "," << v.hedges_g << "," << v.compared_with << "," << v.onset << ","
+          << v.max_row_contributions << "," << v.dose_min << "," << v.dose_max << ","
+          << v.tokens_per_step << "," << csv_escape(v.nan_where) << "\n";
+  }
+  // seeds.csv: every paired seed's gap against the dose it received (the per-seed scatter).
+  {
+    std::ofstream csv(opt.dir + "/seeds.csv");
+    csv << "group,variant,control,seed,dose,gap,tokens_per_step\n";
+    for (const auto& v : verdicts)
+      for (size_t i = 0; i < v.seed_gaps.size(); ++i)
+        csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
+            << v.seed_ids[i] << "," << v.seed_doses[i] << "," << v.seed_gaps[i] << ","
+            << v.tokens_per_step << "\n";
+  }
+  const auto responses = dose_responses(verdicts);
+  {
+    std::ofstream csv(opt.dir + "/dose_response.csv");
+    csv << "series,variant,control,tokens_per_step,dose,dose_min,dose_max,seeds,gap,gap_ci_low,"
+           "gap_ci_high,control_band,p_welch,verdict\n";
+    for (const auto& r : responses)
+      for (const auto& p : r.points)
+        csv << csv_escape(r.series) << "," << csv_escape(r.variant) << "," << r.control << ","
+            << p.tokens_per_step << "," << p.dose << "," << p.dose_min << "," << p.dose_max << ","
+            << p.seeds << "," << p.gap << "," << p.ci_low << "," << p.ci_high << "," << p.band
+            << "," << p.p_welch << "," << p.verdict << "\n";
   }
   write_summary(opt.dir + "/summary.h5", verdicts);
   const std::string plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";
-  write_report(opt, verdicts, unfinished, plots);
+  write_report(opt, verdicts, responses, unfinished, plots);
   if (opt.verbose) {
     std::printf("%-40s %-40s %-14s %5s %10s %9s %9s %7s %8s\n", "group", "variant", "verdict",
                 "seeds", "gap", "p(welch)", "p(perm)", "onset", "max-row");
@@ -427,6 +499,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         std::printf("%s %s: first non-finite value in %s\n", v.group.c_str(), v.variant.c_str(),
                     v.nan_where.c_str());
     for (const auto& u : unfinished) std::printf("not finished, left out: %s\n", u.c_str());
+    std::printf("%s", dose_table(responses).c_str());
     std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", opt.dir.c_str(),
                 plots.c_str());
   }

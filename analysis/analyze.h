@@ -29,9 +29,19 @@ struct Verdict {
   double area = 0;            // mean over seeds and steps of (variant - reference)
   double val_gap = 0;         // same for /eval/val_loss (reference kernels), NaN if absent
   double p_welch = 1, p_permutation = 1, hedges_g = 0;
-  std::string compared_with;         // "controls" or "zero" (no controls in the group)
-  long long onset = -1;              // step from which the gap stays outside the control band
-  double max_row_contributions = 0;  // mean over the group's steps: the dose
+  std::string compared_with;          // "controls" or "zero" (no controls in the group)
+  long long onset = -1;               // step from which the gap stays outside the control band
+  double max_row_contributions = 0;   // the dose: mean over the seeds' reference runs and steps
+  double dose_min = 0, dose_max = 0;  // the seeds' doses range: the same data spec can give
+                                      // each seed its own (a chain's hot ids are drawn per seed)
+  double tokens_per_step = 0;         // train.batch x model.seq_len
+  std::string series;                 // the group label without the dose keys (analysis/dose.h)
+  int first_cell = -1;  // the lowest cell number (cells/NNNN.h5) in the group: grid order
+  double gap_ci_low = 0, gap_ci_high = 0;  // 95 % t-interval of the mean gap over seeds
+  double control_band = 0;  // the band at the last step (0 without controls): the noise floor
+  // Per paired seed: the seed, its gap and the dose its reference run received.
+  std::vector<long long> seed_ids;
+  std::vector<double> seed_gaps, seed_doses;
   std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
   // band (3 standard errors of a seed-mean control gap); what the plots draw.

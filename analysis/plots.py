@@ -1,10 +1,12 @@
-"""PNG plots for `divlab analyze DIR`: per verdict the loss curves and the gap against the control
-band; gap against dose (max row contributions) across groups; shadow-mode error by
+"""PNG plots for `divlab analyze DIR`: the story figure (per row of the grid the loss curves of
+reference, candidates and controls, and the dose-response); per verdict the loss curves and the
+gap against the control band; the gap against the dose, per seed; shadow-mode error by
 token-frequency bucket. Reads DIR/summary.h5 and DIR/cells/*.h5. Debian's python3-matplotlib."""
 import glob
 import os
 import sys
 import textwrap
+import tomllib
 
 import h5py
 import matplotlib
@@ -16,54 +18,224 @@ import numpy as np  # noqa: E402
 BUCKETS = ["1", "2-3", "4-15", "16-63", "64-255", "256-1023", "1024+"]
 
 
-def verdict_plots(out, summary):
+# One colour per kernel role, the same in every plot: the reference black, candidates warm,
+# benign controls cool (a control is never drawn in a bug's red).
+REFERENCE_COLOR = "black"
+CANDIDATE_COLORS = ["tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+CONTROL_COLORS = ["tab:blue", "tab:cyan", "tab:green", "tab:gray"]
+
+
+class Palette:
+    """variant name -> colour, fixed for one analysis folder (candidates and controls in
+    sorted order, so every figure of the folder agrees)."""
+
+    def __init__(self, variants):
+        self.colors = {"reference": REFERENCE_COLOR}
+        cand = sorted(v for v, control in variants.items() if not control and v != "reference")
+        ctrl = sorted(v for v, control in variants.items() if control)
+        for i, v in enumerate(cand):
+            self.colors[v] = CANDIDATE_COLORS[i % len(CANDIDATE_COLORS)]
+        for i, v in enumerate(ctrl):
+            self.colors[v] = CONTROL_COLORS[i % len(CONTROL_COLORS)]
+
+    def __call__(self, variant):
+        return self.colors.get(variant, "tab:gray")
+
+
+def short(variant):
+    """embed_rmsnorm_backward=bf16_accum -> bf16_accum (several swaps stay joined)."""
+    return "+".join(part.split("=", 1)[-1] for part in variant.split("+"))
+
+
+def wrap(title, width=80):
+    return "\n".join(textwrap.wrap(title, width, break_long_words=False))
+
+
+def verdict_plots(out, summary, palette):
     for key in summary["verdicts"]:
         g = summary["verdicts"][key]
         a = g.attrs
         if g["gap_curve"].shape[0] == 0:
             continue
         steps = np.arange(g["gap_curve"].shape[0])
+        color = palette(a["variant"])
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-        top.plot(steps, g["ref_curve"][:], label="reference", color="black")
-        top.plot(steps, g["variant_curve"][:], label=a["variant"], color="tab:red")
-        top.set_ylabel("training loss (smoothed, mean over seeds)")
+        top.plot(steps, g["ref_curve"][:], label="reference", color=REFERENCE_COLOR)
+        top.plot(steps, g["variant_curve"][:], label=short(a["variant"]), color=color)
+        top.set_ylabel("training loss (nats)\nsmoothed, mean over seeds")
         top.legend(fontsize=8)
         band = g["band_curve"][:]
-        bottom.fill_between(steps, -band, band, color="tab:gray", alpha=0.3, label="control band")
-        bottom.plot(steps, g["gap_curve"][:], color="tab:red", label="variant - reference")
-        if a["onset_step"] >= 0:
-            bottom.axvline(a["onset_step"], color="tab:red", linestyle=":", label="onset")
+        if np.any(band > 0):
+            bottom.fill_between(steps, -band, band, color="tab:gray", alpha=0.3,
+                                label="control band (3 s.e.)")
+        else:  # one control or none: the seeds' own spread is all there is to show
+            bottom.text(0.01, 0.95, "no control band (fewer than two control runs per seed)",
+                        transform=bottom.transAxes, fontsize=7, va="top")
+        bottom.plot(steps, g["gap_curve"][:], color=color, label="variant - reference")
+        if a["verdict"] == "diverged" and a["onset_step"] >= 0:
+            bottom.axvline(a["onset_step"], color=color, linestyle=":", label="onset")
         bottom.axhline(0, color="black", linewidth=0.5)
         bottom.set_xlabel("step")
-        bottom.set_ylabel("loss gap")
+        bottom.set_ylabel("loss gap (nats)")
         bottom.legend(fontsize=8)
-        # Group labels carry every differing key: wrap them to the figure's width.
-        title = f"{a['group']}: {a['variant']} -> {a['verdict']} (p = {a['p_welch']:.2g})"
-        fig.suptitle("\n".join(textwrap.wrap(title, 100)), fontsize=9)
+        title = f"{a['group']}: {short(a['variant'])} -> {a['verdict']} (p = {a['p_welch']:.2g})"
+        fig.suptitle(wrap(title, 90), fontsize=9)
         fig.tight_layout()
         fig.savefig(os.path.join(out, f"verdict-{key}.png"), dpi=90)
         plt.close(fig)
 
 
-def dose_plot(out, summary):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    seen = set()
+def dose_axes(ax, summary, palette):
+    """Gap against dose: every paired seed as a dot, each group's mean gap with its 95 %
+    interval, points of one dose series joined, the control band shaded."""
+    drawn = set()
+    series = {}
     for key in summary["verdicts"]:
-        a = summary["verdicts"][key].attrs
-        label = a["variant"] + (" (control)" if a["control"] else "")
-        marker = "o" if "sgd" in a["group"] else "s" if "adamw" in a["group"] else "^"
-        ax.scatter(a["max_row_contributions"], a["gap"], marker=marker,
-                   label=label if label not in seen else None,
-                   color="tab:gray" if a["control"] else None)
-        seen.add(label)
+        g = summary["verdicts"][key]
+        a = g.attrs
+        if a["seeds"] < 1:
+            continue
+        color = palette(a["variant"])
+        label = short(a["variant"]) + (" (control)" if a["control"] else "")
+        ax.scatter(g["seed_doses"][:], g["seed_gaps"][:], s=10, alpha=0.45, color=color,
+                   linewidths=0)
+        ax.errorbar([a["max_row_contributions"]], [a["gap"]],
+                    yerr=[[a["gap"] - a["gap_ci_low"]], [a["gap_ci_high"] - a["gap"]]],
+                    fmt="o", color=color, capsize=3, markersize=5,
+                    label=None if label in drawn else label)
+        drawn.add(label)
+        series.setdefault((a["series"], a["variant"]), []).append(
+            (a["max_row_contributions"], a["gap"], a["control_band"], a["tokens_per_step"]))
+    for (name, variant), points in series.items():
+        points.sort()
+        if len({p[3] for p in points}) < 2:
+            continue
+        d = [p[0] for p in points]
+        ax.plot(d, [p[1] for p in points], color=palette(variant), linewidth=1)
+        band = np.array([p[2] for p in points])
+        if np.any(band > 0):
+            ax.fill_between(d, -band, band, color="tab:gray", alpha=0.2)
     ax.axhline(0, color="black", linewidth=0.5)
-    ax.set_xscale("symlog")
-    ax.set_xlabel("max contributions to one embedding row per step (dose)")
-    ax.set_ylabel("final loss gap (variant - reference)")
-    ax.set_title("gap against dose (o: sgd, s: adamw)", fontsize=9)
+    ax.set_xscale("log")
+    ax.set_xlabel("dose: most additions to one embedding row per step")
+    ax.set_ylabel("final loss gap, variant - reference (nats)")
     ax.legend(fontsize=7)
+
+
+def dose_plot(out, summary, palette):
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    dose_axes(ax, summary, palette)
+    ax.set_title("gap against dose: dots are seeds, bars the 95 % interval of the mean;\n"
+                 "grey: control band", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "dose.png"), dpi=90)
+    plt.close(fig)
+
+
+def flatten(table, prefix=""):
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def load_cells(out):
+    """Completed cells: (cell number, config dict, variant, seed, loss array)."""
+    cells = []
+    for path in sorted(glob.glob(os.path.join(out, "cells", "*.h5"))):
+        try:
+            with h5py.File(path, "r", swmr=True) as f:
+                if f.attrs.get("status") != "completed":
+                    continue
+                cfg = flatten(tomllib.loads(f.attrs["config_toml"]))
+                loss = f["metrics/loss"][:]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            continue
+        kernels = sorted(f"{k[8:]}={v}" for k, v in cfg.items()
+                         if k.startswith("kernels.") and v != "reference")
+        variant = "+".join(kernels) or "reference"
+        number = int(os.path.basename(path).split(".")[0]) if path[-8:-3].isdigit() else 0
+        cells.append((number, cfg, variant, cfg.get("train.seed", 0), loss))
+    return cells
+
+
+def group_key(cfg, drop_dose=False):
+    ignored = ("kernels.", "shadow.", "trace.", "debug.")
+    keys = {"train.seed", "train.threads"}
+    if drop_dose:
+        keys |= {"train.batch", "model.seq_len"}
+    return tuple(sorted((k, str(v)) for k, v in cfg.items()
+                        if not k.startswith(ignored) and k not in keys))
+
+
+def title_of(cfg, differing):
+    words = [f"{k.split('.')[-1]} {cfg[k]}" for k in differing if k in cfg]
+    tokens = cfg.get("train.batch", 0) * cfg.get("model.seq_len", 0)
+    if tokens:
+        words.append(f"{tokens:,} tokens/step")
+    return ", ".join(words)
+
+
+def story_plot(out, summary, palette, max_panels=5):
+    """The whole story on one page: per row of the grid (each dose series at its highest dose),
+    the loss of reference, candidates and controls (seed mean with a +-1 standard deviation
+    band), and the dose-response."""
+    cells = load_cells(out)
+    if not cells:
+        return
+    groups = {}
+    for number, cfg, variant, seed, loss in cells:
+        g = groups.setdefault(group_key(cfg), {"first": number, "cfg": cfg, "runs": {}})
+        g["first"] = min(g["first"], number)
+        g["runs"].setdefault(variant, []).append(loss)
+    # One panel per dose series: its group with the most tokens per step.
+    best = {}
+    for key, g in groups.items():
+        series = group_key(g["cfg"], drop_dose=True)
+        tokens = g["cfg"].get("train.batch", 0) * g["cfg"].get("model.seq_len", 0)
+        if series not in best or tokens > best[series][0]:
+            best[series] = (tokens, g)
+    panels = sorted((g for _, g in best.values()), key=lambda g: g["first"])[:max_panels]
+    all_keys = set().union(*(g["cfg"].keys() for g in panels))
+    differing = sorted(k for k in all_keys
+                       if len({str(g["cfg"].get(k)) for g in panels}) > 1
+                       and not k.startswith("kernels.") and k not in
+                       ("train.seed", "train.batch", "model.seq_len"))
+    n = len(panels) + 1
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
+    for ax, g in zip(axes.flat, panels):
+        for variant in sorted(g["runs"], key=lambda v: (v != "reference", v)):
+            runs = g["runs"][variant]
+            steps = min(len(r) for r in runs)
+            if steps == 0:
+                continue
+            window = max(1, steps // 20)
+            curves = np.array([np.convolve(r[:steps], np.ones(window) / window, mode="valid")
+                               for r in runs])
+            x = np.arange(curves.shape[1]) + window - 1
+            mean, sd = curves.mean(axis=0), curves.std(axis=0)
+            color = palette(variant)
+            ax.plot(x, mean, color=color, linewidth=1.3,
+                    label=f"{short(variant)} ({len(runs)} seeds)")
+            ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15, linewidth=0)
+        ax.set_title(wrap(title_of(g["cfg"], differing), 60), fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats)")
+        ax.legend(fontsize=7)
+    dose_ax = axes.flat[len(panels)]
+    dose_axes(dose_ax, summary, palette)
+    dose_ax.set_title("gap against dose (dots: seeds; bars: 95 % CI)", fontsize=9)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("reference, candidates and controls: loss (seed mean, band +-1 s.d.) "
+                 "and the dose-response", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "story.png"), dpi=90)
     plt.close(fig)
 
 
@@ -98,8 +270,12 @@ def shadow_plot(out):
 
 def main(out):
     with h5py.File(os.path.join(out, "summary.h5"), "r") as summary:
-        verdict_plots(out, summary)
-        dose_plot(out, summary)
+        variants = {summary["verdicts"][k].attrs["variant"]: bool(summary["verdicts"][k].attrs["control"])
+                    for k in summary["verdicts"]}
+        palette = Palette(variants)
+        verdict_plots(out, summary, palette)
+        dose_plot(out, summary, palette)
+        story_plot(out, summary, palette)
     shadow_plot(out)
 
 

@@ -174,4 +174,26 @@ std::vector<double> smooth(const std::vector<double>& x, int64_t window) {
   return out;
 }
 
+double student_t_quantile_upper(double p, double df) {
+  double lo = 0, hi = 1;
+  const bool negative = p > 0.5;
+  const double q = negative ? 1 - p : p;
+  while (student_t_upper(hi, df) > q) hi *= 2;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (student_t_upper(mid, df) > q ? lo : hi) = mid;
+  }
+  const double t = 0.5 * (lo + hi);
+  return negative ? -t : t;
+}
+
+Interval mean_interval(const std::vector<double>& x, double confidence) {
+  const double m = mean(x);
+  if (x.size() < 2) return {m, m};
+  const double df = double(x.size() - 1);
+  const double half = student_t_quantile_upper((1 - confidence) / 2, df) *
+                      std::sqrt(variance(x) / double(x.size()));
+  return {m - half, m + half};
+}
+
 }  // namespace divlab::stats

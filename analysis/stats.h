@@ -13,6 +13,15 @@ double variance(const std::vector<double>& x);  // unbiased (n - 1); 0 for n < 2
 double incomplete_beta(double a, double b, double x);
 // P(T > t) for Student's t with `df` degrees of freedom.
 double student_t_upper(double t, double df);
+// The t with P(T > t) = p (0 < p < 1), by bisection on student_t_upper.
+double student_t_quantile_upper(double p, double df);
+
+struct Interval {
+  double low = 0, high = 0;
+};
+// Two-sided confidence interval of the mean of x (t-interval; needs >= 2 values, else the
+// mean alone).
+Interval mean_interval(const std::vector<double>& x, double confidence = 0.95);
 
 struct TestResult {
   double statistic = 0, df = 0;

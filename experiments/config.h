@@ -16,6 +16,13 @@ namespace divlab {
 struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// The device cannot take the run now but could when idle (GPU memory held by other processes):
+// the CLI prints what() and exits with kExitDeviceBusy, having written nothing; a sweep retries
+// the cell once another of its cells has ended.
+struct DeviceBusyError : InputError {
+  using InputError::InputError;
+};
+constexpr int kExitDeviceBusy = 75;  // EX_TEMPFAIL
 
 struct RunConfig {
   std::string backend = "cpu";

@@ -14,8 +14,20 @@
 //   optimizer = ["sgd", "adamw train.lr=3e-3"]  # a value may bring overrides of its own
 //   [quick.set.train]                    # optional: what --quick changes (set and axes)
 //   steps = 50
+//
+// A grid that is not one product names parts: each [parts.NAME.set...] / [parts.NAME.axes...]
+// table is a product of its own over the grid's [set] and [axes] (a part's keys override the
+// grid's), and the cells are the parts' cells in file order, e.g. real text at three batches
+// beside iid tokens at one:
+//   [parts.dose.axes.train]
+//   batch = [64, 256, 1024]
+//   [parts.uniform.set]
+//   data = "uniform"
+//   [parts.uniform.set.train]
+//   batch = 256
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,8 +47,9 @@ struct Grid {
   const std::string& describe(size_t cell) const { return labels.at(cell); }
 };
 
-// Parses and validates (every cell's config must load). `quick` applies the [quick] overlay.
+// Parses and validates (every cell's config must load). `quick` applies the [quick] overlay;
+// `seed_offset` moves every cell's train.seed by that much (a re-run with fresh seeds).
 // Throws InputError naming the grid file, key or cell.
-Grid load_grid(const std::string& path, bool quick = false);
+Grid load_grid(const std::string& path, bool quick = false, uint64_t seed_offset = 0);
 
 }  // namespace divlab

@@ -229,6 +229,8 @@ int main(int argc, char** argv) {
   sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)");
   sweep->add_option("--timeout", sw.timeout_s, "seconds per cell before it is killed");
   sweep->add_flag("--quick", sw.quick, "apply the grid's [quick] overlay");
+  sweep->add_option("--seed-offset", sw.seed_offset,
+                    "add N to every cell's train.seed (a re-run with fresh seeds)");
   sweep->add_flag("--emit-slurm", sw.emit_slurm, "write a Slurm job array + analysis step");
 
   auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
@@ -240,7 +242,15 @@ int main(int argc, char** argv) {
   ReproduceOptions rp;
   reproduce->add_flag("--quick", rp.quick, "the short version (CI)");
   reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])");
-  reproduce->add_option("--config", rp.grid, "grid (default configs/reproduce.toml)");
+  reproduce
+      ->add_option("--backend", rp.backend,
+                   "cpu (the laptop grid) or cuda (real text at a realistic batch, one GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  reproduce->add_option("--config", rp.grid,
+                        "grid (default configs/reproduce.toml; --backend cuda: "
+                        "configs/reproduce-gpu.toml)");
+  reproduce->add_option("--seed-offset", rp.seed_offset,
+                        "add N to every cell's train.seed (a re-run with fresh seeds)");
   reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 
@@ -281,6 +291,9 @@ int main(int argc, char** argv) {
       analyze(an);
       return 0;
     }
+  } catch (const DeviceBusyError& e) {
+    std::cerr << "divlab: " << e.what() << "\n";
+    return kExitDeviceBusy;
   } catch (const InputError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 2;

@@ -1,16 +1,19 @@
 // `divlab reproduce`: the reported failure as an experiment (grid -> sweep -> analyze -> matrix).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace divlab {
 
 struct ReproduceOptions {
-  std::string grid;  // default: configs/reproduce.toml in the source tree
-  std::string out;   // default: runs/reproduce or runs/reproduce-quick
+  std::string backend = "cpu";  // cuda: the real-text grid for one GPU (configs/reproduce-gpu.toml)
+  std::string grid;  // default: configs/reproduce.toml (cpu) or configs/reproduce-gpu.toml
+  std::string out;   // default: runs/reproduce[-gpu][-quick]
   bool quick = false;
   int jobs = 0;
   bool plots = true;
+  uint64_t seed_offset = 0;  // fresh seeds: every cell's train.seed moved by this much
 };
 
 int run_reproduce(const ReproduceOptions& opt);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -80,8 +81,12 @@ void prepare_dir(const std::string& dir, const Grid& g) {
       throw InputError("--out '" + dir + "' holds cells but no grid.id; choose another folder");
     }
     if (access(dir.c_str(), W_OK) != 0) throw InputError("--out '" + dir + "': not writable");
-  } else if (mkdir(dir.c_str(), 0755) != 0) {
-    throw InputError("--out '" + dir + "': cannot create the folder");
+  } else {
+    // Parents too (runs/ in a fresh checkout), as `mkdir -p` would.
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw InputError("--out '" + dir + "': cannot create the folder (" + ec.message() + ")");
   }
   mkdir((dir + "/cells").c_str(), 0755);
   write_atomically(dir + "/grid.id", g.id + "\n");
@@ -151,7 +156,9 @@ void emit_slurm(const Grid& g, const SweepOptions& opt) {
         << "\n#SBATCH --cpus-per-task=2\n#SBATCH --output=" << opt.out << "/cells/slurm-%a.log\n"
         << "# One grid cell per array task; cells already finished are skipped.\n"
         << exe << " sweep --config " << g.path << " --out " << opt.out
-        << (opt.quick ? " --quick" : "") << " --cell $SLURM_ARRAY_TASK_ID\n";
+        << (opt.quick ? " --quick" : "")
+        << (opt.seed_offset ? " --seed-offset " + std::to_string(opt.seed_offset) : "")
+        << " --cell $SLURM_ARRAY_TASK_ID\n";
   analyze << "#!/bin/bash\n#SBATCH --job-name=divlab-analyze\n#SBATCH --output=" << opt.out
           << "/analyze.log\n"
           << exe << " analyze " << opt.out << "\n";
@@ -168,7 +175,7 @@ void emit_slurm(const Grid& g, const SweepOptions& opt) {
 
 SweepSummary run_sweep(const SweepOptions& opt) {
   if (opt.out.empty()) throw InputError("--out: an output folder is required");
-  const Grid g = load_grid(opt.grid, opt.quick);
+  const Grid g = load_grid(opt.grid, opt.quick, opt.seed_offset);
   if (opt.cell >= int(g.size()))
     throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
                      std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
@@ -218,8 +225,13 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   write_manifest(opt.out, g, rec);
   std::vector<Running> running;
   size_t next = 0, done = 0;
+  // Cells sharing one GPU: a cell that finds the device's memory held by the others exits with
+  // kExitDeviceBusy before writing anything. It goes back to the front of the queue and fewer
+  // cells run at once; each cell that then ends normally lets one more start again.
+  int limit = jobs;
+  const size_t to_run = todo.size();
   while (next < todo.size() || !running.empty()) {
-    while (next < todo.size() && int(running.size()) < jobs) {
+    while (next < todo.size() && int(running.size()) < limit) {
       const size_t cell = todo[next++];
       const pid_t pid = spawn_cell(g, cell, opt.out, threads);
       if (pid < 0) {
@@ -244,7 +256,19 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       } else if (w == 0) {
         ++r;
         continue;
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == kExitDeviceBusy &&
+                 running.size() > 1) {
+        limit = std::max(1, int(running.size()) - 1);
+        todo.insert(todo.begin() + long(next), run.cell);  // next to start
+        rec[run.cell].status = "waiting (device busy)";
+        if (opt.verbose)
+          std::cout << "cell " << run.cell << " waits: the device's memory is held by the other "
+                    << running.size() - 1 << " running cell(s); " << limit << " at a time now"
+                    << std::endl;
+        running.erase(running.begin() + long(r));
+        continue;
       } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        limit = std::min(jobs, limit + 1);
         const std::string s = finished_status(cell_trace_path(opt.out, run.cell));
         rec[run.cell] = {s.empty() ? "failed (no finished trace)" : s, 0, age};
         (s == "nan" ? sum.nan : s == "completed" ? sum.completed : sum.failed)++;
@@ -258,7 +282,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       }
       ++done;
       if (opt.verbose)
-        std::cout << "[" << done << "/" << todo.size() << "] cell " << run.cell << " "
+        std::cout << "[" << done << "/" << to_run << "] cell " << run.cell << " "
                   << rec[run.cell].status << " in " << int(age) << " s: " << g.describe(run.cell)
                   << std::endl;
       write_manifest(opt.out, g, rec);

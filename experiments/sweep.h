@@ -1,16 +1,18 @@
 // `divlab sweep`: every cell of a grid as its own `divlab train` process, N at a time.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace divlab {
 
 struct SweepOptions {
   std::string grid, out;
-  int jobs = 0;          // 0: number of cores
-  int cell = -1;         // >= 0: run only this cell, in this process (job arrays)
-  bool quick = false;    // apply the grid's [quick] overlay
-  double timeout_s = 0;  // per cell; 0: none
+  int jobs = 0;              // 0: number of cores
+  int cell = -1;             // >= 0: run only this cell, in this process (job arrays)
+  bool quick = false;        // apply the grid's [quick] overlay
+  uint64_t seed_offset = 0;  // every cell's train.seed moved by this much (fresh seeds)
+  double timeout_s = 0;      // per cell; 0: none
   bool emit_slurm = false;
   bool verbose = true;
 };

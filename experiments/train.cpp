@@ -455,6 +455,7 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   } catch (const BackendError& e) {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
+    if (dynamic_cast<const BackendBusy*>(&e)) throw DeviceBusyError(e.what());
     throw InputError(e.what());
   }
   sigaction(SIGINT, &old_int, nullptr);

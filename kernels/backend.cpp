@@ -111,6 +111,9 @@ void check_backend_fits(const std::string& backend, size_t bytes, const std::str
 #ifdef DIVLAB_HAVE_CUDA
   try {
     cuda::check_fits(bytes, what);
+  } catch (const cuda::DeviceBusy& e) {
+    throw BackendBusy(std::string("device busy: ") + e.what() +
+                      " (other processes hold the rest; retry when they end)");
   } catch (const cuda::OutOfDeviceMemory& e) {
     throw BackendError(std::string("out of device memory: ") + e.what());
   }

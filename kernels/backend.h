@@ -22,6 +22,10 @@ namespace divlab {
 struct BackendError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// The device could hold the run but other processes hold the memory now: retry later (exit 75).
+struct BackendBusy : BackendError {
+  using BackendError::BackendError;
+};
 
 bool cuda_built();
 

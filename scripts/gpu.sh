@@ -3,8 +3,8 @@
 # benchmarks, print a short table last.
 # Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
-# build check; --reproduce times `divlab reproduce` on configs/reproduce-gpu.toml, which needs
-# the Brown corpus carried along: data/brown.)
+# build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
+# real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/divlab-gpu}
@@ -47,8 +47,7 @@ if [ $sanitize = 1 ]; then
 fi
 if [ $reproduce = 1 ]; then
   rm -rf "$out/reproduce"
-  step reproduce build/cuda/divlab reproduce --config configs/reproduce-gpu.toml \
-    --out "$out/reproduce" --jobs 6 --no-plots
+  step reproduce build/cuda/divlab reproduce --backend cuda --out "$out/reproduce" --jobs 4
 fi
 
 echo

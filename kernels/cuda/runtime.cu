@@ -80,6 +80,7 @@ void check_fits(size_t bytes, const std::string& what) {
     std::snprintf(buf, sizeof buf, "%s needs %.2f GiB of device memory; %.2f GiB of %.2f GiB free",
                   what.c_str(), double(bytes) / (1 << 30), double(free_bytes) / (1 << 30),
                   double(total) / (1 << 30));
+    if (bytes + margin <= total) throw DeviceBusy(buf);
     throw OutOfDeviceMemory(buf);
   }
 }

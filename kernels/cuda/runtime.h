@@ -25,6 +25,11 @@ struct CudaError : std::runtime_error {
 struct OutOfDeviceMemory : CudaError {
   using CudaError::CudaError;
 };
+// The need fits the device's total memory but not what is free now: other processes (cells of
+// the same sweep sharing the GPU) hold the rest, so the same run can start once they end.
+struct DeviceBusy : OutOfDeviceMemory {
+  using OutOfDeviceMemory::OutOfDeviceMemory;
+};
 
 [[noreturn]] void fail(const std::string& what, const char* file, int line);
 void check_cuda(cudaError_t e, const char* call, const char* file, int line);
@@ -51,7 +56,8 @@ struct DeviceInfo {
 DeviceInfo query_device(std::string* error);
 // The compute capability this build runs on (sm_90 code plus compute_90 PTX).
 constexpr int kMinMajor = 9;
-// Throws OutOfDeviceMemory when `bytes` (plus a margin for cuBLAS and scratch) will not fit.
+// Throws OutOfDeviceMemory when `bytes` (plus a margin for cuBLAS and scratch) will not fit;
+// DeviceBusy when it would fit an idle device.
 void check_fits(size_t bytes, const std::string& what);
 
 const MemoryOps& device_memory();
