@@ -248,7 +248,7 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
        << " | **" << v.verdict << "** | " << v.seeds << " | " << fmt(v.gap, "%+.4f") << " | "
        << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch) << " | "
        << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
-       << (v.onset >= 0 ? std::to_string(v.onset) : "-") << " | "
+       << (v.onset >= 0 && v.verdict != "no-divergence" ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
        << fmt(v.max_row_contributions, "%.0f") << " (" << fmt(v.dose_min, "%.0f") << "-"
        << fmt(v.dose_max, "%.0f") << ") |\n";
@@ -476,13 +476,14 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   {
     std::ofstream csv(opt.dir + "/dose_response.csv");
     csv << "series,variant,control,tokens_per_step,dose,dose_min,dose_max,seeds,gap,gap_ci_low,"
-           "gap_ci_high,control_band,p_welch,verdict\n";
+           "gap_ci_high,control_band,p_welch,verdict,quiet_up_to,diverged_from\n";
     for (const auto& r : responses)
       for (const auto& p : r.points)
         csv << csv_escape(r.series) << "," << csv_escape(r.variant) << "," << r.control << ","
             << p.tokens_per_step << "," << p.dose << "," << p.dose_min << "," << p.dose_max << ","
             << p.seeds << "," << p.gap << "," << p.ci_low << "," << p.ci_high << "," << p.band
-            << "," << p.p_welch << "," << p.verdict << "\n";
+            << "," << p.p_welch << "," << p.verdict << "," << r.quiet_up_to << ","
+            << r.diverged_from << "\n";
   }
   write_summary(opt.dir + "/summary.h5", verdicts);
   const std::string plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";
@@ -493,7 +494,8 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
     for (const auto& v : verdicts)
       std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
                   (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
-                  v.gap, v.p_welch, v.p_permutation, v.onset, v.max_row_contributions);
+                  v.gap, v.p_welch, v.p_permutation, v.verdict == "no-divergence" ? -1 : v.onset,
+                  v.max_row_contributions);
     for (const auto& v : verdicts)
       if (!v.nan_where.empty())
         std::printf("%s %s: first non-finite value in %s\n", v.group.c_str(), v.variant.c_str(),

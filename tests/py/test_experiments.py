@@ -13,10 +13,12 @@ from cli import SMALL, assert_rejected, run, tmpdir
 STEPS = 600
 
 
-def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100):
-    """A trace with the fields analyze reads, written by h5py (not by divlab)."""
+def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None):
+    """A trace with the fields analyze reads, written by h5py (not by divlab). With `batch`, the
+    config also says the tokens per step (batch x 64), which makes dose series."""
     toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
-            f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
+            + (f"batch = {batch}\n[model]\nseq_len = 64\n" if batch else "")
+            + f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
     with h5py.File(path, "w") as f:
         f.attrs["status"] = status
         f.attrs["config_toml"] = toml
@@ -114,6 +116,59 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertEqual(tiny["verdict"], "no-divergence", tiny)
         self.assertEqual(material["verdict"], "diverged", material)
 
+    def dose_grid(self, law):
+        """Five batches (256 to 65 536 tokens per step), 4 seeds; each seed's hottest row
+        receives a quarter of the step's tokens, +-3 %; gap = law(dose) for bf16_accum."""
+        rng = np.random.default_rng()
+        d = tmpdir()
+        os.makedirs(os.path.join(d, "cells"))
+        i = 0
+        for batch in (4, 16, 64, 256, 1024):
+            for s in range(4):
+                base = curve(rng)
+                dose = int(batch * 64 * 0.25 * rng.uniform(0.97, 1.03))
+                for v in ("reference", "bf16_accum", "fp32_reordered", "fp64_accum"):
+                    own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
+                    gap = law(dose) if v == "bf16_accum" else 0
+                    synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), "markov:0.8,0.8", v,
+                                    s, base + own + gap, dose=dose, batch=batch)
+                    i += 1
+        r = run("analyze", d, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(d, "dose_response.csv")) as f:
+            rows = [row for row in csv.DictReader(f)
+                    if row["variant"] == "embed_rmsnorm_backward=bf16_accum"]
+        with open(os.path.join(d, "seeds.csv")) as f:
+            seeds = list(csv.DictReader(f))
+        return rows, seeds, r.stdout
+
+    def test_dose_response_finds_the_crossing_of_a_known_law(self):
+        # No effect up to a dose of 1024, then a gap growing with log(dose): 0.08 at 4096.
+        rows, seeds, out = self.dose_grid(lambda dose: 0.04 * max(0.0, np.log2(dose / 1100)))
+        self.assertEqual([int(r["tokens_per_step"]) for r in rows],
+                         [256, 1024, 4096, 16384, 65536])
+        self.assertEqual([r["verdict"] for r in rows], ["no-divergence"] * 3 + ["diverged"] * 2,
+                         rows)
+        doses = [float(r["dose"]) for r in rows]
+        self.assertAlmostEqual(float(rows[0]["quiet_up_to"]), doses[2])
+        self.assertAlmostEqual(float(rows[0]["diverged_from"]), doses[3])
+        self.assertIn(f"diverged from dose {doses[3]:.0f}", out)
+        # The injected gap is inside each point's 95 % interval, and every seed has its own dose.
+        for r in rows:
+            gap = 0.04 * max(0.0, np.log2(float(r["dose"]) / 1100))
+            self.assertLess(float(r["gap_ci_low"]) - 0.01, gap, r)
+            self.assertGreater(float(r["gap_ci_high"]) + 0.01, gap, r)
+            self.assertLessEqual(float(r["dose_min"]), float(r["dose"]))
+            self.assertGreaterEqual(float(r["dose_max"]), float(r["dose"]))
+        self.assertEqual(len(seeds), 5 * 4 * 3)  # groups x seeds x (candidate + 2 controls)
+        self.assertGreater(len({row["dose"] for row in seeds}), 5)
+
+    def test_dose_response_of_a_flat_law_has_no_crossing(self):
+        rows, _, out = self.dose_grid(lambda dose: 0.0)
+        self.assertEqual({r["verdict"] for r in rows}, {"no-divergence"}, rows)
+        self.assertEqual({r["diverged_from"] for r in rows}, {"nan"})
+        self.assertIn("no divergence at any dose measured", out)
+
     def test_nan_is_its_own_verdict(self):
         d = tmpdir()
         rng = np.random.default_rng()
@@ -171,6 +226,42 @@ class Sweep(unittest.TestCase):
         self.assertEqual(before, after)
         with open(os.path.join(out, "manifest.tsv")) as f:
             self.assertEqual(len(f.readlines()), 5)
+
+    def test_parts_are_products_of_their_own_and_seeds_can_be_moved(self):
+        # Two parts over the grid's kernels and seeds: one varies the batch (a dose series), the
+        # other fixes another data spec and brings its own seed axis.
+        d = tmpdir()
+        text = GRID + """
+[parts.dose.axes.train]
+batch = [2, 4]
+[parts.uniform.set]
+data = "uniform"
+[parts.uniform.axes.train]
+seed = [5]
+"""
+        grid, out = write_grid(d, text), os.path.join(d, "out")
+        run("sweep", "--config", grid, "--out", out, "--emit-slurm", check=True)
+        with open(os.path.join(out, "cells.tsv")) as f:
+            cells = [row["overrides"].split() for row in csv.DictReader(f, delimiter="\t")]
+        self.assertEqual(len(cells), 2 * 2 * 2 + 2)  # batch x kernel x seed, then kernel x seed
+        first = dict(o.split("=", 1) for o in cells[0])
+        self.assertEqual((first["train.batch"], first["data"], first["train.seed"]), ("2", "zipf:1.2", "0"))
+        last = dict(o.split("=", 1) for o in cells[-1])
+        self.assertEqual((last["data"], last["train.seed"], last["train.batch"]), ("uniform", "5", "4"))
+        # Fresh seeds: every seed moved by the offset, in the cells and in the Slurm script.
+        out2 = os.path.join(d, "out2")
+        run("sweep", "--config", grid, "--out", out2, "--emit-slurm", "--seed-offset", "100",
+            check=True)
+        with open(os.path.join(out2, "cells.tsv")) as f:
+            seeds = [dict(o.split("=", 1) for o in row["overrides"].split())["train.seed"]
+                     for row in csv.DictReader(f, delimiter="\t")]
+        self.assertEqual(sorted(set(seeds)), ["100", "101", "105"])
+        with open(os.path.join(out2, "sweep.slurm")) as f:
+            self.assertIn("--seed-offset 100", f.read())
+        # The same folder with other seeds is another grid.
+        r = run("sweep", "--config", grid, "--out", out, "--seed-offset", "1")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("another grid", r.stderr)
 
     def test_a_crashing_cell_is_recorded_and_the_rest_finish(self):
         d = tmpdir()
@@ -309,3 +400,10 @@ class ReproduceQuick(unittest.TestCase):
         self.assertGreater(dose["data=markov:0.8,0.8"], 4000)
         self.assertLess(dose["data=markov:0,0.8"], 1500)
         self.assertTrue(os.path.exists(os.path.join(out, "report.md")))
+        # The matrix keeps the grid's order (its first row is the grid's first cell's), and every
+        # reproduction draws the story figure and writes the per-seed gaps with their doses.
+        table = r.stdout[r.stdout.index("data / optimizer"):].splitlines()
+        self.assertTrue(table[1].startswith("markov:0.8,0.8 / sgd"), table[:3])
+        self.assertTrue(os.path.exists(os.path.join(out, "story.png")))
+        with open(os.path.join(out, "seeds.csv")) as f:
+            self.assertEqual(len(list(csv.DictReader(f))), 8 * 3)  # 8 verdicts x 3 seeds
