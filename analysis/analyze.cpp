@@ -183,22 +183,24 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "verdict", v.verdict);
     w.attr(g, "control", int64_t(v.control));
     w.attr(g, "seeds", int64_t(v.seeds));
-    w.attr(g, "gap", v.gap);
-    w.attr(g, "area", v.area);
-    w.attr(g, "val_gap", v.val_gap);
-    w.attr(g, "p_welch", v.p_welch);
-    w.attr(g, "p_permutation", v.p_permutation);
-    w.attr(g, "hedges_g", v.hedges_g);
     w.attr(g, "onset_step", int64_t(v.onset));
-    w.attr(g, "max_row_contributions", v.max_row_contributions);
-    w.attr(g, "dose_min", v.dose_min);
-    w.attr(g, "dose_max", v.dose_max);
-    w.attr(g, "tokens_per_step", v.tokens_per_step);
     w.attr(g, "series", v.series);
-    w.attr(g, "gap_ci_low", v.gap_ci_low);
-    w.attr(g, "gap_ci_high", v.gap_ci_high);
-    w.attr(g, "control_band", v.control_band);
-    w.attr(g, "final_loss_ref", v.final_loss_ref);
+    const std::pair<const char*, double> numbers[] = {
+        {"gap", v.gap},
+        {"area", v.area},
+        {"val_gap", v.val_gap},
+        {"p_welch", v.p_welch},
+        {"p_permutation", v.p_permutation},
+        {"hedges_g", v.hedges_g},
+        {"max_row_contributions", v.max_row_contributions},
+        {"dose_min", v.dose_min},
+        {"dose_max", v.dose_max},
+        {"tokens_per_step", v.tokens_per_step},
+        {"gap_ci_low", v.gap_ci_low},
+        {"gap_ci_high", v.gap_ci_high},
+        {"control_band", v.control_band},
+        {"final_loss_ref", v.final_loss_ref}};
+    for (const auto& [name, value] : numbers) w.attr(g, name, value);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
         {"ref_curve", &v.ref_curve}, {"variant_curve", &v.variant_curve},
         {"gap_curve", &v.gap_curve}, {"band_curve", &v.band_curve},
