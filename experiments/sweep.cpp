@@ -14,12 +14,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
 #include "experiments/config.h"
 #include "experiments/files.h"
 #include "experiments/grid.h"
+#include "experiments/lock.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
 
@@ -53,19 +55,26 @@ void write_atomically(const std::string& path, const std::string& text) {
     throw InputError("sweep: cannot write '" + path + "' (disk full, or the folder unwritable)");
 }
 
-// A trace that finished (completed, or stopped on NaN: a finding, not a failure).
+// A trace that finished (completed with every step it was asked for, or stopped on NaN: a
+// finding, not a failure) and that no live process is still writing.
 std::string finished_status(const std::string& trace) {
-  if (access(trace.c_str(), R_OK) != 0) return "";
+  if (access(trace.c_str(), R_OK) != 0 || lock_holder(trace + ".lock") != 0) return "";
   try {
-    const std::string s = TraceReader(trace).string_attr("/", "status");
-    return s == "completed" || s == "nan" ? s : "";
+    const TraceReader r(trace);
+    const std::string s = r.string_attr("/", "status");
+    if (s == "nan") return s;
+    if (s != "completed") return "";
+    const auto steps = r.ints("/metrics/step").size();
+    return double(steps) >= r.number_attr("/config", "train.steps") ? s : "";
   } catch (const InputError&) {
     return "";
   }
 }
 
-// Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid.
-void prepare_dir(const std::string& dir, const Grid& g) {
+// Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid; with `lock`,
+// takes the folder's writer lock (into `held`) before writing anything into it.
+void prepare_dir(const std::string& dir, const Grid& g, bool lock,
+                 std::unique_ptr<WriterLock>& held) {
   struct stat st {};
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw InputError("--out '" + dir + "': exists and is not a folder");
@@ -88,6 +97,8 @@ void prepare_dir(const std::string& dir, const Grid& g) {
     if (ec)
       throw InputError("--out '" + dir + "': cannot create the folder (" + ec.message() + ")");
   }
+  // One sweep per folder (job-array tasks, which share it, pass lock = false).
+  if (lock) held = std::make_unique<WriterLock>(dir + "/sweep.lock", "--out '" + dir + "'");
   mkdir((dir + "/cells").c_str(), 0755);
   write_atomically(dir + "/grid.id", g.id + "\n");
   write_atomically(dir + "/grid.toml", read_all(g.path));
@@ -182,7 +193,8 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   if (!(opt.timeout_s >= 0))
     throw InputError("--timeout " + std::to_string(opt.timeout_s) + ": must be >= 0 seconds");
-  prepare_dir(opt.out, g);
+  std::unique_ptr<WriterLock> lock;
+  prepare_dir(opt.out, g, opt.cell < 0, lock);
   SweepSummary sum;
   sum.cells = int(g.size());
   if (opt.emit_slurm) {
@@ -190,6 +202,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     if (opt.verbose)
       std::cout << "wrote " << opt.out << "/sweep.slurm (" << g.size() << " array tasks), "
                 << opt.out << "/analyze.slurm and " << opt.out << "/submit.sh\n";
+    if (lock) lock->done();
     return sum;
   }
   if (opt.cell >= 0) {  // one cell, in this process
@@ -290,6 +303,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     }
   }
   write_manifest(opt.out, g, rec);
+  if (lock) lock->done();
   return sum;
 }
 

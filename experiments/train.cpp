@@ -16,6 +16,7 @@
 
 #include "datasets/dataset.h"
 #include "experiments/checkpoint.h"
+#include "experiments/lock.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
 #include "kernels/backend.h"
@@ -466,13 +467,19 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   check_output_path(opt.out, opt.force);
-  return run(cfg, opt, nullptr);
+  // One writer per trace: a second run (--force included) is refused while this one lives.
+  WriterLock lock(opt.out + ".lock", "--out '" + opt.out + "'");
+  const TrainResult r = run(cfg, opt, nullptr);
+  lock.done();
+  return r;
 }
 
 TrainResult resume_training(const std::string& path, const std::vector<std::string>& overrides,
                             bool progress) {
   Resume resume;
   RunConfig cfg;
+  if (access(path.c_str(), F_OK) != 0) throw InputError("--resume '" + path + "': no such file");
+  WriterLock lock(path + ".lock", "--resume '" + path + "'");
   {
     const TraceReader r(path);
     cfg = load_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides);
@@ -490,7 +497,9 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");
   TrainOptions opt;
   opt.out = path, opt.force = true, opt.progress = progress;
-  return run(cfg, opt, &resume);
+  const TrainResult r = run(cfg, opt, &resume);
+  lock.done();
+  return r;
 }
 
 }  // namespace divlab

@@ -1,0 +1,109 @@
+"""One writer per trace and per sweep folder: a second writer is refused naming the holder, the
+first finishes intact, and a killed writer never blocks the next one."""
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+import h5py
+
+from cli import BIN, SMALL, run, tmpdir
+
+# Long enough that the second writer surely starts while the first one runs (a few seconds).
+SLOW = [s for s in SMALL if not s.startswith("train.steps")] + ["train.steps=4000",
+                                                                "checkpoint.every=0"]
+
+
+def start(*args):
+    return subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_for(path, proc, seconds=30):
+    end = time.time() + seconds
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.time() > end:
+            raise AssertionError(f"{path} never appeared (writer exit {proc.poll()})")
+        time.sleep(0.02)
+
+
+class Writers(unittest.TestCase):
+    def test_a_second_run_on_a_live_trace_is_refused_even_with_force(self):
+        d = tmpdir()
+        out = os.path.join(d, "run.h5")
+        first = start("train", "--set", *SLOW, "--quiet", "--out", out)
+        try:
+            wait_for(out + ".lock", first)
+            r = run("train", "--set", *SMALL, "--force", "--out", out)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"PID {first.pid}", r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            r = run("train", "--resume", out)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"PID {first.pid}", r.stderr)
+        finally:
+            _, err = first.communicate(timeout=300)
+        self.assertEqual(first.returncode, 0, err)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "completed")
+            self.assertEqual(len(f["metrics/loss"]), 4000)
+        self.assertFalse(os.path.exists(out + ".lock"))  # the holder removes it
+
+    def test_a_killed_writer_does_not_block_the_next(self):
+        d = tmpdir()
+        out = os.path.join(d, "run.h5")
+        first = start("train", "--set", *SLOW, "--quiet", "--out", out)
+        wait_for(out + ".lock", first)
+        time.sleep(0.3)
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+        r = run("train", "--set", *SMALL, "--force", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(os.path.exists(out + ".lock"))
+
+    def test_a_second_sweep_on_a_live_folder_is_refused(self):
+        d = tmpdir()
+        grid = os.path.join(d, "grid.toml")
+        with open(grid, "w") as f:
+            f.write('[set]\ndata = "zipf:1.2"\n[set.model]\nvocab = 64\nd_model = 32\n'
+                    'n_layers = 1\nn_heads = 2\nseq_len = 16\n[set.train]\nbatch = 4\n'
+                    'steps = 1500\n[set.checkpoint]\nevery = 0\n'
+                    '[axes.train]\nseed = [0, 1, 2, 3]\n')
+        out = os.path.join(d, "out")
+        first = start("sweep", "--config", grid, "--out", out, "--jobs", "2")
+        try:
+            wait_for(os.path.join(out, "sweep.lock"), first)
+            before = sorted(os.listdir(out))
+            r = run("sweep", "--config", grid, "--out", out, "--jobs", "2")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"PID {first.pid}", r.stderr)
+            self.assertEqual(sorted(os.listdir(out)), before)  # nothing written by the refused one
+        finally:
+            stdout, err = first.communicate(timeout=600)
+        self.assertEqual(first.returncode, 0, err)
+        self.assertIn("4 completed", stdout)
+        self.assertFalse(os.path.exists(os.path.join(out, "sweep.lock")))
+        r = run("sweep", "--config", grid, "--out", out, check=True)
+        self.assertIn("4 already finished", r.stdout)
+
+    def test_a_completed_trace_missing_steps_is_not_finished(self):
+        # A trace marked completed must also hold every step it was asked for to be skipped.
+        d = tmpdir()
+        grid = os.path.join(d, "grid.toml")
+        with open(grid, "w") as f:
+            f.write('[set]\ndata = "zipf:1.2"\n[set.model]\nvocab = 64\nd_model = 32\n'
+                    'n_layers = 1\nn_heads = 2\nseq_len = 16\n[set.train]\nbatch = 4\n'
+                    'steps = 10\n[axes.train]\nseed = [0]\n')
+        out = os.path.join(d, "out")
+        run("sweep", "--config", grid, "--out", out, check=True)
+        cell = os.path.join(out, "cells", "0000.h5")
+        with h5py.File(cell, "a") as f:
+            f["config"].attrs["train.steps"] = 20  # as if the trace were cut short
+        r = run("sweep", "--config", grid, "--out", out, check=True)
+        self.assertIn("0 already finished", r.stdout)
+        self.assertIn("1 completed", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
