@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "experiments/config.h"
@@ -70,7 +71,15 @@ std::string read_corpus_file(const std::string& path) {
   return text;
 }
 
-void list_files(const std::string& dir, std::vector<std::string>& out) {
+// Every regular file under `dir`, in sorted order. Folders are followed through symlinks, but
+// a folder reached twice (a link to a parent, two links to one place) is refused, and so is
+// anything that is neither a file nor a folder (a FIFO or device would block or never end).
+void list_files(const std::string& dir, std::vector<std::string>& out,
+                std::set<std::pair<dev_t, ino_t>>& seen) {
+  struct stat self {};
+  if (stat(dir.c_str(), &self) != 0 || !seen.insert({self.st_dev, self.st_ino}).second)
+    throw InputError("corpus folder '" + dir +
+                     "': reached twice (a symlink loop, or two links to one folder)");
   DIR* d = opendir(dir.c_str());
   if (!d) throw InputError("corpus folder '" + dir + "': cannot be read");
   std::vector<std::string> names;
@@ -81,11 +90,13 @@ void list_files(const std::string& dir, std::vector<std::string>& out) {
   for (const auto& n : names) {
     const std::string p = dir + "/" + n;
     struct stat st {};
-    if (stat(p.c_str(), &st) != 0) continue;
+    if (stat(p.c_str(), &st) != 0) throw InputError("corpus file '" + p + "': cannot be read");
     if (S_ISDIR(st.st_mode))
-      list_files(p, out);
+      list_files(p, out, seen);
     else if (S_ISREG(st.st_mode))
       out.push_back(p);
+    else
+      throw InputError("corpus file '" + p + "': not a regular file or folder");
   }
 }
 
@@ -180,10 +191,15 @@ Corpus read_text_corpus(const std::string& path) {
   if (path.empty() || stat(path.c_str(), &st) != 0)
     throw InputError("data = 'text:" + path + "': no such file or folder");
   std::vector<std::string> files;
-  if (S_ISDIR(st.st_mode))
-    list_files(path, files);
-  else
+  if (S_ISDIR(st.st_mode)) {
+    std::set<std::pair<dev_t, ino_t>> seen;
+    list_files(path, files, seen);
+  } else if (S_ISREG(st.st_mode)) {
     files.push_back(path);
+  } else {
+    throw InputError("data = 'text:" + path +
+                     "': not a regular file or folder (a pipe or device would never end)");
+  }
   for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
   finish(c, "data = 'text:" + path + "'");
   return c;

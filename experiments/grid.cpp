@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "datasets/text.h"
@@ -172,16 +173,23 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
   }
   // Every cell must be a valid run: bad keys and values are reported before anything runs.
   std::string identity = g.base_config.empty() ? "" : read_all(g.base_config);
+  std::map<std::string, size_t> resolved;  // a cell's whole resolved config -> the cell
   for (size_t i = 0; i < g.cells.size(); ++i) {
     try {
-      const RunConfig cfg = load_config(g.base_config, g.cells[i]);
+      RunConfig cfg = load_config(g.base_config, g.cells[i]);
       if (seed_offset != 0) {  // fresh seeds: every cell's seed moved by the same offset
         if (cfg.seed > UINT64_MAX - seed_offset)
           throw InputError("--seed-offset " + std::to_string(seed_offset) +
                            ": train.seed + offset exceeds 2^64 - 1");
         set_or_replace(g.cells[i], "train.seed", std::to_string(cfg.seed + seed_offset));
-        load_config(g.base_config, g.cells[i]);
+        cfg = load_config(g.base_config, g.cells[i]);
       }
+      // Two cells that resolve to one run (a repeated axis value, an axis value whose own
+      // overrides undo another axis) would count one experiment twice as two seeds' worth.
+      const auto [at, fresh] = resolved.emplace(cfg.to_toml(), i);
+      if (!fresh)
+        throw InputError("resolves to the same run as cell " + std::to_string(at->second) + " (" +
+                         g.describe(at->second) + "); every cell must differ");
     } catch (const InputError& e) {
       throw InputError("grid '" + path + "', cell " + std::to_string(i) + " (" + g.describe(i) +
                        "): " + e.what());

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "analysis/analyze.h"
@@ -23,6 +24,34 @@
 namespace divlab {
 namespace {
 
+// --out must not be one of the run's inputs (the config, the corpus or a file in its folder, a
+// plug-in): with --force the trace would be written over it.
+void check_out_is_no_input(const std::string& out, const std::string& config,
+                           const RunConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(out, ec);
+  if (ec) return;  // check_output_path reports what is wrong with it
+  auto same = [&](const std::string& input) {
+    std::error_code e;
+    return !input.empty() && fs::exists(input, e) && fs::weakly_canonical(input, e) == target;
+  };
+  if (same(config)) throw InputError("--out '" + out + "': is the config file being read");
+  for (const auto& p : cfg.plugins)
+    if (same(p)) throw InputError("--out '" + out + "': is the plug-in '" + p + "'");
+  if (cfg.data.rfind("text:", 0) == 0) {
+    const std::string corpus = cfg.data.substr(5);
+    if (same(corpus)) throw InputError("--out '" + out + "': is the corpus being read");
+    std::error_code e;
+    if (fs::is_directory(corpus, e)) {
+      const std::string dir = fs::weakly_canonical(corpus, e).string() + "/";
+      if (target.string().rfind(dir, 0) == 0)
+        throw InputError("--out '" + out + "': is inside the corpus folder '" + corpus +
+                         "' (the next run would read it as text)");
+    }
+  }
+}
+
 int cmd_train(const std::string& config, const std::vector<std::string>& sets,
               const std::string& out, bool force, bool quiet, const std::string& resume,
               bool profile) {
@@ -37,7 +66,9 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
     return r.status == "interrupted" ? 128 + r.signal : 0;
   }
   const RunConfig cfg = load_config(config, sets);
-  std::cout << "# divlab train: resolved config" << cfg.to_toml() << std::endl;
+  check_out_is_no_input(out, config, cfg);
+  check_output_path(out, force);  // before the config is printed, so an error stands alone
+  std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;
   TrainOptions opt;
   opt.out = out;
   opt.force = force;

@@ -32,6 +32,12 @@ def setup_for(case):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
                 f.write(text)
+        for name in case.get("fifo", []):
+            os.mkfifo(os.path.join(d, name))
+        for name, target in case.get("symlink", {}).items():
+            path = os.path.join(d, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.symlink(target, path)
         for name, length in case.get("truncate", {}).items():
             os.truncate(os.path.join(d, name), length)
         for name, offset in case.get("corrupt", {}).items():
