@@ -209,7 +209,8 @@ def story_plot(out, summary, palette, max_panels=5):
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
     for ax, g in zip(axes.flat, panels):
-        for variant in sorted(g["runs"], key=lambda v: (v != "reference", v)):
+        # The reference last, on top: a control identical to it would otherwise hide it.
+        for variant in sorted(g["runs"], key=lambda v: (v == "reference", v)):
             runs = g["runs"][variant]
             steps = min(len(r) for r in runs)
             if steps == 0:
@@ -220,7 +221,8 @@ def story_plot(out, summary, palette, max_panels=5):
             x = np.arange(curves.shape[1]) + window - 1
             mean, sd = curves.mean(axis=0), curves.std(axis=0)
             color = palette(variant)
-            ax.plot(x, mean, color=color, linewidth=1.3,
+            ax.plot(x, mean, color=color, linewidth=1.0 if variant == "reference" else 1.5,
+                    zorder=3 if variant == "reference" else 2,
                     label=f"{short(variant)} ({len(runs)} seeds)")
             ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15, linewidth=0)
         ax.set_title(wrap(title_of(g["cfg"], differing), 60), fontsize=9)
