@@ -39,7 +39,7 @@ struct Cell {
   std::string path, status;
   std::map<std::string, std::string> config;  // resolved key -> value text
   std::vector<double> loss, val_loss, max_row;
-  std::string group_key, series_key, variant;
+  std::string group_key, variant;
   double tokens_per_step = 0;  // train.batch x model.seq_len (0 if the trace does not say)
   std::string nan_where;       // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
   bool control = false;
@@ -124,10 +124,7 @@ Cell load_cell(const std::string& path) {
   if (c.variant.empty()) c.variant = "reference";
   c.control = !swapped.empty() && all_benign;
   for (const auto& [key, value] : c.config)
-    if (!ignored_for_grouping(key)) {
-      c.group_key += key + "=" + value + "\n";
-      if (!is_dose_key(key)) c.series_key += key + "=" + value + "\n";
-    }
+    if (!ignored_for_grouping(key)) c.group_key += key + "=" + value + "\n";
   if (c.config.count("train.batch") && c.config.count("model.seq_len"))
     c.tokens_per_step =
         std::stod(c.config.at("train.batch")) * std::stod(c.config.at("model.seq_len"));

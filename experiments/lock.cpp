@@ -71,8 +71,7 @@ WriterLock::~WriterLock() {
 pid_t lock_holder(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
-  struct flock l = whole_file(F_WRLCK);
-  const pid_t pid = fcntl(fd, F_GETLK, &l) == 0 && l.l_type != F_UNLCK ? l.l_pid : 0;
+  const pid_t pid = holder_of(fd);
   close(fd);
   return pid;
 }

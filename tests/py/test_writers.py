@@ -8,11 +8,20 @@ import unittest
 
 import h5py
 
-from cli import BIN, SMALL, run, tmpdir
+from cli import BIN, SMALL, SMALL_GRID_SET, run, tmpdir
 
 # Long enough that the second writer surely starts while the first one runs (a few seconds).
 SLOW = [s for s in SMALL if not s.startswith("train.steps")] + ["train.steps=4000",
                                                                 "checkpoint.every=0"]
+
+
+def small_grid(d, steps, seeds):
+    """The tests' small grid with `steps` per cell and one cell per seed; returns its path."""
+    path = os.path.join(d, "grid.toml")
+    with open(path, "w") as f:
+        f.write(SMALL_GRID_SET.replace("steps = 10", f"steps = {steps}")
+                + f"[set.checkpoint]\nevery = 0\n[axes.train]\nseed = {list(seeds)}\n")
+    return path
 
 
 def start(*args):
@@ -64,12 +73,7 @@ class Writers(unittest.TestCase):
 
     def test_a_second_sweep_on_a_live_folder_is_refused(self):
         d = tmpdir()
-        grid = os.path.join(d, "grid.toml")
-        with open(grid, "w") as f:
-            f.write('[set]\ndata = "zipf:1.2"\n[set.model]\nvocab = 64\nd_model = 32\n'
-                    'n_layers = 1\nn_heads = 2\nseq_len = 16\n[set.train]\nbatch = 4\n'
-                    'steps = 1500\n[set.checkpoint]\nevery = 0\n'
-                    '[axes.train]\nseed = [0, 1, 2, 3]\n')
+        grid = small_grid(d, 1500, range(4))
         out = os.path.join(d, "out")
         first = start("sweep", "--config", grid, "--out", out, "--jobs", "2")
         try:
@@ -90,11 +94,7 @@ class Writers(unittest.TestCase):
     def test_a_completed_trace_missing_steps_is_not_finished(self):
         # A trace marked completed must also hold every step it was asked for to be skipped.
         d = tmpdir()
-        grid = os.path.join(d, "grid.toml")
-        with open(grid, "w") as f:
-            f.write('[set]\ndata = "zipf:1.2"\n[set.model]\nvocab = 64\nd_model = 32\n'
-                    'n_layers = 1\nn_heads = 2\nseq_len = 16\n[set.train]\nbatch = 4\n'
-                    'steps = 10\n[axes.train]\nseed = [0]\n')
+        grid = small_grid(d, 10, [0])
         out = os.path.join(d, "out")
         run("sweep", "--config", grid, "--out", out, check=True)
         cell = os.path.join(out, "cells", "0000.h5")
