@@ -207,7 +207,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
       if (!data->empty()) w.write_array(g + "/" + name, *data);
     }
   }
-  w.flush();
+  w.publish();  // written whole, then renamed into place
 }
 
 // analysis/plots.py draws the PNGs; returns "ok" or why not.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "experiments/config.h"
+#include "experiments/fault.h"
 
 namespace divlab {
 
@@ -29,6 +30,7 @@ void write_checkpoint(TraceWriter& w, const Checkpoint& c, int slot) {
   const std::string g = slot_path(slot);
   w.write_array(g + "/next_step", std::vector<int64_t>{0});
   w.flush();
+  fault_point("checkpoint.marked");
   w.write_array(g + "/params", c.params);
   w.write_array(g + "/first_moment", c.first_moment);
   w.write_array(g + "/second_moment",
@@ -36,11 +38,12 @@ void write_checkpoint(TraceWriter& w, const Checkpoint& c, int slot) {
   w.write_array(g + "/token_counts", c.token_counts);
   w.write_array(g + "/kernel_calls", std::vector<int64_t>{int64_t(c.kernel_calls)});
   w.flush();
+  fault_point("checkpoint.filled");
   w.write_array(g + "/next_step", std::vector<int64_t>{c.next_step});
   w.flush();
 }
 
-Checkpoint read_checkpoint(const TraceReader& r, const std::string& path) {
+std::optional<Checkpoint> read_checkpoint(const TraceReader& r) {
   int best = -1;
   int64_t best_step = 0;
   for (int slot : {0, 1}) {
@@ -48,10 +51,7 @@ Checkpoint read_checkpoint(const TraceReader& r, const std::string& path) {
     const int64_t step = r.ints(slot_path(slot) + "/next_step").at(0);
     if (step > best_step) best = slot, best_step = step;
   }
-  if (best < 0)
-    throw InputError("--resume '" + path +
-                     "': the trace holds no checkpoint yet (checkpoint.every"
-                     " = 0, or the run stopped before its first checkpoint)");
+  if (best < 0) return std::nullopt;
   const std::string g = slot_path(best);
   Checkpoint c;
   c.next_step = best_step;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,8 +28,8 @@ struct Checkpoint {
 void lay_out_checkpoints(TraceWriter& w, int64_t params, bool second_moment, int vocab);
 // Writes `c` into `slot` (0 or 1) with the marker protocol above; also flushes every series.
 void write_checkpoint(TraceWriter& w, const Checkpoint& c, int slot);
-// The newest consistent checkpoint. Throws InputError naming the trace if there is none.
-Checkpoint read_checkpoint(const TraceReader& r, const std::string& path);
+// The newest consistent checkpoint; none if the run stopped before its first (or never takes one).
+std::optional<Checkpoint> read_checkpoint(const TraceReader& r);
 
 // Every series of a trace (under /metrics, /eval, /shadow), truncated to the entries of steps
 // before `next_step`, in file order: (dataset path, values).

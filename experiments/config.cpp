@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "kernels/backend.h"
@@ -323,13 +325,21 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
     return raw.count(k) ? raw[k][0] : find_spec(k)->fallback;
   };
   auto i64 = [&](const std::string& k) { return parse_int(k, str(k)); };
+  // Keys held as int: checked before narrowing, so 2^32 + 64 is refused, not trained as 64.
+  auto i32 = [&](const std::string& k) {
+    const long long v = i64(k);
+    if (v > std::numeric_limits<int>::max() || v < std::numeric_limits<int>::min())
+      throw InputError("config key '" + k + "' = " + str(k) + ": must be at most " +
+                       std::to_string(std::numeric_limits<int>::max()));
+    return int(v);
+  };
   auto f64 = [&](const std::string& k) { return parse_float(k, str(k)); };
   cfg.backend = str("backend");
   cfg.data = str("data");
   ModelConfig& m = cfg.model;
-  m.vocab = int(i64("model.vocab")), m.d_model = int(i64("model.d_model"));
-  m.n_layers = int(i64("model.n_layers")), m.n_heads = int(i64("model.n_heads"));
-  m.seq_len = int(i64("model.seq_len")), m.norm_eps = f64("model.norm_eps");
+  m.vocab = i32("model.vocab"), m.d_model = i32("model.d_model");
+  m.n_layers = i32("model.n_layers"), m.n_heads = i32("model.n_heads");
+  m.seq_len = i32("model.seq_len"), m.norm_eps = f64("model.norm_eps");
   m.init_std = f64("model.init_std");
   OptimConfig& o = cfg.optim;
   o.kind = str("train.optimizer"), o.lr = f64("train.lr"), o.momentum = f64("train.momentum");
@@ -337,11 +347,11 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   o.beta1 = f64("train.beta1"), o.beta2 = f64("train.beta2"), o.eps = f64("train.eps");
   o.grad_clip = f64("train.grad_clip"), o.warmup_steps = i64("train.warmup_steps");
   o.schedule = str("train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
-  cfg.batch = int(i64("train.batch")), cfg.steps = i64("train.steps");
+  cfg.batch = i32("train.batch"), cfg.steps = i64("train.steps");
   o.total_steps = cfg.steps;
   cfg.seed = uint64_t(i64("train.seed")), cfg.precision = str("train.precision");
-  cfg.threads = int(i64("train.threads"));
-  cfg.eval_every = i64("eval.every"), cfg.eval_batches = int(i64("eval.batches"));
+  cfg.threads = i32("train.threads");
+  cfg.eval_every = i64("eval.every"), cfg.eval_batches = i32("eval.batches");
   cfg.shadow_every = i64("shadow.every");
   if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
   if (raw.count("plugins")) cfg.plugins = raw["plugins"];
@@ -358,6 +368,17 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
                      " is not divisible by 'model.n_heads' = " + std::to_string(m.n_heads));
   if (o.nesterov && o.momentum == 0)
     throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");
+  // Sizes in floating point first: the int64 products below and in every allocation are then
+  // known not to overflow. 2^40 parameters is far beyond any machine's memory; the memory
+  // prediction (per backend, before allocating) refuses what does not fit this one.
+  const double C = m.d_model, params = (2.0 * m.vocab + m.seq_len) * C +
+                                       double(m.n_layers) * (12 * C * C + 2 * C) + C;
+  if (params > std::ldexp(1.0, 40)) {
+    char count[32];
+    std::snprintf(count, sizeof count, "%.3g", params);
+    throw InputError("config: model.vocab, model.d_model, model.n_layers and model.seq_len give " +
+                     std::string(count) + " parameters (at most 2^40)");
+  }
   const int64_t tokens = int64_t(cfg.batch) * m.seq_len;
   if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +

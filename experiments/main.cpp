@@ -14,6 +14,7 @@
 #include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
+#include "experiments/signals.h"
 #include "experiments/sweep.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
@@ -176,6 +177,13 @@ int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std
 
 int main(int argc, char** argv) {
   using namespace divlab;
+  install_stop_handlers();  // first: a signal at any later instant is a clean stop
+  if (argc > 1) {
+    const std::string command = argv[1];
+    if (command == "train" || command == "sweep" || command == "reproduce" || command == "bisect")
+      accept_stop_requests();
+  }
+  stop_with_parent();
   // A file-size limit (or a full disk) must surface as a write error, not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"divlab: reproduce and measure training divergence caused by kernels"};
@@ -331,6 +339,10 @@ int main(int argc, char** argv) {
   } catch (const TraceWriteError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 1;
+  } catch (const StopRequested& e) {
+    std::cerr << "divlab: " << e.what()
+              << "; finished cells are kept, and running the same command again continues\n";
+    return 128 + e.signal;
   } catch (const std::exception& e) {
     std::cerr << "divlab: internal error: " << e.what() << "\n";
     return 1;

@@ -22,6 +22,7 @@
 #include "experiments/files.h"
 #include "experiments/grid.h"
 #include "experiments/lock.h"
+#include "experiments/signals.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
 
@@ -130,6 +131,33 @@ struct Record {
   double seconds = 0;
 };
 
+// Asked to stop: each running cell gets SIGTERM, finishes its step and records "interrupted"
+// (a re-run of the sweep runs it again); one that has not ended within the grace period is
+// killed. No cell outlives the sweep.
+void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool verbose) {
+  constexpr double kGraceSeconds = 60;
+  if (verbose && !running.empty())
+    std::cout << "stopping " << running.size() << " running cell(s)" << std::endl;
+  for (const Running& r : running) kill(r.pid, SIGTERM);
+  const auto asked = Clock::now();
+  while (!running.empty()) {
+    for (size_t i = 0; i < running.size();) {
+      int status = 0;
+      if (waitpid(running[i].pid, &status, WNOHANG) == 0) {
+        ++i;
+        continue;
+      }
+      rec[running[i].cell].status = "interrupted";
+      rec[running[i].cell].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      running.erase(running.begin() + long(i));
+    }
+    if (running.empty()) break;
+    if (std::chrono::duration<double>(Clock::now() - asked).count() > kGraceSeconds)
+      for (const Running& r : running) kill(r.pid, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void write_manifest(const std::string& dir, const Grid& g, const std::vector<Record>& rec) {
   std::ostringstream m;
   m << "cell\tstatus\texit_code\tseconds\ttrace\tlog\taxes\n";
@@ -149,13 +177,29 @@ pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The cell dies with the sweep (signals.h): it learns its parent from the environment.
+  std::vector<std::string> env_entries;
+  const std::string parent_prefix = std::string(kParentPidVariable) + "=";
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind(parent_prefix, 0) != 0) env_entries.emplace_back(*e);
+  env_entries.push_back(parent_prefix + std::to_string(getpid()));
+  std::vector<char*> envp;
+  for (auto& e : env_entries) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const std::string log = cell_log_path(dir, cell);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // Its own process group: a terminal's Ctrl-C reaches the sweep alone, which stops its cells
+  // in order instead of racing them.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp.data()) != 0) pid = -1;
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   return pid;
 }
@@ -185,6 +229,7 @@ void emit_slurm(const Grid& g, const SweepOptions& opt) {
 }  // namespace
 
 SweepSummary run_sweep(const SweepOptions& opt) {
+  accept_stop_requests();  // a signal now stops the cells in order (signals.h)
   if (opt.out.empty()) throw InputError("--out: an output folder is required");
   const Grid g = load_grid(opt.grid, opt.quick, opt.seed_offset);
   if (opt.cell >= int(g.size()))
@@ -244,6 +289,11 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   int limit = jobs;
   const size_t to_run = todo.size();
   while (next < todo.size() || !running.empty()) {
+    if (stop_signal() != 0) {
+      stop_cells(running, rec, opt.verbose);
+      write_manifest(opt.out, g, rec);
+      throw StopRequested(stop_signal());
+    }
     while (next < todo.size() && int(running.size()) < limit) {
       const size_t cell = todo[next++];
       const pid_t pid = spawn_cell(g, cell, opt.out, threads);

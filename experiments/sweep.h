@@ -21,7 +21,8 @@ struct SweepSummary {
   int cells = 0, skipped = 0, completed = 0, nan = 0, failed = 0;
 };
 
-// Throws InputError for a bad grid or an output directory that holds another grid's cells.
+// Throws InputError for a bad grid or an output directory that holds another grid's cells, and
+// StopRequested (signals.h) after stopping its cells when asked to stop.
 SweepSummary run_sweep(const SweepOptions& opt);
 
 // DIR/cells/NNNN.h5 for cell i.

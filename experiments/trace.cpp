@@ -10,11 +10,13 @@
 #include <cstring>
 
 #include "experiments/config.h"
+#include "experiments/fault.h"
 
 namespace divlab {
 
 namespace {
 constexpr hsize_t kChunk = 256;  // steps per chunk of a series
+constexpr hsize_t kPage = 4096;  // the smallest page a kernel writes in one piece
 
 // Variable-length UTF-8: h5py returns str, pandas-friendly.
 H5::StrType utf8_string() {
@@ -48,6 +50,24 @@ struct TraceWriter::Impl {
   std::map<std::string, Series> series;
   bool started = false, finished = false;
 
+  // Writes one series' buffered appends; false if it had none.
+  static bool append_pending(Series& s) {
+    const hsize_t n = s.kind == Kind::Int64 ? s.i.size() : s.f.size();
+    if (n == 0) return false;
+    const hsize_t total = s.written + n;
+    s.ds.extend(&total);
+    H5::DataSpace file_space = s.ds.getSpace();
+    file_space.selectHyperslab(H5S_SELECT_SET, &n, &s.written);
+    H5::DataSpace mem_space(1, &n);
+    if (s.kind == Kind::Int64)
+      s.ds.write(s.i.data(), H5::PredType::NATIVE_INT64, mem_space, file_space);
+    else
+      s.ds.write(s.f.data(), H5::PredType::NATIVE_DOUBLE, mem_space, file_space);
+    s.written = total;
+    s.f.clear(), s.i.clear();
+    return true;
+  }
+
   H5::Group group(const std::string& path) {  // opens or creates, with parents
     if (path == "/") return file.openGroup("/");
     H5::Group parent = group(parent_of(path));
@@ -67,27 +87,43 @@ struct TraceWriter::Impl {
 };
 
 TraceWriter::TraceWriter(const std::string& path, bool overwrite)
-    : impl_(std::make_unique<Impl>()), path_(path) {
+    : impl_(std::make_unique<Impl>()), path_(path), partial_path_(path + ".partial") {
   H5::Exception::dontPrint();
+  if (!overwrite && access(path.c_str(), F_OK) == 0)
+    throw InputError("trace '" + path + "': already exists");
   try {
     H5::FileAccPropList fapl;
     fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);  // required by SWMR
-    impl_->file = H5::H5File(path, overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,
-                             H5::FileCreatPropList::DEFAULT, fapl);
+    // A write killed by a signal stops at a page boundary (the kernel checks for a fatal signal
+    // between pages), so a metadata block that spans two pages can be left half old, half new,
+    // and its checksum then fails for good. Paged allocation keeps every block smaller than a
+    // page inside one page; SWMR's write order (children before parents) does the rest.
+    H5::FileCreatPropList fcpl;
+    H5Pset_file_space_strategy(fcpl.getId(), H5F_FSPACE_STRATEGY_PAGE, false, 1);
+    H5Pset_file_space_page_size(fcpl.getId(), kPage);
+    impl_->file = H5::H5File(partial_path_, H5F_ACC_TRUNC, fcpl, fapl);
   } catch (const H5::Exception&) {
-    throw InputError("trace '" + path + "': cannot create the file");
+    throw InputError("trace '" + path + "': cannot create '" + partial_path_ + "'");
   }
   last_flush_ = std::chrono::steady_clock::now();
 }
 
 TraceWriter::~TraceWriter() {
-  // A writer destroyed without finish() (an exception unwinding) still flushes what it has;
-  // the status stays "running", which readers treat as not completed.
-  if (impl_ && impl_->started && !impl_->finished) {
+  if (!impl_ || impl_->finished) return;
+  if (!published_) {  // an error before the trace was readable: leave nothing behind
     try {
-      flush();
+      impl_->series.clear();
+      impl_->file.close();
     } catch (...) {
     }
+    unlink(partial_path_.c_str());
+    return;
+  }
+  // A writer destroyed without finish() (an exception unwinding) still flushes what it has;
+  // the status stays "running", which readers treat as not completed.
+  try {
+    flush();
+  } catch (...) {
   }
 }
 
@@ -214,9 +250,12 @@ void TraceWriter::reserve(int64_t bytes) {
   H5Fget_filesize(impl_->file.getId(), &eof);
   const int64_t need = int64_t(eof) + bytes + kHeadroom / 2;
   if (need <= reserved_) return;
-  const int fd = open(path_.c_str(), O_WRONLY);
-  const int rc = fd < 0 ? errno : posix_fallocate(fd, 0, need + kHeadroom);
-  if (fd >= 0) close(fd);
+  // HDF5's own descriptor: the file may have been renamed since it was opened.
+  int* fd = nullptr;
+  const int rc =
+      H5Fget_vfd_handle(impl_->file.getId(), H5P_DEFAULT, reinterpret_cast<void**>(&fd)) < 0
+          ? EBADF
+          : posix_fallocate(*fd, 0, need + kHeadroom);
   if (rc != 0) {
     errno = rc;
     write_failed("reserving space for the next write");
@@ -245,51 +284,52 @@ void TraceWriter::commit_series(const std::string& series) {
 }
 
 void TraceWriter::flush_series() {
-  std::vector<std::pair<const std::string, Impl::Series>*> order;
-  for (auto& entry : impl_->series)
-    if (entry.first != commit_series_) order.push_back(&entry);
-  if (auto it = impl_->series.find(commit_series_); it != impl_->series.end())
-    order.push_back(&*it);
-  for (auto* entry : order) {
-    auto& s = entry->second;
-    const hsize_t n = s.kind == Kind::Int64 ? s.i.size() : s.f.size();
-    if (n == 0) continue;
-    const hsize_t total = s.written + n;
-    s.ds.extend(&total);
-    H5::DataSpace file_space = s.ds.getSpace();
-    file_space.selectHyperslab(H5S_SELECT_SET, &n, &s.written);
-    H5::DataSpace mem_space(1, &n);
-    if (s.kind == Kind::Int64)
-      s.ds.write(s.i.data(), H5::PredType::NATIVE_INT64, mem_space, file_space);
-    else
-      s.ds.write(s.f.data(), H5::PredType::NATIVE_DOUBLE, mem_space, file_space);
-    s.written = total;
-    s.f.clear(), s.i.clear();
+  // HDF5 writes dirty metadata in its own order, not the order of the calls: the commit series
+  // is extended only after the file holds every other series' new length.
+  auto commit = impl_->series.find(commit_series_);
+  bool others_grew = false;
+  for (auto it = impl_->series.begin(); it != impl_->series.end(); ++it)
+    if (it != commit) others_grew |= Impl::append_pending(it->second);
+  if (commit == impl_->series.end()) return;
+  if (others_grew) {
+    impl_->file.flush(H5F_SCOPE_GLOBAL);
+    fault_point("trace.between_flushes");
   }
+  Impl::append_pending(commit->second);
 }
 
-void TraceWriter::rename_to(const std::string& path) {
-  if (std::rename(path_.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("trace: cannot rename '" + path_ + "' to '" + path + "'");
-  path_ = path;
+void TraceWriter::publish() {
+  if (published_) return;
+  flush();
+  fault_point("trace.before_publish");
+  if (std::rename(partial_path_.c_str(), path_.c_str()) != 0)
+    throw std::runtime_error("trace: cannot rename '" + partial_path_ + "' to '" + path_ +
+                             "': " + std::strerror(errno));
+  published_ = true;
 }
 
 void TraceWriter::finish(const std::string& status,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
+  publish();
   flush();
   impl_->series.clear();
-  impl_->file.close();
+  // Still in SWMR writing: a kill from here on leaves a trace flagged as SWMR-written, which
+  // reads like any killed run's. Reopened for ordinary writing it would be unreadable until
+  // h5clear. The status is written last, in place, so "completed" implies every other attribute.
+  try {
+    H5::Group root = impl_->file.openGroup("/");
+    const H5::StrType type = utf8_string();
+    for (const auto& [name, value] : attrs) {
+      if (root.attrExists(name)) root.removeAttr(name);
+      root.createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
+    }
+    fault_point("trace.finishing");
+    root.openAttribute("status").write(type, status);
+    impl_->file.close();
+  } catch (const H5::Exception&) {
+    write_failed("recording the outcome");
+  }
   impl_->finished = true;
-  // Attributes are not changed under SWMR; reopen alone (no readers can hold SWMR state of a
-  // closed writer) to record the outcome.
-  H5::H5File f(path_, H5F_ACC_RDWR);
-  H5::Group root = f.openGroup("/");
-  root.removeAttr("status");
-  const H5::StrType type = utf8_string();
-  root.createAttribute("status", type, H5::DataSpace(H5S_SCALAR)).write(type, status);
-  for (const auto& [name, value] : attrs)
-    root.createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
-  f.close();
 }
 
 // ------------------------------------------------------------------------------------------

@@ -4,6 +4,11 @@
 // starts, after which the writer only appends to 1-D series and overwrites fixed-size arrays.
 // Appends are buffered and written in blocks at each flush; a killed writer leaves a file that
 // SWMR readers (h5py: File(path, "r", swmr=True)) read up to the last flush.
+//
+// Before SWMR writing starts, a file is not readable (no superblock yet, or one flagged as open
+// for ordinary writing), so it is laid out under PATH.partial and renamed to PATH by publish():
+// a kill at any instant leaves PATH either absent, as it was before (--force, --resume), or
+// readable. finish() records the outcome without leaving SWMR writing for the same reason.
 #pragma once
 
 #include <chrono>
@@ -28,7 +33,9 @@ struct TraceWriteError : std::runtime_error {
 
 class TraceWriter {
  public:
-  // Creates the file (truncating only when `overwrite`); throws InputError if it cannot.
+  // Creates PATH.partial (the caller holds the trace's writer lock, so a leftover one is a dead
+  // writer's and is truncated); throws InputError if PATH exists and not `overwrite`, or if the
+  // file cannot be created. Destroyed before publish(), it removes PATH.partial again.
   TraceWriter(const std::string& path, bool overwrite);
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
@@ -49,6 +56,9 @@ class TraceWriter {
   void bytes(const std::string& path, const std::string& data);  // opaque blob (uint8[])
   // Starts SWMR writing; no objects can be created after this.
   void start();
+  // Flushes and renames PATH.partial to PATH (atomically replacing an older trace): after
+  // start() for a trace, or at the end for a file written whole without SWMR.
+  void publish();
 
   // --- After start().
   void append(const std::string& series, double value);
@@ -70,7 +80,9 @@ class TraceWriter {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::string path_;
+  std::string path_;          // where the trace is published
+  std::string partial_path_;  // where it is written until then
+  bool published_ = false;
   bool write_failed_ = false;
   std::string commit_series_;
   int64_t reserved_ = 0;  // bytes allocated on disk for the file (posix_fallocate)

@@ -17,6 +17,7 @@
 #include "datasets/dataset.h"
 #include "experiments/checkpoint.h"
 #include "experiments/lock.h"
+#include "experiments/signals.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
 #include "kernels/backend.h"
@@ -51,7 +52,7 @@ void check_output_path(const std::string& path, bool force) {
 }
 
 struct Resume {
-  Checkpoint checkpoint;
+  std::optional<Checkpoint> checkpoint;  // none yet: the run starts over from step 0
   std::vector<std::pair<std::string, std::vector<double>>> history;
 };
 
@@ -162,12 +163,6 @@ void print_shadow_timing(const Timing& t, bool background) {
       t.reference_s * per, background ? "worker thread" : "training thread");
 }
 
-// Set by SIGINT/SIGTERM: the run finishes its step, flushes, and ends as "interrupted".
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void request_stop(int sig) {
-  g_stop_signal = sig;
-}
-
 // Replays a step whose loss or gradients were not finite, checking every op's output, and
 // returns where the first non-finite value appeared (trace attributes). The weights are those
 // the step started from: the optimizer does not apply non-finite gradients.
@@ -275,8 +270,13 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
   const KernelSet<T, A> reference = catalogue.select({});
   const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
-  const int64_t bytes =
-      Transformer<T, A>::allocated_bytes(m, B) + predicted_bytes<T, A>(cfg, param_count(m));
+  // On the cpu the device is the host, which also holds a checkpoint's fp64 copies while it is
+  // written (weights and two moments, each beside its working-precision copy).
+  const int64_t checkpoint_bytes = cfg.backend == "cpu" && cfg.checkpoint_every > 0
+                                       ? 3 * param_count(m) * int64_t(8 + sizeof(T))
+                                       : 0;
+  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
+                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes;
   check_backend_fits(cfg.backend, size_t(bytes),
                      "this model at train.batch = " + std::to_string(B));
   std::unique_ptr<ShadowTap<T, A>> tap;
@@ -305,16 +305,18 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   int64_t first_step = 0;
   double wall_offset = 0;
 
-  // A resumed run writes a new trace beside the old one (history up to the checkpoint copied),
-  // then renames it over the old: the old file stays resumable until the new one is.
-  TraceWriter trace(resume ? opt.out + ".resume" : opt.out, resume ? true : opt.force);
+  // The trace is laid out beside its path and published (renamed onto it) once readable; a
+  // resumed run publishes after copying the history up to its checkpoint, so the old file stays
+  // resumable until the new one is.
+  TraceWriter trace(opt.out, resume ? true : opt.force);
   lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device);
   if (cfg.checkpoint_every > 0)
     lay_out_checkpoints(trace, n_params, cfg.optim.kind == "adamw", m.vocab);
-  if (resume) trace.attr("/", "resumed_at_step", resume->checkpoint.next_step);
+  if (resume)
+    trace.attr("/", "resumed_at_step", resume->checkpoint ? resume->checkpoint->next_step : 0);
   trace.start();
-  if (resume) {
-    const Checkpoint& c = resume->checkpoint;
+  if (resume && resume->checkpoint) {
+    const Checkpoint& c = *resume->checkpoint;
     if (int64_t(c.params.size()) != n_params)
       throw InputError("--resume '" + opt.out + "': the checkpoint does not fit the model");
     model.params().assign(c.params);
@@ -327,10 +329,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (series == "/metrics/wall_s" && !values.empty()) wall_offset = values.back();
     }
     first_step = c.next_step;
-    if (cfg.checkpoint_every > 0) write_checkpoint(trace, c, 0);
-    trace.flush();
-    trace.rename_to(opt.out);
+    if (cfg.checkpoint_every > 0) {
+      // Into the slot the run's next checkpoint will not overwrite: a kill while that one is
+      // written still finds this one.
+      const int64_t next = (c.next_step / cfg.checkpoint_every + 1) * cfg.checkpoint_every;
+      write_checkpoint(trace, c, 1 - int((next / cfg.checkpoint_every) % 2));
+    }
   }
+  trace.publish();
 
   std::vector<TokenId> in(N), tgt(N);
   Progress progress(opt.progress);
@@ -338,6 +344,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   TrainResult result{"completed", first_step, 0.0, 0};
   std::vector<std::pair<std::string, std::string>> nan_where;
   for (int64_t step = first_step; step < cfg.steps; ++step) {
+    if (step == first_step && stop_signal() != 0) {  // asked to stop while setting up
+      result.status = "interrupted";
+      result.signal = stop_signal();
+      break;
+    }
     if (step == cfg.abort_at_step) std::abort();
     data.batch(step, B, Tn, in.data(), tgt.data());
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
@@ -367,7 +378,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     result.final_loss = double(loss);
     // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
     // order as they come, and all of them before a checkpoint or the end of the run.
-    const bool drain = step + 1 == cfg.steps || g_stop_signal ||
+    const bool drain = step + 1 == cfg.steps || stop_signal() != 0 ||
                        (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
                        !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
     if (tap)
@@ -403,9 +414,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
            widen(optim.second_moment()), token_counts, stochastic_rounding_calls().load()},
           int(((step + 1) / cfg.checkpoint_every) % 2));
     }
-    if (g_stop_signal) {
+    if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
       result.status = "interrupted";
-      result.signal = int(g_stop_signal);
+      result.signal = stop_signal();
       break;
     }
   }
@@ -438,13 +449,6 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   dopt.seq_len = cfg.model.seq_len;
   dopt.seed = cfg.seed;
   const auto data = make_dataset(cfg.data, dopt);
-  struct sigaction stop {
-  }, old_int{}, old_term{};
-  stop.sa_handler = request_stop;
-  sigemptyset(&stop.sa_mask);
-  g_stop_signal = 0;
-  sigaction(SIGINT, &stop, &old_int);
-  sigaction(SIGTERM, &stop, &old_term);
   TrainResult r;
   try {
     if (cfg.precision == "fp64")
@@ -454,13 +458,9 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
     else
       r = train_impl<float>(cfg, opt, *data, threads, device, resume);
   } catch (const BackendError& e) {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
     if (dynamic_cast<const BackendBusy*>(&e)) throw DeviceBusyError(e.what());
     throw InputError(e.what());
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   return r;
 }
 }  // namespace
@@ -487,12 +487,20 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
     if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +
                        " steps; nothing left to run (--set train.steps=N to go further)");
-    resume.checkpoint = read_checkpoint(r, path);
-    if (resume.checkpoint.next_step >= cfg.steps)
-      throw InputError("--resume '" + path + "': its checkpoint is at step " +
-                       std::to_string(resume.checkpoint.next_step) +
-                       " of train.steps = " + std::to_string(cfg.steps) + "; nothing left to run");
-    resume.history = read_history(r, resume.checkpoint.next_step);
+    resume.checkpoint = read_checkpoint(r);
+    if (!resume.checkpoint) {
+      // Killed before its first checkpoint (or checkpoint.every = 0): the trace still holds
+      // the config, and batches depend on (seed, step) alone, so starting over loses nothing.
+      if (progress)
+        std::cerr << "divlab: '" << path << "' holds no checkpoint yet; starting over from step 0"
+                  << std::endl;
+    } else {
+      if (resume.checkpoint->next_step >= cfg.steps)
+        throw InputError("--resume '" + path + "': its checkpoint is at step " +
+                         std::to_string(resume.checkpoint->next_step) + " of train.steps = " +
+                         std::to_string(cfg.steps) + "; nothing left to run");
+      resume.history = read_history(r, resume.checkpoint->next_step);
+    }
   }
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");
   TrainOptions opt;

@@ -1,5 +1,13 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+
 #include "kernels/bf16_activations.h"
 
 #ifdef DIVLAB_HAVE_CUDA
@@ -106,7 +114,54 @@ void set_kernel_debug_sync(bool on) {
   (void)on;
 }
 
+namespace {
+// A number read from a one-line file (cgroup's files), or `fallback` for "max" or no file.
+size_t read_bytes(const char* path, size_t fallback) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return fallback;
+  try {
+    return size_t(std::stoull(word));
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
+}  // namespace
+
+size_t available_host_memory() {
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  size_t available = kNone;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream fields(line.substr(13));
+      size_t kib = 0;
+      if (fields >> kib) available = kib << 10;
+    }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const size_t limit = read_bytes(limit_path, kNone), usage = read_bytes(usage_path, 0);
+    if (limit != kNone && limit > (size_t(1) << 60)) continue;  // v1's "no limit"
+    if (limit != kNone) available = std::min(available, limit > usage ? limit - usage : 0);
+  }
+  return available == kNone ? 0 : available;
+}
+
 void check_backend_fits(const std::string& backend, size_t bytes, const std::string& what) {
+  if (backend == "cpu") {
+    const size_t available = available_host_memory();
+    const size_t margin = size_t(256) << 20;  // the dataset, thread stacks, HDF5's caches
+    if (available > 0 && bytes + margin > available) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s needs %.2f GiB of memory; %.2f GiB available",
+                    what.c_str(), double(bytes) / (1 << 30), double(available) / (1 << 30));
+      throw BackendError(std::string("out of memory: ") + buf);
+    }
+    return;
+  }
   if (backend != "cuda") return;
 #ifdef DIVLAB_HAVE_CUDA
   try {

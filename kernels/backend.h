@@ -59,8 +59,13 @@ std::string open_backend(const std::string& backend);
 // Synchronise after every kernel launch (cuda), naming the kernel that failed.
 void set_kernel_debug_sync(bool on);
 
-// Throws BackendError when `bytes` of tensors will not fit in the backend's free memory (cuda;
-// a no-op on the cpu backend). `what` names the consumer.
+// Throws BackendError when `bytes` of tensors will not fit in the backend's free memory: the
+// device's (cuda), or the host's available memory within this process's cgroup limit (cpu).
+// `what` names the consumer.
 void check_backend_fits(const std::string& backend, size_t bytes, const std::string& what);
+
+// Bytes of host memory this process can still take: MemAvailable, lowered to what is left
+// under a cgroup (v2 or v1) memory limit. 0 if neither can be read.
+size_t available_host_memory();
 
 }  // namespace divlab

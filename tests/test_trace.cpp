@@ -19,6 +19,9 @@ TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
     w.series("/metrics/step", TraceWriter::Kind::Int64);
     w.array("/dataset/token_counts", TraceWriter::Kind::Int64, 5);
     w.start();
+    EXPECT_NE(access(path.c_str(), F_OK), 0);  // laid out under PATH.partial until published
+    w.publish();
+    EXPECT_NE(access((path + ".partial").c_str(), F_OK), 0);
     for (int64_t s = 0; s < 25; ++s) {
       w.append("/metrics/step", s);
       w.append("/metrics/loss", 1.0 / (s + 1));
@@ -44,9 +47,28 @@ TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
 
 TEST(Trace, RefusesToOverwriteWithoutPermission) {
   const std::string path = "/tmp/divlab_trace_exists_" + std::to_string(getpid()) + ".h5";
-  { TraceWriter w(path, true); }
+  {
+    TraceWriter w(path, true);
+    w.status_attr("running");
+    w.start();
+    w.publish();
+  }
   EXPECT_THROW(TraceWriter(path, false), InputError);
   unlink(path.c_str());
+}
+
+TEST(Trace, AWriterGoneBeforePublishingLeavesNothing) {
+  // Bad input found while the trace is laid out: nothing may be created, and an older trace
+  // that --force would replace stays as it was.
+  const std::string path = "/tmp/divlab_trace_unpublished_" + std::to_string(getpid()) + ".h5";
+  unlink(path.c_str());
+  {
+    TraceWriter w(path, true);
+    w.status_attr("running");
+    w.series("/metrics/step", TraceWriter::Kind::Int64);
+  }
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  EXPECT_NE(access((path + ".partial").c_str(), F_OK), 0);
 }
 
 TEST(Trace, ReaderRejectsGarbage) {

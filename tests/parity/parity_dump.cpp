@@ -54,7 +54,7 @@ void dump(const RunConfig& cfg, const std::string& out) {
   }
   w.write_array("/batches/inputs", all_in);
   w.write_array("/batches/targets", all_tgt);
-  w.flush();
+  w.publish();  // written whole, then renamed into place
 }
 
 }  // namespace divlab

@@ -105,5 +105,68 @@ class Writers(unittest.TestCase):
         self.assertIn("1 completed", r.stdout)
 
 
+def cell_processes(out):
+    """PIDs of live processes whose command line names the sweep folder `out` (zombies, whose
+    command line is empty, do not count: they run nothing)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in argv and any(out.encode() in a for a in argv):
+            pids.append(int(pid))
+    return pids
+
+
+class NoCellOutlivesItsSweep(unittest.TestCase):
+    """However a sweep ends, its running cells end with it and leave resumable traces."""
+
+    def start_sweep(self):
+        d = tmpdir()
+        out = os.path.join(d, "out")
+        sweep = start("sweep", "--config", small_grid(d, 10 ** 7, range(3)), "--out", out,
+                      "--jobs", "2")
+        end = time.time() + 60
+        while len(cell_processes(out)) < 2:
+            self.assertIsNone(sweep.poll(), "the sweep ended early")
+            self.assertLess(time.time(), end, "the cells never started")
+            time.sleep(0.05)
+        for cell in ("0000", "0001"):  # both traces published: the cells are training
+            wait_for(os.path.join(out, "cells", cell + ".h5"), sweep)
+        return sweep, out
+
+    def assert_cells_stopped_cleanly(self, out, seconds):
+        end = time.time() + seconds
+        while cell_processes(out) and time.time() < end:
+            time.sleep(0.05)
+        self.assertEqual(cell_processes(out), [], "cells outlived their sweep")
+        for cell in ("0000", "0001"):
+            with h5py.File(os.path.join(out, "cells", cell + ".h5"), "r") as f:
+                self.assertEqual(f.attrs["status"], "interrupted")
+
+    def test_a_stop_signal_stops_the_cells_then_the_sweep(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=sig):
+                sweep, out = self.start_sweep()
+                sweep.send_signal(sig)
+                _, err = sweep.communicate(timeout=120)
+                self.assertEqual(sweep.returncode, 128 + sig, err)
+                self.assertIn(f"stopped by signal {int(sig)}", err)
+                self.assert_cells_stopped_cleanly(out, 0)
+                with open(os.path.join(out, "manifest.tsv")) as f:
+                    status = {row.split("\t")[0]: row.split("\t")[1] for row in f}
+                self.assertEqual((status["0"], status["1"], status["2"]),
+                                 ("interrupted", "interrupted", "pending"))
+                self.assertFalse(os.path.exists(os.path.join(out, "sweep.lock")))
+
+    def test_a_killed_sweep_takes_its_cells_with_it(self):
+        sweep, out = self.start_sweep()
+        sweep.send_signal(signal.SIGKILL)
+        sweep.communicate()
+        self.assert_cells_stopped_cleanly(out, 60)
+
+
 if __name__ == "__main__":
     unittest.main()
