@@ -167,7 +167,25 @@ struct Series {  // one variant's per-seed curves within a group, paired with th
   std::vector<std::vector<double>> smooth_ref, smooth_variant;
   std::string nan_where;
   bool any_nan = false;
+  int candidate_nan = 0, reference_nan = 0, unpaired = 0;  // seeds not paired, and why
+  std::vector<std::string> nan_runs;
 };
+
+std::string join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : separator) + p;
+  return out;
+}
+
+std::string cell_name(const Cell& c) {
+  const std::string file = c.path.substr(c.path.find_last_of('/') + 1);
+  return file.substr(0, file.rfind(".h5"));
+}
+
+std::string nan_run(const Cell& c, const char* role) {
+  return "cell " + cell_name(c) + " (seed " + std::to_string(c.seed) + ", " + role +
+         "): " + c.nan_where;
+}
 
 void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
   TraceWriter w(path, true);
@@ -182,6 +200,8 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "seeds", int64_t(v.seeds));
     w.attr(g, "onset_step", int64_t(v.onset));
     w.attr(g, "series", v.series);
+    w.attr(g, "no_verdict_reason", v.no_verdict_reason);
+    w.attr(g, "nan_runs", join(v.nan_runs, "\n"));
     const std::pair<const char*, double> numbers[] = {
         {"gap", v.gap},
         {"area", v.area},
@@ -251,10 +271,17 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
        << fmt(v.max_row_contributions, "%.0f") << " (" << fmt(v.dose_min, "%.0f") << "-"
        << fmt(v.dose_max, "%.0f") << ") |\n";
-  for (const auto& v : verdicts)
-    if (!v.nan_where.empty())
-      md << "\n`" << v.variant << "` in " << v.group << ": first non-finite value in "
-         << v.nan_where << ".\n";
+  bool any_missing = false;
+  for (const auto& v : verdicts) any_missing |= !v.no_verdict_reason.empty() || !v.nan_runs.empty();
+  if (any_missing) md << "\n## Rows without a verdict, and runs that stopped on NaN\n";
+  for (const auto& v : verdicts) {
+    if (v.no_verdict_reason.empty() && v.nan_runs.empty()) continue;
+    md << "\n`" << v.variant << "` in " << v.group << ": "
+       << (v.no_verdict_reason.empty() ? "verdict from the seeds that paired"
+                                       : "no verdict: " + v.no_verdict_reason)
+       << ".\n";
+    for (const auto& run : v.nan_runs) md << "- stopped on NaN: " << run << "\n";
+  }
   if (!responses.empty()) md << "\n" << dose_markdown(responses);
   if (!unfinished.empty()) {
     md << "\nLeft out (not finished):\n\n";
@@ -326,12 +353,22 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       Series& s = series[variant];
       for (Cell* c : vcells) {
         const auto it = ref.find(c->seed);
-        if (it == ref.end() || it->second->status != "completed") continue;
         if (c->status == "nan") {
           s.any_nan = true;
           s.nan_where = c->nan_where;
+          ++s.candidate_nan;
+          s.nan_runs.push_back(nan_run(*c, "candidate"));
+        }
+        if (it == ref.end()) {
+          ++s.unpaired;
           continue;
         }
+        if (it->second->status == "nan") {  // no reference curve to pair this seed with
+          ++s.reference_nan;
+          s.nan_runs.push_back(nan_run(*it->second, "reference"));
+          continue;
+        }
+        if (c->status == "nan") continue;
         const Cell& r = *it->second;
         const size_t n = std::min(c->loss.size(), r.loss.size());
         std::vector<double> a(c->loss.begin(), c->loss.begin() + long(n)),
@@ -393,13 +430,26 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
           control_gaps.insert(control_gaps.end(), os.gaps.begin(), os.gaps.end());
           for (const auto& g : os.smooth_gap) control_curves.push_back(&g);
         }
+      v.nan_runs = s.nan_runs;
+      const int tried = int(by_variant[variant].size());
       if (ref.empty()) {
         v.verdict = "no-reference";
+        v.no_verdict_reason = "the group has no reference run (every kernel at its reference)";
       } else if (s.any_nan) {
         v.verdict = "nan";
         v.nan_where = s.nan_where;
+        v.no_verdict_reason = "the candidate stopped on NaN in " + std::to_string(s.candidate_nan) +
+                              " of " + std::to_string(tried) + " seeds: a finding, not a loss gap";
       } else if (s.gaps.size() < 2) {
-        v.verdict = "too-few-seeds";
+        v.verdict = s.gaps.empty() && s.reference_nan > 0 ? "reference-nan" : "too-few-seeds";
+        v.no_verdict_reason = std::to_string(s.gaps.size()) + " of " + std::to_string(tried) +
+                              " seeds paired (2 needed)";
+        if (s.reference_nan > 0)
+          v.no_verdict_reason += "; the reference stopped on NaN in " +
+                                 std::to_string(s.reference_nan) +
+                                 " (lower train.lr, or add train.grad_clip)";
+        if (s.unpaired > 0)
+          v.no_verdict_reason += "; " + std::to_string(s.unpaired) + " without a reference run";
       } else {
         stats::TestResult welch, perm;
         if (control_gaps.size() >= 2) {
@@ -451,7 +501,8 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
     std::ofstream csv(opt.dir + "/verdicts.csv");
     csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,gap_ci_low,"
            "gap_ci_high,control_band,area,val_gap,p_welch,p_permutation,hedges_g,compared_with,"
-           "onset_step,max_row_contributions,dose_min,dose_max,tokens_per_step,nan_where\n";
+           "onset_step,max_row_contributions,dose_min,dose_max,tokens_per_step,nan_where,"
+           "nan_runs,no_verdict_reason\n";
     for (const auto& v : verdicts)
       csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
           << v.verdict << "," << v.seeds << "," << v.final_loss_ref << "," << v.gap << ","
@@ -459,7 +510,8 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
           << v.control_band << "," << v.area << "," << v.val_gap << "," << v.p_welch << ","
           << v.p_permutation << "," << v.hedges_g << "," << v.compared_with << "," << v.onset << ","
           << v.max_row_contributions << "," << v.dose_min << "," << v.dose_max << ","
-          << v.tokens_per_step << "," << csv_escape(v.nan_where) << "\n";
+          << v.tokens_per_step << "," << csv_escape(v.nan_where) << ","
+          << csv_escape(join(v.nan_runs, "; ")) << "," << csv_escape(v.no_verdict_reason) << "\n";
   }
   // seeds.csv: every paired seed's gap against the dose it received (the per-seed scatter).
   {
@@ -495,10 +547,12 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
                   (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
                   v.gap, v.p_welch, v.p_permutation, v.verdict == "no-divergence" ? -1 : v.onset,
                   v.max_row_contributions);
-    for (const auto& v : verdicts)
-      if (!v.nan_where.empty())
-        std::printf("%s %s: first non-finite value in %s\n", v.group.c_str(), v.variant.c_str(),
-                    v.nan_where.c_str());
+    for (const auto& v : verdicts) {
+      if (!v.no_verdict_reason.empty())
+        std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),
+                    v.no_verdict_reason.c_str());
+      for (const auto& run : v.nan_runs) std::printf("  stopped on NaN: %s\n", run.c_str());
+    }
     for (const auto& u : unfinished) std::printf("not finished, left out: %s\n", u.c_str());
     std::printf("%s", dose_table(responses).c_str());
     std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", opt.dir.c_str(),

@@ -22,7 +22,10 @@ struct Verdict {
   std::string group;     // the config keys that distinguish this group from the others
   std::string variant;   // "op=variant[+op=variant]" or "reference"
   bool control = false;  // every swapped kernel is a documented benign control
-  std::string verdict;   // diverged | lower-loss | nan | no-divergence | no-reference
+  // diverged | lower-loss | no-divergence: a result. nan (the candidate stopped on NaN),
+  // reference-nan (every seed's reference did), too-few-seeds, no-reference: none, and
+  // `no_verdict_reason` says why.
+  std::string verdict;
   int seeds = 0;
   double final_loss_ref = 0;  // mean over seeds, last 10 % of steps
   double gap = 0;             // mean over seeds of (variant - reference), last 10 % of steps
@@ -43,6 +46,10 @@ struct Verdict {
   std::vector<long long> seed_ids;
   std::vector<double> seed_gaps, seed_doses;
   std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
+  // Every run behind this row that stopped on NaN, candidate or reference: "cell 0003 (seed 1,
+  // reference): backward ... step 17". A seed whose reference stopped is not paired.
+  std::vector<std::string> nan_runs;
+  std::string no_verdict_reason;  // empty when the verdict is a result
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
   // band (3 standard errors of a seed-mean control gap); what the plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve;
