@@ -172,7 +172,8 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
     expand(g, part, path);
   }
   // Every cell must be a valid run: bad keys and values are reported before anything runs.
-  std::string identity = g.base_config.empty() ? "" : read_all(g.base_config);
+  g.base_config_text = g.base_config.empty() ? "" : read_all(g.base_config);
+  std::string identity = g.base_config_text;
   std::map<std::string, size_t> resolved;  // a cell's whole resolved config -> the cell
   for (size_t i = 0; i < g.cells.size(); ++i) {
     try {

@@ -34,9 +34,10 @@
 namespace divlab {
 
 struct Grid {
-  std::string path;                                                    // the grid file
-  std::string base_config;                                             // resolved path, or empty
-  std::vector<std::string> fixed;                                      // "key=value" for every cell
+  std::string path;                // the grid file
+  std::string base_config;         // resolved path, or empty
+  std::string base_config_text;    // its content as read once (hashed into id, frozen by sweep)
+  std::vector<std::string> fixed;  // "key=value" for every cell
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // key -> values
   // Cell i's overrides (fixed, then one value per axis; the last axis varies fastest).
   std::vector<std::vector<std::string>> cells;

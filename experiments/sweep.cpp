@@ -74,6 +74,10 @@ std::string finished_status(const std::string& trace) {
 
 // Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid; with `lock`,
 // takes the folder's writer lock (into `held`) before writing anything into it.
+std::string frozen_base_config(const std::string& dir) {
+  return dir + "/base.toml";
+}
+
 void prepare_dir(const std::string& dir, const Grid& g, bool lock,
                  std::unique_ptr<WriterLock>& held) {
   struct stat st {};
@@ -102,7 +106,11 @@ void prepare_dir(const std::string& dir, const Grid& g, bool lock,
   if (lock) held = std::make_unique<WriterLock>(dir + "/sweep.lock", "--out '" + dir + "'");
   mkdir((dir + "/cells").c_str(), 0755);
   write_atomically(dir + "/grid.id", g.id + "\n");
+  // The grid and its base config are frozen here, and every cell runs from these copies: an
+  // edit to the originals during a sweep changes nothing (a re-run with an edited one is refused
+  // above, by grid.id, which hashes both).
   write_atomically(dir + "/grid.toml", read_all(g.path));
+  if (!g.base_config.empty()) write_atomically(frozen_base_config(dir), g.base_config_text);
   std::ostringstream cells;
   cells << "cell\toverrides\n";
   for (size_t i = 0; i < g.size(); ++i) {
@@ -169,7 +177,7 @@ void write_manifest(const std::string& dir, const Grid& g, const std::vector<Rec
 
 pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads) {
   std::vector<std::string> args = {self_exe(), "train", "--quiet", "--force"};
-  if (!g.base_config.empty()) args.insert(args.end(), {"--config", g.base_config});
+  if (!g.base_config.empty()) args.insert(args.end(), {"--config", frozen_base_config(dir)});
   args.push_back("--set");
   for (const auto& o : g.cells[cell]) args.push_back(o);
   args.push_back("train.threads=" + std::to_string(threads));
@@ -257,7 +265,8 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     }
     TrainOptions t;
     t.out = cell_trace_path(opt.out, opt.cell), t.force = true, t.progress = false;
-    const TrainResult r = train(load_config(g.base_config, g.cells[opt.cell]), t);
+    const std::string base = g.base_config.empty() ? "" : frozen_base_config(opt.out);
+    const TrainResult r = train(load_config(base, g.cells[opt.cell]), t);
     (r.status == "nan" ? sum.nan : sum.completed) = 1;
     return sum;
   }

@@ -1,11 +1,17 @@
 #include "kernels/plugins.h"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 #include "kernels/backend.h"
@@ -73,10 +79,54 @@ void remove_added(const Loaded& l) {
   }
 }
 
+// A library can crash or hang in its constructors or its registration function. It is loaded,
+// registered and its table read first in a forked child, so that a crash is reported as one line
+// instead of taking this process (a sweep, a run) down. Returns why the child failed, or "".
+std::string probe_in_child(const std::string& path) {
+  constexpr double kSeconds = 30;
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return "";  // cannot fork: the load below is the only check
+  if (pid == 0) {
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    auto reg = handle ? reinterpret_cast<divlab_plugin_register_fn>(
+                            dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))
+                      : nullptr;
+    const divlab_plugin* p = reg ? reg() : nullptr;
+    volatile size_t touched = 0;  // reads every string the loader will read
+    if (p && p->abi_version == DIVLAB_PLUGIN_ABI_VERSION && p->variants)
+      for (uint32_t i = 0; i < p->count; ++i)
+        for (const char* s :
+             {p->variants[i].op, p->variants[i].name, p->variants[i].device, p->variants[i].summary,
+              p->variants[i].wrong, p->variants[i].exposed_by, p->variants[i].masked_by})
+          touched += s ? std::strlen(s) : 0;
+    _exit(0);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kSeconds) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return "did not finish loading within 30 s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (WIFSIGNALED(status))
+    return std::string("crashed while loading (signal ") + std::to_string(WTERMSIG(status)) + ", " +
+           strsignal(WTERMSIG(status)) + "), in a probe; nothing of it was loaded";
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)  // exit() in its code, or a sanitizer
+    return "crashed while loading (exit status " + std::to_string(WEXITSTATUS(status)) +
+           "), in a probe; nothing of it was loaded";
+  return "";
+}
+
 void load_one(const std::string& path) {
   for (const auto& l : loaded())
     if (l.path == path) return;
   auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
+  if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail(std::string("cannot load: ") + dlerror());

@@ -100,6 +100,12 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
             std::string::npos);
   EXPECT_NE(error_of(DIVLAB_UNKNOWN_OP_PLUGIN).find("unknown op 'layernorm_backward'"),
             std::string::npos);
+  // A library that crashes, in its registration or as it loads, crashes a probe, not us.
+  for (const char* crashing : {DIVLAB_CRASHING_PLUGIN, DIVLAB_CRASHING_ON_LOAD_PLUGIN}) {
+    const std::string crash = error_of(crashing);
+    // (signal 11; under a sanitizer, which turns the fault into an exit, exit status 1)
+    EXPECT_NE(crash.find("crashed while loading ("), std::string::npos) << crash;
+  }
   // Nothing of a refused library stays registered or loaded.
   EXPECT_TRUE(loaded_plugins().empty());
   EXPECT_EQ(cpu_catalogue<float>().rmsnorm_backward.find("from_the_future"), nullptr);

@@ -1,6 +1,9 @@
-// Deliberately broken plug-ins for the loader's error tests; one source, built three times with
+// Deliberately broken plug-ins for the loader's error tests; one source, built five times with
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
-// op). A fourth library, no_register.cpp, exports no registration function at all.
+// op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
+// static constructor). A sixth library, no_register.cpp, exports no registration function.
+#include <csignal>
+
 #include "kernels/plugin_abi.h"
 
 namespace {
@@ -21,6 +24,15 @@ const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
 #endif
 }  // namespace
 
+#if BROKEN_KIND == 5
+__attribute__((constructor)) void crash_on_load() {
+  std::raise(SIGSEGV);
+}
+#endif
+
 extern "C" const divlab_plugin* divlab_plugin_register(void) {
+#if BROKEN_KIND == 4
+  std::raise(SIGSEGV);
+#endif
   return &kPlugin;
 }

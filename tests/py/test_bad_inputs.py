@@ -8,7 +8,10 @@ import unittest
 from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run
 
 CASES = os.path.join(ROOT, "tests", "bad_inputs", "cases.toml")
-SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing")}
+SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing"),
+         "{plugin_crashing}": os.environ.get("DIVLAB_CRASHING_PLUGIN", "/missing"),
+         "{plugin_crashing_on_load}": os.environ.get("DIVLAB_CRASHING_ON_LOAD_PLUGIN",
+                                                     "/missing")}
 
 FIXTURE_GRID = SMALL_GRID_SET + """
 [axes.train]
@@ -30,6 +33,8 @@ def setup_for(case):
         for name, text in case.get("files", {}).items():
             path = os.path.join(d, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            for k, v in SUBST.items():
+                text = text.replace(k, v)
             with open(path, "w") as f:
                 f.write(text)
         for name in case.get("fifo", []):

@@ -104,6 +104,32 @@ class Writers(unittest.TestCase):
         self.assertIn("0 already finished", r.stdout)
         self.assertIn("1 completed", r.stdout)
 
+    def test_cells_run_from_the_frozen_grid_not_the_edited_original(self):
+        d = tmpdir()
+        base = os.path.join(d, "base.toml")
+        with open(base, "w") as f:
+            f.write("[model]\nd_model = 32\n")
+        grid = os.path.join(d, "grid.toml")
+        with open(grid, "w") as f:
+            f.write('config = "base.toml"\n' + SMALL_GRID_SET.replace("d_model = 32\n", "")
+                    .replace("steps = 10", "steps = 600")
+                    + "[set.checkpoint]\nevery = 0\n[axes.train]\nseed = [0, 1, 2]\n")
+        out = os.path.join(d, "out")
+        sweep = start("sweep", "--config", grid, "--out", out, "--jobs", "1")
+        wait_for(os.path.join(out, "cells", "0000.h5"), sweep)
+        with open(base, "w") as f:  # edited while the sweep runs
+            f.write("[model]\nd_model = 48\n")
+        _, err = sweep.communicate(timeout=300)
+        self.assertEqual(sweep.returncode, 0, err)
+        for cell in ("0000", "0001", "0002"):
+            with h5py.File(os.path.join(out, "cells", cell + ".h5"), "r") as f:
+                self.assertIn("d_model = 32", f.attrs["config_toml"], cell)
+        with open(os.path.join(out, "base.toml")) as f:
+            self.assertEqual(f.read(), "[model]\nd_model = 32\n")
+        r = run("sweep", "--config", grid, "--out", out)  # the edited grid is another grid
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("another grid", r.stderr)
+
 
 def cell_processes(out):
     """PIDs of live processes whose command line names the sweep folder `out` (zombies, whose
