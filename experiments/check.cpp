@@ -495,6 +495,22 @@ int cmd_check(const CheckOptions& opt) {
                 r.variant.c_str(), rp.grid.c_str());
     run_reproduce(rp);
   }
+  // What to do next, by outcome.
+  const std::string candidate = r.op + "=" + r.variant;
+  if (!r.pass)
+    std::printf(
+        "\nnext: the failing conditions above name what breaks it; `divlab kernels --op %s` "
+        "lists how the zoo's variants fail, for comparison\n",
+        r.op.c_str());
+  else if (!opt.train)
+    std::printf(
+        "\nnext: `divlab check %s --train` trains with it (the short reproduce grid) to "
+        "see what it does to a loss curve\n",
+        candidate.c_str());
+  else
+    std::printf(
+        "\nnext: the verdicts above are against the op's benign controls; `divlab bisect` "
+        "finds which of several swapped kernels moves the loss\n");
   return r.pass ? 0 : 1;
 }
 

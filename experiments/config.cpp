@@ -146,12 +146,9 @@ const KeySpec* find_spec(const std::string& key) {
 }
 
 [[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
-  std::string best;
-  size_t best_d = 4;
-  for (const auto& s : schema()) {
-    const size_t d = edit_distance(key, s.key);
-    if (d < best_d) best_d = d, best = s.key;
-  }
+  std::vector<std::string> keys;
+  for (const auto& s : schema()) keys.push_back(s.key);
+  const std::string best = closest_name(key, keys);
   throw InputError("unknown config key '" + key + "'" + where +
                    (best.empty() ? "" : "; did you mean '" + best + "'?") +
                    " (divlab train --help-config lists every key)");
@@ -424,6 +421,16 @@ std::string RunConfig::to_toml() const {
     out << (dot == std::string::npos ? key : key.substr(dot + 1)) << " = " << value << "\n";
   }
   return out.str();
+}
+
+std::string closest_name(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = 4;  // farther than 3 edits is no longer a typo
+  for (const auto& name : names) {
+    const size_t d = edit_distance(word, name);
+    if (d < best_distance) best_distance = d, best = name;
+  }
+  return best;
 }
 
 }  // namespace divlab

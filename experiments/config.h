@@ -61,4 +61,8 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 RunConfig load_config_text(const std::string& toml, const std::string& source,
                            const std::vector<std::string>& overrides);
 
+// The name in `names` within 3 edits of `word` and closest to it, for "did you mean" hints;
+// empty if none is.
+std::string closest_name(const std::string& word, const std::vector<std::string>& names);
+
 }  // namespace divlab

@@ -3,6 +3,7 @@
 #include <H5Cpp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "experiments/sweep.h"
 #include "experiments/trace.h"
 #include "experiments/train.h"
+#include "experiments/version.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
@@ -186,7 +188,7 @@ int main(int argc, char** argv) {
   stop_with_parent();
   // A file-size limit (or a full disk) must surface as a write error, not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{"divlab: reproduce and measure training divergence caused by kernels"};
+  CLI::App app{"divlab: reproduce and measure training divergence caused by kernels", "divlab"};
   app.require_subcommand(1);
 
   auto* train = app.add_subcommand("train", "train one model and write its trace");
@@ -276,6 +278,9 @@ int main(int argc, char** argv) {
   AnalyzeOptions an;
   analyze_cmd->add_option("dir", an.dir, "sweep output folder")->required();
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
+  bool fail_on_diverged = false;
+  analyze_cmd->add_flag("--fail-on-diverged", fail_on_diverged,
+                        "exit 1 if any verdict is diverged (for CI gates)");
 
   auto* reproduce = app.add_subcommand("reproduce", "the reported failure, end to end");
   ReproduceOptions rp;
@@ -293,9 +298,27 @@ int main(int argc, char** argv) {
   reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 
+  app.set_version_flag("--version",
+                       std::string("divlab ") + kDivlabVersion + " (" + kGitCommit + ")");
+  // No command, or `help`: the overview. A mistyped command: the nearest one.
+  if (argc == 1 || std::string(argv[1]) == "help") {
+    std::cout << app.help();
+    return argc == 1 ? 2 : 0;
+  }
+  if (argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      const std::string best = closest_name(argv[1], names);
+      std::cerr << "divlab: unknown command '" << argv[1] << "'"
+                << (best.empty() ? "" : "; did you mean '" + best + "'?")
+                << " (divlab --help lists them)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
@@ -327,8 +350,10 @@ int main(int argc, char** argv) {
     }
     if (*reproduce) return run_reproduce(rp);
     if (*analyze_cmd) {
-      analyze(an);
-      return 0;
+      const auto verdicts = analyze(an);
+      const bool diverged = std::any_of(verdicts.begin(), verdicts.end(),
+                                        [](const Verdict& v) { return v.verdict == "diverged"; });
+      return fail_on_diverged && diverged ? 1 : 0;
     }
   } catch (const DeviceBusyError& e) {
     std::cerr << "divlab: " << e.what() << "\n";

@@ -296,5 +296,32 @@ class NanAttribution(unittest.TestCase):
             self.assertTrue(np.all(np.isfinite(f["metrics/loss"][:step])))
 
 
+
+class Commands(unittest.TestCase):
+    def test_no_command_prints_the_overview(self):
+        r = run()
+        self.assertEqual(r.returncode, 2)
+        for command in ("train", "sweep", "analyze", "reproduce", "check", "bisect"):
+            self.assertIn(command, r.stdout)
+        r = run("help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("reproduce", r.stdout)
+
+    def test_version(self):
+        r = run("--version")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"^divlab \S+ \(\S+\)")
+
+    def test_a_mistyped_command_gets_the_nearest(self):
+        for typo, meant in (("trian", "train"), ("analyse", "analyze"), ("sweeep", "sweep")):
+            r = run(typo, "--out", "x.h5")
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual(r.stderr.strip(), f"divlab: unknown command '{typo}'; did you mean "
+                             f"'{meant}'? (divlab --help lists them)")
+        r = run("frobnicate")
+        self.assertEqual(r.returncode, 2)
+        self.assertNotIn("did you mean", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -75,6 +75,8 @@ class AnalysisSelfTest(unittest.TestCase):
         # The smoothed gap leaves the band within a smoothing window of the injected onset.
         self.assertLess(abs(int(bug["onset_step"]) - onset), 60, bug)
         self.assertAlmostEqual(float(bug["gap"]), 0.05, delta=0.01)
+        # As a CI gate: exit 1 when any verdict is diverged.
+        self.assertEqual(run("analyze", d, "--no-plots", "--fail-on-diverged").returncode, 1)
         # Controls drift by their own random walk (std ~0.005 at the end); their verdicts are
         # tested as a rate below: one run may call a control divergent with probability ~alpha.
         for c in ("fp32_reordered", "fp64_accum"):
@@ -200,7 +202,7 @@ class AnalysisSelfTest(unittest.TestCase):
                                     ("nan_layer", "0"), ("nan_tensor", "grad mlp.fc.weight"),
                                     ("nan_step", "41")]:
                     f.attrs[name] = value
-        r = run("analyze", d, "--no-plots", check=True)
+        r = run("analyze", d, "--no-plots", "--fail-on-diverged", check=True)  # none diverged
         rows = {(row["group"], row["variant"]): row for row in verdicts(d)}
         with open(os.path.join(d, "verdicts.csv")) as f:
             header = next(csv.reader(f))
