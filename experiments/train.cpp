@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -71,6 +72,17 @@ std::string hostname() {
   return buf;
 }
 
+// The CPU's model name (/proc/cpuinfo), or "unknown": bitwise determinism holds per machine.
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      const size_t start = line.find_first_not_of(" \t", line.find(':') + 1);
+      return start == std::string::npos ? "unknown" : line.substr(start);
+    }
+  return "unknown";
+}
+
 // Shadow specs named in the run's own backend catalogue (plug-in and GPU-only variants included).
 std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
   return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
@@ -89,6 +101,9 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/", "git_commit", std::string(kGitCommit));
   w.attr("/", "start_utc", utc_now());
   w.attr("/", "host", hostname());
+  w.attr("/", "cpu_model", cpu_model());
+  w.attr("/", "compiler", std::string(kCompiler));
+  w.attr("/", "build_flags", std::string(kBuildFlags));
   w.attr("/", "backend", cfg.backend);
   w.attr("/", "device", device);
   w.attr("/", "precision", cfg.precision);

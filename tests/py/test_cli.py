@@ -125,9 +125,15 @@ class Trace(unittest.TestCase):
         a = self.f.attrs
         self.assertEqual(a["status"], "completed")
         self.assertEqual(a["backend"], "cpu")
-        for key in ("divlab_version", "git_commit", "start_utc", "host"):
+        for key in ("divlab_version", "git_commit", "start_utc", "host", "cpu_model", "compiler",
+                    "build_flags"):
             self.assertIsInstance(a[key], str)
             self.assertTrue(a[key])
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "unknown")
+        self.assertEqual(a["cpu_model"], model)
+        self.assertRegex(a["compiler"], r"^(GNU|Clang) \d+\.")
 
     def test_config_as_toml_and_attributes(self):
         cfg = tomllib.loads(self.f.attrs["config_toml"])
