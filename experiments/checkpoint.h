@@ -26,6 +26,10 @@ struct Checkpoint {
 
 // Creates both slots (before SWMR starts).
 void lay_out_checkpoints(TraceWriter& w, int64_t params, bool second_moment, int vocab);
+// The slot of the checkpoint taken before step `next_step`: consecutive checkpoints alternate.
+inline int checkpoint_slot(int64_t next_step, int64_t every) {
+  return int((next_step / every) % 2);
+}
 // Writes `c` into `slot` (0 or 1) with the marker protocol above; also flushes every series.
 void write_checkpoint(TraceWriter& w, const Checkpoint& c, int slot);
 // The newest consistent checkpoint; none if the run stopped before its first (or never takes one).

@@ -72,11 +72,13 @@ std::string finished_status(const std::string& trace) {
   }
 }
 
-// Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid; with `lock`,
-// takes the folder's writer lock (into `held`) before writing anything into it.
+// The copy of the grid's base config that cells run from.
 std::string frozen_base_config(const std::string& dir) {
   return dir + "/base.toml";
 }
+
+// Creates DIR and DIR/cells, or checks that an existing DIR belongs to this grid; with `lock`,
+// takes the folder's writer lock (into `held`) before writing anything into it.
 
 void prepare_dir(const std::string& dir, const Grid& g, bool lock,
                  std::unique_ptr<WriterLock>& held) {

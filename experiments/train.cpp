@@ -344,12 +344,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (series == "/metrics/wall_s" && !values.empty()) wall_offset = values.back();
     }
     first_step = c.next_step;
-    if (cfg.checkpoint_every > 0) {
-      // Into the slot the run's next checkpoint will not overwrite: a kill while that one is
-      // written still finds this one.
-      const int64_t next = (c.next_step / cfg.checkpoint_every + 1) * cfg.checkpoint_every;
-      write_checkpoint(trace, c, 1 - int((next / cfg.checkpoint_every) % 2));
-    }
+    // Into its own slot, which the run's next checkpoint does not overwrite: a kill while that
+    // one is written still finds this one.
+    if (cfg.checkpoint_every > 0)
+      write_checkpoint(trace, c, checkpoint_slot(c.next_step, cfg.checkpoint_every));
   }
   trace.publish();
 
@@ -358,12 +356,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const auto t0 = std::chrono::steady_clock::now();
   TrainResult result{"completed", first_step, 0.0, 0};
   std::vector<std::pair<std::string, std::string>> nan_where;
-  for (int64_t step = first_step; step < cfg.steps; ++step) {
-    if (step == first_step && stop_signal() != 0) {  // asked to stop while setting up
-      result.status = "interrupted";
-      result.signal = stop_signal();
-      break;
-    }
+  const bool stopped_while_setting_up = stop_signal() != 0;  // then no step is taken
+  if (stopped_while_setting_up) result.status = "interrupted", result.signal = stop_signal();
+  for (int64_t step = stopped_while_setting_up ? cfg.steps : first_step; step < cfg.steps; ++step) {
     if (step == cfg.abort_at_step) std::abort();
     data.batch(step, B, Tn, in.data(), tgt.data());
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
@@ -427,7 +422,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
           trace,
           {step + 1, widen(model.params()), widen(optim.first_moment()),
            widen(optim.second_moment()), token_counts, stochastic_rounding_calls().load()},
-          int(((step + 1) / cfg.checkpoint_every) % 2));
+          checkpoint_slot(step + 1, cfg.checkpoint_every));
     }
     if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
       result.status = "interrupted";
