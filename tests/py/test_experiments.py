@@ -202,8 +202,12 @@ class AnalysisSelfTest(unittest.TestCase):
                                     ("nan_layer", "0"), ("nan_tensor", "grad mlp.fc.weight"),
                                     ("nan_step", "41")]:
                     f.attrs[name] = value
-        r = run("analyze", d, "--no-plots", "--fail-on-diverged", check=True)  # none diverged
+        r = run("analyze", d, "--no-plots", "--fail-on-diverged")
         rows = {(row["group"], row["variant"]): row for row in verdicts(d)}
+        # No gap was injected, but a control may still cross its band by chance (at the test's
+        # alpha): the exit code follows the verdicts either way.
+        any_diverged = any(row["verdict"] == "diverged" for row in rows.values())
+        self.assertEqual(r.returncode, 1 if any_diverged else 0, r.stderr)
         with open(os.path.join(d, "verdicts.csv")) as f:
             header = next(csv.reader(f))
             self.assertTrue(all(len(row) == len(header) for row in csv.reader(f)))

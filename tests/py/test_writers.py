@@ -77,12 +77,17 @@ class Writers(unittest.TestCase):
         out = os.path.join(d, "out")
         first = start("sweep", "--config", grid, "--out", out, "--jobs", "2")
         try:
-            wait_for(os.path.join(out, "sweep.lock"), first)
-            before = sorted(os.listdir(out))
+            # Once its manifest exists the first sweep has laid out its folder; from then on it
+            # only adds cells and replaces files through temporaries named by its PID.
+            wait_for(os.path.join(out, "manifest.tsv"), first)
+
+            def listing():
+                return sorted(n for n in os.listdir(out) if f".tmp.{first.pid}" not in n)
+            before = listing()
             r = run("sweep", "--config", grid, "--out", out, "--jobs", "2")
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
             self.assertIn(f"PID {first.pid}", r.stderr)
-            self.assertEqual(sorted(os.listdir(out)), before)  # nothing written by the refused one
+            self.assertEqual(listing(), before)  # nothing written by the refused one
         finally:
             stdout, err = first.communicate(timeout=600)
         self.assertEqual(first.returncode, 0, err)
