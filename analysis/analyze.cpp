@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "analysis/dose.h"
 #include "analysis/stats.h"
 #include "experiments/config.h"
+#include "experiments/toml_reader.h"
 #include "experiments/trace.h"
 #include "kernels/registry.h"
 
@@ -61,16 +61,13 @@ std::vector<std::string> list_traces(const std::string& dir) {
 
 std::map<std::string, std::string> parse_toml(const std::string& text, const std::string& path) {
   std::map<std::string, std::string> cfg;
-  std::istringstream in(text);
-  try {
-    for (const auto& item : CLI::ConfigTOML().from_config(in)) {
-      if (item.name == "++" || item.name == "--") continue;
-      std::string v;
-      for (size_t i = 0; i < item.inputs.size(); ++i) v += (i ? "," : "") + item.inputs[i];
-      cfg[item.fullname()] = v;
+  for (const TomlEntry& e : read_toml(text, "trace '" + path + "': config_toml")) {
+    std::string v = e.value.text;
+    if (e.value.kind == TomlValue::Kind::Array) {
+      v.clear();
+      for (size_t i = 0; i < e.value.items.size(); ++i) v += (i ? "," : "") + e.value.items[i].text;
     }
-  } catch (const std::exception& e) {
-    throw InputError("trace '" + path + "': unreadable config_toml: " + e.what());
+    cfg[e.key] = v;
   }
   return cfg;
 }

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/utf8.h"
 #include "experiments/config.h"
 #include "experiments/files.h"
 #include "model/rng.h"
@@ -48,22 +49,6 @@ std::string cache_dir() {
 }
 
 namespace {
-
-// Offset of the first byte that is not valid UTF-8 (or a NUL), or npos.
-size_t first_invalid_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = s[i];
-    if (c == 0) return i;
-    int extra = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
-    if (extra < 0 || (c >= 0xc0 && c < 0xc2) || c > 0xf4 || i + extra >= s.size() + (extra ? 0 : 1))
-      return i;
-    for (int k = 1; k <= extra; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return i;
-    i += extra + 1;
-  }
-  return std::string::npos;
-}
 
 std::string read_corpus_file(const std::string& path) {
   std::string text;

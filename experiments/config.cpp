@@ -1,6 +1,5 @@
 #include "experiments/config.h"
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +8,8 @@
 #include <limits>
 #include <sstream>
 
+#include "experiments/files.h"
+#include "experiments/toml_reader.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
@@ -116,12 +117,6 @@ std::string trim(std::string s) {
   const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
-std::string unquote(std::string s) {
-  s = trim(s);
-  if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
-    return s.substr(1, s.size() - 2);
-  return s;
-}
 
 // Levenshtein distance, for "did you mean" hints.
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -154,31 +149,64 @@ const KeySpec* find_spec(const std::string& key) {
                    " (divlab train --help-config lists every key)");
 }
 
-// Raw values: key -> list of value texts. Lists have any count; scalars exactly one.
-using RawValues = std::map<std::string, std::vector<std::string>>;
+// Values as read, type-checked against the schema: key -> canonical texts (one for a scalar, any
+// count for a list) and where they came from, for messages.
+struct RawValue {
+  std::vector<std::string> values;
+  std::string where;  // " (c.toml line 4)" or " (--set)"
+};
+using RawValues = std::map<std::string, RawValue>;
 
-void put(RawValues& raw, const std::string& key, std::vector<std::string> values,
-         const std::string& where) {
+[[noreturn]] void wrong_type(const std::string& key, const std::string& where,
+                             const std::string& expected, const TomlValue& got) {
+  throw InputError("config key '" + key + "'" + where + ": expected " + expected + ", got " +
+                   got.describe());
+}
+
+// A value's text if it has the schema's type. A file's values must have it exactly; on the
+// command line any scalar is a string's text (`data=zipf:1.1`, `kernels.x=v1` need no quotes),
+// and a bare word where a number belongs is named as typed.
+std::string scalar_text(const std::string& key, Type type, const TomlValue& v,
+                        const std::string& where, bool command_line) {
+  using Kind = TomlValue::Kind;
+  switch (type) {
+    case Type::Int:
+      if (v.kind != Kind::Integer) wrong_type(key, where, "an integer", v);
+      break;
+    case Type::Float:
+      if (v.kind != Kind::Integer && v.kind != Kind::Float) wrong_type(key, where, "a number", v);
+      break;
+    case Type::Bool:
+      if (v.kind != Kind::Boolean) wrong_type(key, where, "true or false", v);
+      break;
+    default:
+      if (v.kind == Kind::Array) wrong_type(key, where, "a string", v);
+      if (v.kind != Kind::String && !command_line) wrong_type(key, where, "a string", v);
+      break;
+  }
+  return v.text;
+}
+
+void put(RawValues& raw, const std::string& key, const TomlValue& v, const std::string& where,
+         bool command_line) {
   const KeySpec* spec = find_spec(key);
   const bool kernel_key = key.rfind(kKernelsPrefix, 0) == 0 && key.size() > kKernelsPrefix.size();
   if (!spec && !kernel_key) unknown_key(key, where);
-  const bool is_list = spec && spec->type == Type::List;
-  if (!is_list && values.size() != 1)
-    throw InputError("config key '" + key + "'" + where + ": expected one " +
-                     type_name(spec ? spec->type : Type::String) + ", got " +
-                     std::to_string(values.size()) + " values");
-  raw[key] = std::move(values);
-}
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::string s = trim(text);
-  if (s.size() < 2 || s.front() != '[' || s.back() != ']') return {unquote(s)};
-  std::vector<std::string> out;
-  std::stringstream ss(s.substr(1, s.size() - 2));
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!trim(item).empty()) out.push_back(unquote(item));
-  return out;
+  raw.erase(key);  // a file cannot repeat a key (toml++ refuses it); on --set the last one wins
+  const Type type = spec ? spec->type : Type::String;
+  RawValue& out = raw[key];
+  out.where = where;
+  if (type != Type::List) {
+    out.values = {scalar_text(key, type, v, where, command_line)};
+    return;
+  }
+  if (v.kind != TomlValue::Kind::Array) {
+    if (!command_line) wrong_type(key, where, "a list of strings", v);
+    if (!v.text.empty()) out.values = {v.text};  // --set plugins=a.so
+    return;
+  }
+  for (const TomlValue& item : v.items)
+    out.values.push_back(scalar_text(key, Type::String, item, where, command_line));
 }
 
 long long parse_int(const std::string& key, const std::string& v) {
@@ -207,7 +235,7 @@ bool parse_bool(const std::string& key, const std::string& v) {
   throw InputError("config key '" + key + "': expected true or false, got '" + v + "'");
 }
 
-void check_range(const KeySpec& s, double x, const std::string& text) {
+void check_range(const KeySpec& s, double x, const std::string& text, const std::string& where) {
   const char* need = nullptr;
   switch (s.range) {
     case Range::Any:
@@ -225,24 +253,33 @@ void check_range(const KeySpec& s, double x, const std::string& text) {
       need = x >= 0 && x <= 1 ? nullptr : "in [0, 1]";
       break;
   }
-  if (need) throw InputError("config key '" + s.key + "' = " + text + ": must be " + need);
+  if (need) throw InputError("config key '" + s.key + "' = " + text + where + ": must be " + need);
 }
 
 // Checks a raw value against its spec and returns its TOML text.
-std::string normalise(const KeySpec& s, const std::vector<std::string>& values) {
+std::string normalise(const KeySpec& s, const std::vector<std::string>& values,
+                      const std::string& where) {
   if (s.type == Type::List) {
     std::string out = "[";
-    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", \"" : "\"") + values[i] + "\"";
+    for (size_t i = 0; i < values.size(); ++i) {
+      TomlValue item;
+      item.text = values[i];
+      out += (i ? ", " : "") + item.toml();
+    }
     return out + "]";
   }
   const std::string& v = values.at(0);
   switch (s.type) {
-    case Type::Int:
-      check_range(s, double(parse_int(s.key, v)), v);
-      return v;
-    case Type::Float:
-      check_range(s, parse_float(s.key, v), v);
-      return v;
+    case Type::Int: {  // canonical text, so that two spellings of one value resolve to one run
+      const long long x = parse_int(s.key, v);
+      check_range(s, double(x), v, where);
+      return std::to_string(x);
+    }
+    case Type::Float: {
+      const double x = parse_float(s.key, v);
+      check_range(s, x, v, where);
+      return float_text(x);
+    }
     case Type::Bool:
       parse_bool(s.key, v);
       return v;
@@ -252,10 +289,13 @@ std::string normalise(const KeySpec& s, const std::vector<std::string>& values) 
   if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end()) {
     std::string valid;
     for (const auto& c : s.choices) valid += (valid.empty() ? "" : ", ") + c;
-    throw InputError("config key '" + s.key + "' = '" + v + "': must be one of " + valid);
+    throw InputError("config key '" + s.key + "' = '" + v + "'" + where + ": must be one of " +
+                     valid);
   }
-  if (v.empty()) throw InputError("config key '" + s.key + "': must not be empty");
-  return "\"" + v + "\"";
+  if (v.empty()) throw InputError("config key '" + s.key + "'" + where + ": must not be empty");
+  TomlValue text;
+  text.text = v;
+  return text.toml();
 }
 
 }  // namespace
@@ -271,55 +311,46 @@ std::string describe_config_keys() {
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return load_config_text("", "", overrides);
-  std::ifstream in(path);
-  if (!in) throw InputError("config file '" + path + "': cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return load_config_text(text.str(), path, overrides);
+  const std::string text = read_input_file(path, "config file");
+  return load_config_text(text, path, overrides);
 }
 
 RunConfig load_config_text(const std::string& toml, const std::string& source,
                            const std::vector<std::string>& overrides) {
   RawValues raw;
   if (!toml.empty()) {
-    std::vector<CLI::ConfigItem> items;
-    try {
-      std::istringstream in(toml);
-      items = CLI::ConfigTOML().from_config(in);
-    } catch (const std::exception& e) {
-      throw InputError("config file '" + source + "': " + e.what());
-    }
-    for (const auto& item : items) {
-      if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
-      put(raw, item.fullname(), item.inputs, " in " + source);
-    }
+    for (const TomlEntry& e : read_toml(toml, "config file '" + source + "'"))
+      put(raw, e.key, e.value, " (" + source + " line " + std::to_string(e.value.line) + ")",
+          false);
   }
   for (const auto& o : overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       throw InputError("--set '" + o + "': expected key=value");
-    put(raw, trim(o.substr(0, eq)), split_list(o.substr(eq + 1)), " (from --set)");
+    put(raw, trim(o.substr(0, eq)), read_toml_value(o.substr(eq + 1)), " (--set)", true);
   }
 
   RunConfig cfg;
   std::map<std::string, std::string> text;  // key -> validated TOML text
   for (const auto& s : schema()) {
     const auto it = raw.find(s.key);
-    const std::vector<std::string> values = it != raw.end() ? it->second
+    const std::vector<std::string> values = it != raw.end() ? it->second.values
                                             : s.type == Type::List
                                                 ? std::vector<std::string>{}
                                                 : std::vector<std::string>{s.fallback};
-    text[s.key] = normalise(s, values);
+    text[s.key] = normalise(s, values, it != raw.end() ? it->second.where : "");
     cfg.resolved.emplace_back(s.key, text[s.key]);
   }
-  for (const auto& [key, values] : raw)
+  for (const auto& [key, value] : raw)
     if (key.rfind(kKernelsPrefix, 0) == 0) {
-      cfg.kernels[key.substr(kKernelsPrefix.size())] = values.at(0);
-      cfg.resolved.emplace_back(key, "\"" + values.at(0) + "\"");
+      TomlValue name;
+      name.text = value.values.at(0);
+      cfg.kernels[key.substr(kKernelsPrefix.size())] = name.text;
+      cfg.resolved.emplace_back(key, name.toml());
     }
 
   auto str = [&](const std::string& k) {
-    return raw.count(k) ? raw[k][0] : find_spec(k)->fallback;
+    return raw.count(k) ? raw[k].values.at(0) : find_spec(k)->fallback;
   };
   auto i64 = [&](const std::string& k) { return parse_int(k, str(k)); };
   // Keys held as int: checked before narrowing, so 2^32 + 64 is refused, not trained as 64.
@@ -350,8 +381,8 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   cfg.threads = i32("train.threads");
   cfg.eval_every = i64("eval.every"), cfg.eval_batches = i32("eval.batches");
   cfg.shadow_every = i64("shadow.every");
-  if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"];
-  if (raw.count("plugins")) cfg.plugins = raw["plugins"];
+  if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"].values;
+  if (raw.count("plugins")) cfg.plugins = raw["plugins"].values;
   cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
   cfg.abort_at_step = i64("debug.abort_at_step");
   cfg.sync_kernels = str("debug.sync_kernels") == "true";

@@ -1,28 +1,17 @@
-// Run configuration: one schema of dotted keys, read from TOML (CLI11's reader), overridden by
+// Run configuration: one schema of dotted keys, read from TOML (toml++, strict types), overridden
+// by
 // `--set key=value`, validated with a message that names the key, and printed back as TOML.
 #pragma once
 
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "experiments/errors.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
 
 namespace divlab {
-
-// Bad input from the user: the CLI prints what() and exits with code 2, having written nothing.
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-// The device cannot take the run now but could when idle (GPU memory held by other processes):
-// the CLI prints what() and exits with kExitDeviceBusy, having written nothing; a sweep retries
-// the cell once another of its cells has ended.
-struct DeviceBusyError : InputError {
-  using InputError::InputError;
-};
-constexpr int kExitDeviceBusy = 75;  // EX_TEMPFAIL
 
 struct RunConfig {
   std::string backend = "cpu";

@@ -1,10 +1,15 @@
 #include "experiments/files.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "experiments/errors.h"
 
 namespace divlab {
 
@@ -16,6 +21,18 @@ bool read_file(const std::string& path, std::string& out) {
   s << in.rdbuf();
   out = s.str();
   return bool(in) || in.eof();
+}
+
+std::string read_input_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    throw InputError(what + " '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(what + " '" + path + "': is not a regular file" +
+                     (S_ISDIR(st.st_mode) ? " (a folder)" : ""));
+  std::string text;
+  if (!read_file(path, text)) throw InputError(what + " '" + path + "': cannot be read");
+  return text;
 }
 
 bool write_file_atomically(const std::string& path, const std::string& bytes) {

@@ -9,6 +9,11 @@ namespace divlab {
 // The file's bytes; false (and `out` empty) if it cannot be read.
 bool read_file(const std::string& path, std::string& out);
 
+// The whole of a file the user named as input; `what` names it in messages ("config file").
+// Throws InputError "WHAT 'PATH': ..." when it is missing, is not a regular file (a named pipe
+// or a device would block or never end, a folder holds no text) or cannot be read.
+std::string read_input_file(const std::string& path, const std::string& what);
+
 // Writes `bytes` to a temporary file beside `path` (named by the process id, so concurrent
 // writers never share one) and renames it over `path`: readers see the old file or the new one,
 // never a part. False, with nothing left behind, if the write fails.

@@ -1,6 +1,5 @@
 #include "experiments/grid.h"
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -9,21 +8,27 @@
 #include "datasets/text.h"
 #include "experiments/config.h"
 #include "experiments/files.h"
+#include "experiments/toml_reader.h"
 
 namespace divlab {
 
 namespace {
-std::string value_text(const std::vector<std::string>& inputs) {
-  if (inputs.size() == 1) return inputs[0];
-  std::string s = "[";
-  for (size_t i = 0; i < inputs.size(); ++i) s += (i ? "," : "") + inputs[i];
-  return s + "]";
+// A value as `--set` text: strings as they are (an axis string may carry "key=value" words
+// after its value), everything else as TOML.
+std::string value_text(const TomlValue& v) {
+  return v.kind == TomlValue::Kind::String ? v.text : v.toml();
 }
 
-std::string read_all(const std::string& path) {
-  std::string text;
-  read_file(path, text);
-  return text;
+std::vector<std::string> axis_values(const TomlEntry& e, const std::string& path,
+                                     const std::string& axis) {
+  if (e.value.kind != TomlValue::Kind::Array)
+    throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) + ": axis '" +
+                     axis + "' must be an array of values, got " + e.value.describe());
+  if (e.value.items.empty())
+    throw InputError("grid '" + path + "': axis '" + axis + "' has no values");
+  std::vector<std::string> out;
+  for (const auto& item : e.value.items) out.push_back(value_text(item));
+  return out;
 }
 
 void set_or_replace(std::vector<std::string>& overrides, const std::string& key,
@@ -99,13 +104,8 @@ void expand(Grid& g, const Part& part, const std::string& path) {
 Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
   Grid g;
   g.path = path;
-  if (!std::ifstream(path)) throw InputError("grid '" + path + "': cannot be read");
-  std::vector<CLI::ConfigItem> items;
-  try {
-    items = CLI::ConfigTOML().from_file(path);
-  } catch (const std::exception& e) {
-    throw InputError("grid '" + path + "': " + e.what());
-  }
+  const std::vector<TomlEntry> entries =
+      read_toml(read_input_file(path, "grid"), "grid '" + path + "'");
   std::vector<std::pair<std::string, std::vector<std::string>>> quick_axes;
   std::vector<Part> parts;
   auto part_named = [&](const std::string& name) -> Part& {
@@ -114,46 +114,41 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
     parts.push_back({name, {}, {}});
     return parts.back();
   };
-  for (const auto& item : items) {
-    if (item.name == "++" || item.name == "--") continue;
-    std::vector<std::string> parts_of_key = item.parents;
-    parts_of_key.push_back(item.name);
-    const auto& k = parts_of_key;
-    const std::string full = item.fullname();
+  for (const TomlEntry& e : entries) {
+    std::vector<std::string> k;
+    std::stringstream names(e.key);
+    for (std::string name; std::getline(names, name, '.');) k.push_back(name);
     auto tail = [&](size_t from) {
       std::string t;
       for (size_t i = from; i < k.size(); ++i) t += (t.empty() ? "" : ".") + k[i];
       return t;
     };
-    auto no_values = [&](const std::string& axis) {
-      return InputError("grid '" + path + "': axis '" + axis + "' has no values");
-    };
     if (k.size() == 1 && k[0] == "config") {
+      if (e.value.kind != TomlValue::Kind::String || e.value.text.empty())
+        throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) +
+                         ": 'config' must be a path (a string), got " + e.value.describe());
       const std::string dir =
           path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
-      g.base_config =
-          item.inputs.at(0).front() == '/' ? item.inputs[0] : dir + "/" + item.inputs[0];
+      g.base_config = e.value.text.front() == '/' ? e.value.text : dir + "/" + e.value.text;
     } else if (k[0] == "set" && k.size() > 1) {
-      set_or_replace(g.fixed, tail(1), value_text(item.inputs));
+      set_or_replace(g.fixed, tail(1), value_text(e.value));
     } else if (k[0] == "axes" && k.size() > 1) {
-      if (item.inputs.empty()) throw no_values(tail(1));
-      g.axes.emplace_back(tail(1), item.inputs);
+      g.axes.emplace_back(tail(1), axis_values(e, path, tail(1)));
     } else if (k[0] == "parts" && k.size() > 3 && (k[2] == "set" || k[2] == "axes")) {
       Part& part = part_named(k[1]);
-      if (k[2] == "set") {
-        set_or_replace(part.fixed, tail(3), value_text(item.inputs));
-      } else {
-        if (item.inputs.empty()) throw no_values(k[1] + ": " + tail(3));
-        add_axis(part.axes, tail(3), item.inputs);
-      }
+      if (k[2] == "set")
+        set_or_replace(part.fixed, tail(3), value_text(e.value));
+      else
+        add_axis(part.axes, tail(3), axis_values(e, path, k[1] + ": " + tail(3)));
     } else if (k[0] == "quick" && k.size() > 2 && (k[1] == "set" || k[1] == "axes")) {
       if (!quick) continue;
       if (k[1] == "set")
-        set_or_replace(g.fixed, tail(2), value_text(item.inputs));
+        set_or_replace(g.fixed, tail(2), value_text(e.value));
       else
-        quick_axes.emplace_back(tail(2), item.inputs);
+        quick_axes.emplace_back(tail(2), axis_values(e, path, tail(2)));
     } else {
-      throw InputError("grid '" + path + "': unknown key '" + full +
+      throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) +
+                       ": unknown key '" + e.key +
                        "' (a grid has config, [set...], [axes...], [parts.NAME.set/axes...] and "
                        "[quick.set/axes...])");
     }
@@ -172,7 +167,8 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
     expand(g, part, path);
   }
   // Every cell must be a valid run: bad keys and values are reported before anything runs.
-  g.base_config_text = g.base_config.empty() ? "" : read_all(g.base_config);
+  g.base_config_text =
+      g.base_config.empty() ? "" : read_input_file(g.base_config, "grid '" + path + "': config");
   std::string identity = g.base_config_text;
   std::map<std::string, size_t> resolved;  // a cell's whole resolved config -> the cell
   for (size_t i = 0; i < g.cells.size(); ++i) {

@@ -55,6 +55,14 @@ void check_out_is_no_input(const std::string& out, const std::string& config,
   }
 }
 
+// Unsigned options: CLI11 reads "-1" into a uint64_t as 2^64 - 1, and an int option's "-1" would
+// mean "not given" (sweep --cell), so a sign is refused before conversion.
+const CLI::Validator kNotNegative(
+    [](std::string& value) {
+      return !value.empty() && value[0] == '-' ? "'" + value + "': must be >= 0" : std::string();
+    },
+    "N >= 0");
+
 int cmd_train(const std::string& config, const std::vector<std::string>& sets,
               const std::string& out, bool force, bool quiet, const std::string& resume,
               bool profile) {
@@ -216,7 +224,7 @@ int main(int argc, char** argv) {
   check->add_option("--backend", ck.backend, "cpu | cuda (where the variant runs)")
       ->capture_default_str();
   check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
-  check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)");
+  check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
   check->add_flag("--train", ck.train, "then run the short reproduce grid with the candidate");
   check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");
   check->add_option("--jobs", ck.jobs, "--train: cells at a time");
@@ -245,7 +253,9 @@ int main(int argc, char** argv) {
   data->add_option("--vocab", vocab, "vocabulary size (text: BPE pieces)")->capture_default_str();
   data->add_option("--batch", batch, "sequences per step")->capture_default_str();
   data->add_option("--seq", seq, "tokens per sequence")->capture_default_str();
-  data->add_option("--seed", seed, "seed for the batches sampled")->capture_default_str();
+  data->add_option("--seed", seed, "seed for the batches sampled")
+      ->capture_default_str()
+      ->check(kNotNegative);
 
   auto* kernels = app.add_subcommand("kernels", "list every op and variant with its documentation");
   std::string only_op;
@@ -267,11 +277,14 @@ int main(int argc, char** argv) {
   sweep->add_option("--config", sw.grid, "grid TOML file")->required();
   sweep->add_option("--out", sw.out, "output folder (cells/, manifest.tsv)")->required();
   sweep->add_option("--jobs", sw.jobs, "cells at a time (default: number of cores)");
-  sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)");
+  sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)")
+      ->check(kNotNegative);
   sweep->add_option("--timeout", sw.timeout_s, "seconds per cell before it is killed");
   sweep->add_flag("--quick", sw.quick, "apply the grid's [quick] overlay");
-  sweep->add_option("--seed-offset", sw.seed_offset,
-                    "add N to every cell's train.seed (a re-run with fresh seeds)");
+  sweep
+      ->add_option("--seed-offset", sw.seed_offset,
+                   "add N to every cell's train.seed (a re-run with fresh seeds)")
+      ->check(kNotNegative);
   sweep->add_flag("--emit-slurm", sw.emit_slurm, "write a Slurm job array + analysis step");
 
   auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
@@ -293,8 +306,10 @@ int main(int argc, char** argv) {
   reproduce->add_option("--config", rp.grid,
                         "grid (default configs/reproduce.toml; --backend cuda: "
                         "configs/reproduce-gpu.toml)");
-  reproduce->add_option("--seed-offset", rp.seed_offset,
-                        "add N to every cell's train.seed (a re-run with fresh seeds)");
+  reproduce
+      ->add_option("--seed-offset", rp.seed_offset,
+                   "add N to every cell's train.seed (a re-run with fresh seeds)")
+      ->check(kNotNegative);
   reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 

@@ -1,6 +1,7 @@
 #include "experiments/train.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
@@ -39,7 +40,10 @@ int default_threads() {
 
 void check_output_path(const std::string& path, bool force) {
   if (path.empty()) throw InputError("--out: an output path is required");
-  if (access(path.c_str(), F_OK) == 0) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      throw InputError("output '" + path + "' is a folder (--out names the trace file)");
     if (!force) throw InputError("output '" + path + "' already exists (use --force to overwrite)");
     if (access(path.c_str(), W_OK) != 0)
       throw InputError("output '" + path + "' exists and is not writable");
@@ -484,6 +488,34 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   return r;
 }
 
+namespace {
+// A resumed run continues the run its trace records: an override may lengthen it or change how
+// it is carried out, never what its steps compute (the model, data, optimizer, kernels), or the
+// steps already in the trace would be mislabelled.
+void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
+                            const std::string& path) {
+  static const std::vector<std::string> may_change = {
+      "train.steps",      "train.threads",      "trace.flush_steps",  "trace.flush_seconds",
+      "checkpoint.every", "debug.sync_kernels", "debug.abort_at_step"};
+  std::map<std::string, std::string> before(recorded.resolved.begin(), recorded.resolved.end());
+  std::map<std::string, std::string> after(now.resolved.begin(), now.resolved.end());
+  for (const auto& [key, value] : after) {
+    const auto it = before.find(key);
+    if (it != before.end() && it->second == value) continue;
+    if (std::find(may_change.begin(), may_change.end(), key) == may_change.end())
+      throw InputError("--resume '" + path + "': --set " + key + " would change what the run " +
+                       "computes (recorded " +
+                       (it == before.end() ? std::string("unset") : it->second) + ", given " +
+                       value + "); a resumed run may only change train.steps, train.threads, " +
+                       "trace.*, checkpoint.every and debug.*");
+    if (key == "train.steps" && now.optim.schedule == "cosine")
+      throw InputError("--resume '" + path + "': --set train.steps changes the cosine " +
+                       "schedule, which spans train.steps, so the steps already run would have " +
+                       "had other learning rates");
+  }
+}
+}  // namespace
+
 TrainResult resume_training(const std::string& path, const std::vector<std::string>& overrides,
                             bool progress) {
   Resume resume;
@@ -492,7 +524,9 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   WriterLock lock(path + ".lock", "--resume '" + path + "'");
   {
     const TraceReader r(path);
-    cfg = load_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides);
+    const std::string recorded = r.string_attr("/", "config_toml");
+    cfg = load_config_text(recorded, "trace '" + path + "'", overrides);
+    check_resume_overrides(load_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
     const auto done = int64_t(r.ints("/metrics/step").size());
     if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +

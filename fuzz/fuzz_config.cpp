@@ -14,5 +14,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     divlab::load_config_text(text, "fuzz input", {});
   } catch (const divlab::InputError&) {
   }
+  // The same bytes as a command line's value: --set reads TOML values and bare words.
+  try {
+    divlab::load_config_text("", "fuzz input", {"shadow.variants=" + text, "train.lr=" + text});
+  } catch (const divlab::InputError&) {
+  }
   return 0;
 }

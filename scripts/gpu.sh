@@ -19,6 +19,12 @@ step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records pass/fail
   echo "== $name: ${result[$name]}"
 }
 
+# Header-only packages the GPU machine lacks travel as Debian packages in the git-ignored .deps/
+# (scripts/fetch-deps.sh) and are unpacked into a private prefix there.
+if ! [ -f /usr/include/toml++/toml.h ] && ls .deps/*.deb >/dev/null 2>&1; then
+  for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
+  export CMAKE_PREFIX_PATH=$PWD/.deps/root/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"

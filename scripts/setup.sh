@@ -3,7 +3,7 @@
 # Safe to run repeatedly. Uses sudo when not root.
 set -euo pipefail
 
-packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libgtest-dev
+packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libtomlplusplus-dev libgtest-dev
           libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch
           hdf5-tools libssl-dev clang libomp-dev)
 missing=()

@@ -27,9 +27,10 @@ steps = 10
 """
 
 
-def run(*args, check=False, env=None):
+def run(*args, check=False, env=None, timeout=None):
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([BIN, *args], capture_output=True, text=True, check=check, env=e)
+    return subprocess.run([BIN, *args], capture_output=True, text=True, check=check, env=e,
+                          timeout=timeout)
 
 
 def tmpdir():
@@ -65,7 +66,10 @@ def assert_rejected(tc, args, needle, setup=None, env=None):
         setup(d)
     before = snapshot(d)
     args = [a.replace("{d}", d) for a in args]
-    r = run(*args, env=env(d) if callable(env) else env)
+    needle = needle.replace("{d}", d)
+    # A refusal is immediate; a run that blocks (on a named pipe, say) fails here, not in CI's
+    # overall limit.
+    r = run(*args, env=env(d) if callable(env) else env, timeout=120)
     tc.assertEqual(r.returncode, 2, f"{args}: rc {r.returncode}, stderr {r.stderr!r}")
     lines = r.stderr.strip().splitlines()
     tc.assertEqual(len(lines), 1, f"{args}: expected one line, got {r.stderr!r}")
