@@ -14,9 +14,11 @@
 
 #include "analysis/dose.h"
 #include "analysis/stats.h"
+#include "common/host.h"
 #include "experiments/config.h"
 #include "experiments/toml_reader.h"
 #include "experiments/trace.h"
+#include "experiments/version.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -44,6 +46,7 @@ struct Cell {
   std::string nan_where;       // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
   bool control = false;
   long long seed = 0;
+  std::string provenance;  // "divlab COMMIT on HOST (BACKEND)": who wrote the trace
 };
 
 std::vector<std::string> list_traces(const std::string& dir) {
@@ -95,6 +98,17 @@ Cell load_cell(const std::string& path) {
                   attr("nan_tensor") + ", step " + attr("nan_step");
   }
   c.config = parse_toml(r.string_attr("/", "config_toml"), path);
+  {
+    auto attr = [&](const char* name) {
+      try {
+        return r.string_attr("/", name);
+      } catch (const InputError&) {
+        return std::string("?");
+      }
+    };
+    c.provenance =
+        "divlab " + attr("git_commit") + " on " + attr("host") + " (" + attr("backend") + ")";
+  }
   if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
   c.loss = r.floats("/metrics/loss");
   if (r.exists("/eval/val_loss")) c.val_loss = r.floats("/eval/val_loss");
@@ -243,11 +257,72 @@ std::string fmt(double x, const char* f = "%.3g") {
   return buf;
 }
 
+// A verdict in plain words with one symbol, for readers of the report.
+std::string verdict_words(const std::string& verdict) {
+  static const std::map<std::string, std::string> words = {
+      {"diverged", "✗ diverged"},
+      {"lower-loss", "↓ lower loss"},
+      {"no-divergence", "✓ no divergence"},
+      {"nan", "✗ stopped on NaN"},
+      {"reference-nan", "? reference stopped on NaN"},
+      {"too-few-seeds", "? too few seeds"},
+      {"no-reference", "? no reference run"}};
+  const auto it = words.find(verdict);
+  return it == words.end() ? verdict : it->second;
+}
+
+// The report's first sentence: which candidates diverged and where, and where the same
+// candidate did not (what masked it), or that none did.
+std::string headline(const std::vector<Verdict>& verdicts) {
+  std::map<std::string, std::vector<const Verdict*>> diverged, held;
+  size_t candidates = 0;
+  std::set<std::string> groups;
+  for (const auto& v : verdicts) {
+    groups.insert(v.group);
+    if (v.control || v.variant == "reference") continue;
+    ++candidates;
+    (v.verdict == "diverged" || v.verdict == "nan" ? diverged : held)[v.variant].push_back(&v);
+  }
+  if (diverged.empty())
+    return "No candidate diverged from the reference beyond the benign controls' noise (" +
+           std::to_string(candidates) + " candidate rows in " + std::to_string(groups.size()) +
+           " groups).";
+  auto list = [](const std::vector<const Verdict*>& rows, bool details) {
+    std::string out;
+    for (size_t i = 0; i < rows.size() && i < 4; ++i) {
+      const Verdict& v = *rows[i];
+      out += (i ? "; " : "") + (v.group.empty() ? std::string("the grid") : v.group);
+      if (details && v.verdict == "nan") out += ": stopped on NaN";
+      if (details && v.verdict == "diverged")
+        out += ": gap " + fmt(v.gap, "%+.4f") + " nats" +
+               (v.onset >= 0 ? ", from step " + std::to_string(v.onset) : "");
+    }
+    if (rows.size() > 4) out += "; and " + std::to_string(rows.size() - 4) + " more";
+    return out;
+  };
+  std::string out;
+  for (const auto& [variant, rows] : diverged) {
+    const auto it = held.find(variant);
+    const size_t total = rows.size() + (it == held.end() ? 0 : it->second.size());
+    out += (out.empty() ? "" : " ") +
+           ("`" + variant + "` diverged in " + std::to_string(rows.size()) + " of " +
+            std::to_string(total) + " groups (" + list(rows, true) + ")");
+    out += it == held.end() ? "." : "; not in " + list(it->second, false) + ".";
+  }
+  return out;
+}
+
 void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdicts,
                   const std::vector<DoseResponse>& responses,
-                  const std::vector<std::string>& unfinished, const std::string& plots) {
+                  const std::vector<std::string>& unfinished, const std::string& plots,
+                  const std::set<std::string>& provenance) {
   std::ofstream md(opt.dir + "/report.md");
+  std::string written_by;
+  for (const auto& p : provenance) written_by += (written_by.empty() ? "" : ", ") + p;
   md << "# divlab analysis: " << opt.dir << "\n\n"
+     << headline(verdicts) << "\n\n"
+     << "Analysed " << utc_now() << " by divlab " << kDivlabVersion << " (" << kGitCommit << ") on "
+     << hostname() << " (" << cpu_model() << "); traces written by " << written_by << ".\n\n"
      << "Each candidate is paired with the reference run of the same seed; its gap is the mean "
         "of (candidate - reference) training loss over the last 10 % of steps. Gaps are tested "
         "against the benign controls' gaps with a one-sided Welch t-test (alpha = "
@@ -256,15 +331,16 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
         "which the smoothed mean gap stays outside the control band (3 standard errors of a "
         "seed-mean control gap) for "
         "good. A verdict of `diverged` needs both. Method: docs/analysis.md.\n\n"
-     << "| group | variant | verdict | seeds | gap | gap / loss | p (Welch) | p (perm.) | "
-        "Hedges g | onset | val gap | dose (seeds' range) |\n"
+     << "| group | variant | verdict | seeds | gap (nats) | gap / loss | p (Welch) | p (perm.) | "
+        "Hedges g | onset step | val gap (nats) | dose: max additions to one row per step "
+        "(seeds' range) |\n"
      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : verdicts)
-    md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "")
-       << " | **" << v.verdict << "** | " << v.seeds << " | " << fmt(v.gap, "%+.4f") << " | "
+    md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "") << " | "
+       << verdict_words(v.verdict) << " | " << v.seeds << " | " << fmt(v.gap, "%+.4f") << " | "
        << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch) << " | "
        << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
-       << (v.onset >= 0 && v.verdict != "no-divergence" ? std::to_string(v.onset) : "-") << " | "
+       << (v.onset >= 0 && v.verdict == "diverged" ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
        << fmt(v.max_row_contributions, "%.0f") << " (" << fmt(v.dose_min, "%.0f") << "-"
        << fmt(v.dose_max, "%.0f") << ") |\n";
@@ -488,6 +564,9 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         const bool significant =
             v.p_welch < opt.alpha && material && (control_curves.empty() || v.onset >= 0);
         v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
+        // An onset is the start of a divergence: none is reported (csv, summary, plots, report)
+        // for a gap that did not pass its test.
+        if (!significant) v.onset = -1;
       }
       verdicts.push_back(v);
     }
@@ -535,15 +614,16 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   }
   write_summary(opt.dir + "/summary.h5", verdicts);
   const std::string plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";
-  write_report(opt, verdicts, responses, unfinished, plots);
+  std::set<std::string> provenance;
+  for (const auto& c : cells) provenance.insert(c.provenance);
+  write_report(opt, verdicts, responses, unfinished, plots, provenance);
   if (opt.verbose) {
     std::printf("%-40s %-40s %-14s %5s %10s %9s %9s %7s %8s\n", "group", "variant", "verdict",
                 "seeds", "gap", "p(welch)", "p(perm)", "onset", "max-row");
     for (const auto& v : verdicts)
       std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
                   (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
-                  v.gap, v.p_welch, v.p_permutation, v.verdict == "no-divergence" ? -1 : v.onset,
-                  v.max_row_contributions);
+                  v.gap, v.p_welch, v.p_permutation, v.onset, v.max_row_contributions);
     for (const auto& v : verdicts) {
       if (!v.no_verdict_reason.empty())
         std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),

@@ -84,6 +84,10 @@ const std::vector<KeySpec>& schema() {
        Range::Positive},
       {"trace.flush_seconds", Type::Float, "2", "... and at least every S seconds",
        Range::Positive},
+      {"trace.initial_weights", Type::Bool, "false",
+       "keep the weights before the first step in /weights/initial (divlab export)"},
+      {"trace.final_weights", Type::Bool, "false",
+       "keep the weights after the last step in /weights/final (divlab export)"},
       {"checkpoint.every", Type::Int, "100",
        "checkpoint weights and optimizer state every K steps, for --resume (0 = never)",
        Range::NonNegative},
@@ -387,6 +391,8 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   cfg.abort_at_step = i64("debug.abort_at_step");
   cfg.sync_kernels = str("debug.sync_kernels") == "true";
   cfg.checkpoint_every = i64("checkpoint.every");
+  cfg.initial_weights = str("trace.initial_weights") == "true";
+  cfg.final_weights = str("trace.final_weights") == "true";
 
   // Cross-key rules.
   if (m.vocab < 2)

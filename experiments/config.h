@@ -34,6 +34,8 @@ struct RunConfig {
   int64_t abort_at_step = -1;      // debug: std::abort() at this step
   bool sync_kernels = false;       // debug: cuda synchronises after every launch
   int64_t checkpoint_every = 100;  // 0: no checkpoints
+  bool initial_weights = false;    // keep /weights/initial
+  bool final_weights = false;      // keep /weights/final
 
   // Every key with its resolved value, as TOML value text (strings quoted), in schema order.
   std::vector<std::pair<std::string, std::string>> resolved;

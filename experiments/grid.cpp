@@ -101,7 +101,8 @@ void expand(Grid& g, const Part& part, const std::string& path) {
 }
 }  // namespace
 
-Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
+Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
+               const std::string& base_config) {
   Grid g;
   g.path = path;
   const std::vector<TomlEntry> entries =
@@ -129,7 +130,27 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
                          ": 'config' must be a path (a string), got " + e.value.describe());
       const std::string dir =
           path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
-      g.base_config = e.value.text.front() == '/' ? e.value.text : dir + "/" + e.value.text;
+      g.base_config = !base_config.empty()          ? base_config
+                      : e.value.text.front() == '/' ? e.value.text
+                                                    : dir + "/" + e.value.text;
+    } else if (k[0] == "slurm" && k.size() == 2) {
+      static const std::map<std::string, TomlValue::Kind> kSlurmKeys = {
+          {"time", TomlValue::Kind::String},           {"mem", TomlValue::Kind::String},
+          {"partition", TomlValue::Kind::String},      {"account", TomlValue::Kind::String},
+          {"gpus_per_task", TomlValue::Kind::Integer}, {"cpus_per_task", TomlValue::Kind::Integer},
+          {"setup", TomlValue::Kind::String}};
+      const auto it = kSlurmKeys.find(k[1]);
+      if (it == kSlurmKeys.end())
+        throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) +
+                         ": unknown key '" + e.key +
+                         "' ([slurm] has time, mem, partition, account, gpus_per_task, "
+                         "cpus_per_task and setup)");
+      if (e.value.kind != it->second)
+        throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) + ": '" +
+                         e.key + "' must be " +
+                         (it->second == TomlValue::Kind::String ? "a string" : "an integer") +
+                         ", got " + e.value.describe());
+      g.slurm[k[1]] = e.value.text;
     } else if (k[0] == "set" && k.size() > 1) {
       set_or_replace(g.fixed, tail(1), value_text(e.value));
     } else if (k[0] == "axes" && k.size() > 1) {
@@ -149,8 +170,8 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset) {
     } else {
       throw InputError("grid '" + path + "' line " + std::to_string(e.value.line) +
                        ": unknown key '" + e.key +
-                       "' (a grid has config, [set...], [axes...], [parts.NAME.set/axes...] and "
-                       "[quick.set/axes...])");
+                       "' (a grid has config, [set...], [axes...], [parts.NAME.set/axes...], "
+                       "[quick.set/axes...] and [slurm])");
     }
   }
   for (const auto& [key, values] : quick_axes) add_axis(g.axes, key, values);

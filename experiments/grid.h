@@ -15,6 +15,16 @@
 //   [quick.set.train]                    # optional: what --quick changes (set and axes)
 //   steps = 50
 //
+// Slurm resources for `sweep --emit-slurm` may live in the grid (the command line overrides):
+//   [slurm]
+//   time = "02:00:00"        # --time
+//   mem = "8G"               # --mem
+//   partition = "gpu"        # --partition
+//   account = "lab"          # --account
+//   gpus_per_task = 1        # --gpus-per-task
+//   cpus_per_task = 4        # --cpus-per-task (default 2; cells use that many threads)
+//   setup = "module load cuda; source ~/venv/bin/activate"   # run before divlab
+//
 // A grid that is not one product names parts: each [parts.NAME.set...] / [parts.NAME.axes...]
 // table is a product of its own over the grid's [set] and [axes] (a part's keys override the
 // grid's), and the cells are the parts' cells in file order, e.g. real text at three batches
@@ -28,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,14 +54,17 @@ struct Grid {
   std::vector<std::vector<std::string>> cells;
   std::vector<std::string> labels;  // per cell: its axis values (and what they brought along)
   std::string id;                   // sha256 of the base config's text and every cell's overrides
+  std::map<std::string, std::string> slurm;  // [slurm] key -> value text (not part of the id)
 
   size_t size() const { return cells.size(); }
   const std::string& describe(size_t cell) const { return labels.at(cell); }
 };
 
 // Parses and validates (every cell's config must load). `quick` applies the [quick] overlay;
-// `seed_offset` moves every cell's train.seed by that much (a re-run with fresh seeds).
+// `seed_offset` moves every cell's train.seed by that much (a re-run with fresh seeds);
+// `base_config`, when given, replaces the grid's `config` path (a sweep folder's frozen copy).
 // Throws InputError naming the grid file, key or cell.
-Grid load_grid(const std::string& path, bool quick = false, uint64_t seed_offset = 0);
+Grid load_grid(const std::string& path, bool quick = false, uint64_t seed_offset = 0,
+               const std::string& base_config = "");
 
 }  // namespace divlab

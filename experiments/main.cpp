@@ -14,6 +14,7 @@
 #include "experiments/bisect.h"
 #include "experiments/check.h"
 #include "experiments/config.h"
+#include "experiments/export.h"
 #include "experiments/reproduce.h"
 #include "experiments/signals.h"
 #include "experiments/sweep.h"
@@ -256,6 +257,26 @@ int main(int argc, char** argv) {
   data->add_option("--seed", seed, "seed for the batches sampled")
       ->capture_default_str()
       ->check(kNotNegative);
+  BatchDumpOptions dump;
+  auto* dump_step =
+      data->add_option("--dump-batch", dump.step,
+                       "write step N's training batch (as train draws it with train.seed = "
+                       "--seed) to --out as HDF5: /inputs, /targets [batch, seq]");
+  data->add_option("--out", dump.out, "--dump-batch: the HDF5 file to write");
+  data->add_flag("--force", dump.force, "--dump-batch: overwrite --out");
+
+  auto* export_cmd = app.add_subcommand(
+      "export", "a trace's weights as safetensors (PyTorch names and shapes, parameter order)");
+  ExportOptions ex;
+  export_cmd->add_option("trace", ex.trace, "the run's trace")->required();
+  export_cmd->add_option("--out", ex.out, "FILE.safetensors")->required();
+  export_cmd
+      ->add_option("--weights", ex.weights,
+                   "final | initial (trace.final_weights / trace.initial_weights) | "
+                   "checkpoint (the newest)")
+      ->capture_default_str();
+  export_cmd->add_option("--dtype", ex.dtype, "f32 | f64")->capture_default_str();
+  export_cmd->add_flag("--force", ex.force, "overwrite --out");
 
   auto* kernels = app.add_subcommand("kernels", "list every op and variant with its documentation");
   std::string only_op;
@@ -274,7 +295,8 @@ int main(int argc, char** argv) {
 
   auto* sweep = app.add_subcommand("sweep", "run every cell of an experiment grid");
   SweepOptions sw;
-  sweep->add_option("--config", sw.grid, "grid TOML file")->required();
+  sweep->add_option("--config", sw.grid,
+                    "grid TOML file (default: the one frozen in --out by an earlier sweep)");
   sweep->add_option("--out", sw.out, "output folder (cells/, manifest.tsv)")->required();
   sweep->add_option("--jobs", sw.jobs, "cells at a time (default: number of cores)");
   sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)")
@@ -286,6 +308,19 @@ int main(int argc, char** argv) {
                    "add N to every cell's train.seed (a re-run with fresh seeds)")
       ->check(kNotNegative);
   sweep->add_flag("--emit-slurm", sw.emit_slurm, "write a Slurm job array + analysis step");
+  // Resources of the emitted scripts (each overrides the grid's [slurm] value).
+  sweep->add_option("--slurm-time", sw.slurm.time, "--emit-slurm: #SBATCH --time");
+  sweep->add_option("--slurm-mem", sw.slurm.mem, "--emit-slurm: #SBATCH --mem");
+  sweep->add_option("--slurm-partition", sw.slurm.partition, "--emit-slurm: #SBATCH --partition");
+  sweep->add_option("--slurm-account", sw.slurm.account, "--emit-slurm: #SBATCH --account");
+  sweep->add_option("--slurm-gpus", sw.slurm.gpus_per_task, "--emit-slurm: GPUs per cell")
+      ->check(kNotNegative);
+  sweep
+      ->add_option("--slurm-cpus", sw.slurm.cpus_per_task,
+                   "--emit-slurm: CPUs per cell (its threads; default 2)")
+      ->check(kNotNegative);
+  sweep->add_option("--slurm-setup", sw.slurm.setup,
+                    "--emit-slurm: a line run before divlab (modules, environment)");
 
   auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
   AnalyzeOptions an;
@@ -347,7 +382,24 @@ int main(int argc, char** argv) {
       }
       return cmd_train(config, sets, out, force, quiet, resume, profile);
     }
-    if (*data) return cmd_data(spec, vocab, batch, seq, seed);
+    if (*data && dump_step->count()) {
+      if (dump.out.empty()) throw InputError("--dump-batch: --out names the file to write");
+      dump.dataset = spec, dump.vocab = vocab, dump.batch = batch, dump.seq = seq, dump.seed = seed;
+      if (vocab < 2) throw InputError("--vocab " + std::to_string(vocab) + ": must be >= 2");
+      if (batch < 1 || seq < 1) throw InputError("--batch and --seq: must be >= 1");
+      dump_batch(dump);
+      std::printf("wrote %s: step %lld, %d x %d tokens\n", dump.out.c_str(), (long long)dump.step,
+                  batch, seq);
+      return 0;
+    }
+    if (*data) {
+      if (!dump.out.empty()) throw InputError("--out: only with --dump-batch");
+      return cmd_data(spec, vocab, batch, seq, seed);
+    }
+    if (*export_cmd) {
+      std::cout << export_weights(ex) << std::endl;
+      return 0;
+    }
     if (*kernels)
       return cmd_kernels(only_op, markdown, kernel_plugins, kernels_backend, kernels_precision);
     if (*bisect) return cmd_bisect(bs);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -144,6 +145,58 @@ struct Record {
 // Asked to stop: each running cell gets SIGTERM, finishes its step and records "interrupted"
 // (a re-run of the sweep runs it again); one that has not ended within the grace period is
 // killed. No cell outlives the sweep.
+std::string clock_text(double seconds) {
+  const long s = long(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+// A sweep's progress: on a terminal one status line rewritten in place (cells done, running and
+// in all, elapsed, ETA, the last cell's outcome), with failures kept above it; in a pipe or log
+// one line per finished cell with the same counts.
+class SweepProgress {
+ public:
+  SweepProgress(bool enabled, size_t to_run)
+      : enabled_(enabled),
+        terminal_(isatty(STDOUT_FILENO)),
+        to_run_(to_run),
+        start_(Clock::now()) {}
+  void cell_ended(size_t done, size_t running, size_t cell, const std::string& status,
+                  double seconds, const std::string& label) {
+    if (!enabled_) return;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const std::string eta =
+        done < to_run_ ? clock_text(elapsed / double(done) * double(to_run_ - done)) : "0:00";
+    char counts[160];
+    std::snprintf(counts, sizeof counts, "[%zu/%zu] %zu running, %s elapsed, ETA %s", done, to_run_,
+                  running, clock_text(elapsed).c_str(), eta.c_str());
+    const std::string event = "cell " + std::to_string(cell) + " " + status + " in " +
+                              std::to_string(int(seconds)) + " s: " + label;
+    const bool bad = status.rfind("completed", 0) != 0 && status != "nan";
+    if (!terminal_) {
+      std::cout << counts << " | " << event << std::endl;
+    } else {
+      if (bad) std::cout << "\r\033[K" << event << "\n";
+      std::string line = std::string(counts) + " | last: " + event;
+      if (line.size() > 150) line = line.substr(0, 147) + "...";
+      std::cout << "\r\033[K" << line << (done == to_run_ ? "\n" : "") << std::flush;
+    }
+  }
+  // Before any other line while the status line is showing.
+  void interrupt() {
+    if (enabled_ && terminal_) std::cout << "\r\033[K" << std::flush;
+  }
+
+ private:
+  bool enabled_, terminal_;
+  size_t to_run_;
+  Clock::time_point start_;
+};
+
 void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool verbose) {
   constexpr double kGraceSeconds = 60;
   if (verbose && !running.empty())
@@ -170,7 +223,7 @@ void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool ve
 
 void write_manifest(const std::string& dir, const Grid& g, const std::vector<Record>& rec) {
   std::ostringstream m;
-  m << "cell\tstatus\texit_code\tseconds\ttrace\tlog\taxes\n";
+  m << "cell\tstatus\texit_code\tseconds\ttrace\tlog\tsettings\n";  // no pandas-reserved names
   for (size_t i = 0; i < g.size(); ++i)
     m << i << "\t" << rec[i].status << "\t" << rec[i].exit_code << "\t" << rec[i].seconds << "\t"
       << cell_trace_path(dir, i) << "\t" << cell_log_path(dir, i) << "\t" << g.describe(i) << "\n";
@@ -214,19 +267,71 @@ pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads
   return pid;
 }
 
-void emit_slurm(const Grid& g, const SweepOptions& opt) {
-  const std::string exe = self_exe();
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The resources of the emitted scripts: the command line's, else the grid's [slurm] table's.
+std::map<std::string, std::string> slurm_resources(const Grid& g, const SlurmResources& cli) {
+  std::map<std::string, std::string> r = g.slurm;
+  auto set = [&](const char* key, const std::string& v) {
+    if (!v.empty()) r[key] = v;
+  };
+  set("time", cli.time), set("mem", cli.mem), set("partition", cli.partition);
+  set("account", cli.account), set("setup", cli.setup);
+  if (cli.gpus_per_task >= 0) r["gpus_per_task"] = std::to_string(cli.gpus_per_task);
+  if (cli.cpus_per_task >= 0) r["cpus_per_task"] = std::to_string(cli.cpus_per_task);
+  if (!r.count("cpus_per_task")) r["cpus_per_task"] = "2";
+  for (const auto& [key, value] : r)
+    if (value.find_first_of("\r\n") != std::string::npos)
+      throw InputError("slurm " + key + ": must be one line");
+  if (std::stoll(r["cpus_per_task"]) < 1)
+    throw InputError("slurm cpus_per_task = " + r["cpus_per_task"] + ": must be >= 1");
+  return r;
+}
+
+// An #SBATCH value: Slurm splits directives like a shell, so one with spaces is quoted.
+std::string directive_value(const std::string& v) {
+  return v.find_first_of(" \t") == std::string::npos ? v : "\"" + v + "\"";
+}
+
+void emit_slurm(const Grid& g, const SweepOptions& opt,
+                const std::map<std::string, std::string>& res) {
+  const std::string exe = shell_quoted(self_exe()), out = shell_quoted(opt.out);
+  auto directives = [&](std::ostream& s, bool cells) {
+    for (const auto& [key, flag] :
+         std::vector<std::pair<std::string, std::string>>{{"time", "time"},
+                                                          {"mem", "mem"},
+                                                          {"partition", "partition"},
+                                                          {"account", "account"}}) {
+      if (res.count(key)) s << "#SBATCH --" << flag << "=" << directive_value(res.at(key)) << "\n";
+    }
+    if (cells && res.count("gpus_per_task"))
+      s << "#SBATCH --gpus-per-task=" << res.at("gpus_per_task") << "\n";
+  };
+  auto setup = [&](std::ostream& s) {
+    s << "set -e\n";
+    if (res.count("setup")) s << res.at("setup") << "\n";
+  };
   std::ostringstream array, analyze, submit;
   array << "#!/bin/bash\n#SBATCH --job-name=divlab-sweep\n#SBATCH --array=0-" << g.size() - 1
-        << "\n#SBATCH --cpus-per-task=2\n#SBATCH --output=" << opt.out << "/cells/slurm-%a.log\n"
-        << "# One grid cell per array task; cells already finished are skipped.\n"
-        << exe << " sweep --config " << g.path << " --out " << opt.out
-        << (opt.quick ? " --quick" : "")
+        << "\n#SBATCH --cpus-per-task=" << res.at("cpus_per_task") << "\n";
+  directives(array, true);
+  array << "#SBATCH --output=" << directive_value(opt.out + "/cells/slurm-%a.log") << "\n"
+        << "# One grid cell per array task, from the grid frozen in the sweep folder; cells\n"
+        << "# already finished are skipped. Each cell uses the task's CPUs as its threads.\n";
+  setup(array);
+  array << "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-" << res.at("cpus_per_task") << "}\n"
+        << "exec " << exe << " sweep --out " << out << (opt.quick ? " --quick" : "")
         << (opt.seed_offset ? " --seed-offset " + std::to_string(opt.seed_offset) : "")
-        << " --cell $SLURM_ARRAY_TASK_ID\n";
-  analyze << "#!/bin/bash\n#SBATCH --job-name=divlab-analyze\n#SBATCH --output=" << opt.out
-          << "/analyze.log\n"
-          << exe << " analyze " << opt.out << "\n";
+        << " --cell \"$SLURM_ARRAY_TASK_ID\"\n";
+  analyze << "#!/bin/bash\n#SBATCH --job-name=divlab-analyze\n#SBATCH --cpus-per-task=1\n";
+  directives(analyze, false);
+  analyze << "#SBATCH --output=" << directive_value(opt.out + "/analyze.log") << "\n";
+  setup(analyze);
+  analyze << "exec " << exe << " analyze " << out << "\n";
   submit << "#!/bin/bash\n# Submits the sweep as a job array, then the analysis once every task "
             "has ended.\nset -e\ncd \"$(dirname \"$0\")\"\njid=$(sbatch --parsable sweep.slurm)\n"
             "sbatch --dependency=afterany:$jid analyze.slurm\n";
@@ -241,19 +346,30 @@ void emit_slurm(const Grid& g, const SweepOptions& opt) {
 SweepSummary run_sweep(const SweepOptions& opt) {
   accept_stop_requests();  // a signal now stops the cells in order (signals.h)
   if (opt.out.empty()) throw InputError("--out: an output folder is required");
-  const Grid g = load_grid(opt.grid, opt.quick, opt.seed_offset);
+  // Without --config, the grid frozen in the folder (job-array tasks run from it).
+  const std::string frozen_grid = opt.out + "/grid.toml", frozen_base = frozen_base_config(opt.out);
+  if (opt.grid.empty() && access(frozen_grid.c_str(), F_OK) != 0)
+    throw InputError("--config: the grid to sweep is required (--out '" + opt.out +
+                     "' holds no frozen grid.toml)");
+  const Grid g = opt.grid.empty()
+                     ? load_grid(frozen_grid, opt.quick, opt.seed_offset,
+                                 access(frozen_base.c_str(), F_OK) == 0 ? frozen_base : "")
+                     : load_grid(opt.grid, opt.quick, opt.seed_offset);
   if (opt.cell >= int(g.size()))
     throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
                      std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   if (!(opt.timeout_s >= 0))
     throw InputError("--timeout " + std::to_string(opt.timeout_s) + ": must be >= 0 seconds");
+  // Checked before the folder is touched, like everything else the command line gives.
+  const auto slurm =
+      opt.emit_slurm ? slurm_resources(g, opt.slurm) : std::map<std::string, std::string>{};
   std::unique_ptr<WriterLock> lock;
   prepare_dir(opt.out, g, opt.cell < 0, lock);
   SweepSummary sum;
   sum.cells = int(g.size());
   if (opt.emit_slurm) {
-    emit_slurm(g, opt);
+    emit_slurm(g, opt, slurm);
     if (opt.verbose)
       std::cout << "wrote " << opt.out << "/sweep.slurm (" << g.size() << " array tasks), "
                 << opt.out << "/analyze.slurm and " << opt.out << "/submit.sh\n";
@@ -299,8 +415,10 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   // cells run at once; each cell that then ends normally lets one more start again.
   int limit = jobs;
   const size_t to_run = todo.size();
+  SweepProgress progress(opt.verbose, to_run);
   while (next < todo.size() || !running.empty()) {
     if (stop_signal() != 0) {
+      progress.interrupt();
       stop_cells(running, rec, opt.verbose);
       write_manifest(opt.out, g, rec);
       throw StopRequested(stop_signal());
@@ -335,6 +453,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         limit = std::max(1, int(running.size()) - 1);
         todo.insert(todo.begin() + long(next), run.cell);  // next to start
         rec[run.cell].status = "waiting (device busy)";
+        progress.interrupt();
         if (opt.verbose)
           std::cout << "cell " << run.cell << " waits: the device's memory is held by the other "
                     << running.size() - 1 << " running cell(s); " << limit << " at a time now"
@@ -355,10 +474,8 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         ++sum.failed;
       }
       ++done;
-      if (opt.verbose)
-        std::cout << "[" << done << "/" << to_run << "] cell " << run.cell << " "
-                  << rec[run.cell].status << " in " << int(age) << " s: " << g.describe(run.cell)
-                  << std::endl;
+      progress.cell_ended(done, running.size() - 1, run.cell, rec[run.cell].status, age,
+                          g.describe(run.cell));
       write_manifest(opt.out, g, rec);
       running.erase(running.begin() + long(r));
     }

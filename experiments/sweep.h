@@ -6,14 +6,23 @@
 
 namespace divlab {
 
+// --emit-slurm's resources: a value given here overrides the grid's [slurm] one; unset ones
+// are left to the cluster's defaults (cpus_per_task: 2).
+struct SlurmResources {
+  std::string time, mem, partition, account, setup;
+  int gpus_per_task = -1, cpus_per_task = -1;  // -1: unset
+};
+
 struct SweepOptions {
-  std::string grid, out;
+  std::string grid;  // empty: the grid frozen in `out` by an earlier sweep (job-array tasks)
+  std::string out;
   int jobs = 0;              // 0: number of cores
   int cell = -1;             // >= 0: run only this cell, in this process (job arrays)
   bool quick = false;        // apply the grid's [quick] overlay
   uint64_t seed_offset = 0;  // every cell's train.seed moved by this much (fresh seeds)
   double timeout_s = 0;      // per cell; 0: none
   bool emit_slurm = false;
+  SlurmResources slurm;
   bool verbose = true;
 };
 

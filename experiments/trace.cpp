@@ -167,12 +167,17 @@ void TraceWriter::series(const std::string& path, Kind kind) {
 }
 
 void TraceWriter::array(const std::string& path, Kind kind, int64_t size) {
+  array(path, kind, std::vector<int64_t>{size});
+}
+
+void TraceWriter::array(const std::string& path, Kind kind, const std::vector<int64_t>& shape) {
   H5::Group parent = impl_->group(parent_of(path));
-  const hsize_t n = hsize_t(size);
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
   H5::DSetCreatPropList dcpl;
   const int64_t zero = 0;
   dcpl.setFillValue(h5_type(kind), &zero);
-  parent.createDataSet(leaf_of(path), h5_type(kind), H5::DataSpace(1, &n), dcpl);
+  parent.createDataSet(leaf_of(path), h5_type(kind), H5::DataSpace(int(dims.size()), dims.data()),
+                       dcpl);
 }
 
 void TraceWriter::bytes(const std::string& path, const std::string& data) {
@@ -212,7 +217,12 @@ void TraceWriter::write_array(const std::string& path, const void* values, int64
   if (write_failed_) return;
   reserve(count * 8);
   try {
-    impl_->file.openDataSet(path).write(values, type);
+    H5::DataSet ds = impl_->file.openDataSet(path);
+    if (ds.getSpace().getSimpleExtentNpoints() != count)
+      throw std::logic_error("trace: " + std::to_string(count) + " values for '" + path +
+                             "', which holds " +
+                             std::to_string(ds.getSpace().getSimpleExtentNpoints()));
+    ds.write(values, type);
   } catch (const H5::Exception&) {
     write_failed("writing");
   }
@@ -403,14 +413,15 @@ double TraceReader::number_attr(const std::string& object, const std::string& na
 namespace {
 template <class V>
 std::vector<V> read_1d(H5::H5File& f, const std::string& path, const std::string& file,
-                       const H5::PredType& type) {
+                       const H5::PredType& type, bool any_rank = false) {
   try {
     H5::DataSet ds = f.openDataSet(path);
     const H5::DataSpace space = ds.getSpace();
-    if (space.getSimpleExtentNdims() != 1)
-      throw InputError("trace '" + file + "': dataset " + path + " is not one-dimensional");
-    hsize_t n = 0;
-    space.getSimpleExtentDims(&n);
+    const int rank = space.getSimpleExtentNdims();
+    if (any_rank ? (rank < 1 || rank > 8) : rank != 1)
+      throw InputError("trace '" + file + "': dataset " + path + " is not " +
+                       (any_rank ? "a tensor" : "one-dimensional"));
+    const hsize_t n = hsize_t(space.getSimpleExtentNpoints());
     // A damaged header can claim any length: refuse more than the file could hold.
     if (n > (hsize_t(1) << 34) / sizeof(V))
       throw InputError("trace '" + file + "': dataset " + path + " claims " + std::to_string(n) +
@@ -426,6 +437,9 @@ std::vector<V> read_1d(H5::H5File& f, const std::string& path, const std::string
 
 std::vector<double> TraceReader::floats(const std::string& path) const {
   return read_1d<double>(impl_->file, path, path_, H5::PredType::NATIVE_DOUBLE);
+}
+std::vector<double> TraceReader::tensor(const std::string& path) const {
+  return read_1d<double>(impl_->file, path, path_, H5::PredType::NATIVE_DOUBLE, true);
 }
 std::vector<int64_t> TraceReader::ints(const std::string& path) const {
   return read_1d<int64_t>(impl_->file, path, path_, H5::PredType::NATIVE_INT64);

@@ -53,6 +53,8 @@ class TraceWriter {
   // it no longer than any other series: readers count complete entries by its length.
   void commit_series(const std::string& series);
   void array(const std::string& path, Kind kind, int64_t size);  // fixed-size 1-D, zeros
+  // Fixed-size N-D (row-major), zeros: weight matrices as PyTorch shapes them.
+  void array(const std::string& path, Kind kind, const std::vector<int64_t>& shape);
   void bytes(const std::string& path, const std::string& data);  // opaque blob (uint8[])
   // Starts SWMR writing; no objects can be created after this.
   void start();
@@ -107,6 +109,7 @@ class TraceReader {
   double number_attr(const std::string& object, const std::string& name) const;
   std::vector<double> floats(const std::string& dataset) const;
   std::vector<int64_t> ints(const std::string& dataset) const;
+  std::vector<double> tensor(const std::string& dataset) const;  // any rank, row-major
   std::string blob(const std::string& dataset) const;
   std::vector<std::string> children(const std::string& group) const;
   bool is_group(const std::string& path) const;

@@ -16,12 +16,14 @@
 #include <map>
 #include <memory>
 
+#include "common/host.h"
 #include "datasets/dataset.h"
 #include "experiments/checkpoint.h"
 #include "experiments/lock.h"
 #include "experiments/signals.h"
 #include "experiments/trace.h"
 #include "experiments/version.h"
+#include "experiments/weights.h"
 #include "kernels/backend.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/profile.h"
@@ -59,33 +61,10 @@ void check_output_path(const std::string& path, bool force) {
 struct Resume {
   std::optional<Checkpoint> checkpoint;  // none yet: the run starts over from step 0
   std::vector<std::pair<std::string, std::vector<double>>> history;
+  std::optional<std::vector<double>> initial_weights;  // the trace's, carried over
 };
 
 namespace {
-
-std::string utc_now() {
-  char buf[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-std::string hostname() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-
-// The CPU's model name (/proc/cpuinfo), or "unknown": bitwise determinism holds per machine.
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      const size_t start = line.find_first_not_of(" \t", line.find(':') + 1);
-      return start == std::string::npos ? "unknown" : line.substr(start);
-    }
-  return "unknown";
-}
 
 // Shadow specs named in the run's own backend catalogue (plug-in and GPU-only variants included).
 std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
@@ -291,9 +270,12 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
   // On the cpu the device is the host, which also holds a checkpoint's fp64 copies while it is
   // written (weights and two moments, each beside its working-precision copy).
-  const int64_t checkpoint_bytes = cfg.backend == "cpu" && cfg.checkpoint_every > 0
-                                       ? 3 * param_count(m) * int64_t(8 + sizeof(T))
-                                       : 0;
+  // Kept weights take one such copy.
+  const int copies = cfg.checkpoint_every > 0                     ? 3
+                     : (cfg.initial_weights || cfg.final_weights) ? 1
+                                                                  : 0;
+  const int64_t checkpoint_bytes =
+      cfg.backend == "cpu" ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
   const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
                         predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes;
   check_backend_fits(cfg.backend, size_t(bytes),
@@ -331,6 +313,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device);
   if (cfg.checkpoint_every > 0)
     lay_out_checkpoints(trace, n_params, cfg.optim.kind == "adamw", m.vocab);
+  if (cfg.initial_weights) lay_out_weights(trace, "initial", model.layout());
+  if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
   if (resume)
     trace.attr("/", "resumed_at_step", resume->checkpoint ? resume->checkpoint->next_step : 0);
   trace.start();
@@ -352,6 +336,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     // one is written still finds this one.
     if (cfg.checkpoint_every > 0)
       write_checkpoint(trace, c, checkpoint_slot(c.next_step, cfg.checkpoint_every));
+  }
+  if (cfg.initial_weights) {
+    // A resumed run carries its trace's initial weights over; one starting over has them now.
+    if (resume && resume->checkpoint && !resume->initial_weights)
+      throw InputError("--resume '" + opt.out + "': trace.initial_weights = true, but the " +
+                       "trace holds no initial weights");
+    write_weights(trace, "initial", model.layout(),
+                  resume && resume->checkpoint ? *resume->initial_weights : widen(model.params()));
   }
   trace.publish();
 
@@ -439,6 +431,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1));
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
+  if (cfg.final_weights)
+    write_weights(trace, "final", model.layout(), widen(model.params()), result.steps);
   trace.finish(result.status, nan_where);
   return result;
 }
@@ -507,7 +501,7 @@ void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
                        "computes (recorded " +
                        (it == before.end() ? std::string("unset") : it->second) + ", given " +
                        value + "); a resumed run may only change train.steps, train.threads, " +
-                       "trace.*, checkpoint.every and debug.*");
+                       "trace.flush_*, trace.final_weights, checkpoint.every and debug.*");
     if (key == "train.steps" && now.optim.schedule == "cosine")
       throw InputError("--resume '" + path + "': --set train.steps changes the cosine " +
                        "schedule, which spans train.steps, so the steps already run would have " +
@@ -544,6 +538,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
                          std::to_string(resume.checkpoint->next_step) + " of train.steps = " +
                          std::to_string(cfg.steps) + "; nothing left to run");
       resume.history = read_history(r, resume.checkpoint->next_step);
+      resume.initial_weights = read_weights(r, "initial", param_layout(cfg.model));
     }
   }
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# README command 1: install what is missing, build, and run the main job.
+# README command 1: install what is missing, build, and show the reported failure: divlab
+# reproduce --quick (36 short CPU runs and their analysis; run again, it reuses finished cells).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh cpu
-mkdir -p runs
-build/cpu/divlab train --config configs/tiny.toml --out runs/tiny.h5 --force
+build/cpu/divlab reproduce --quick --out runs/reproduce-quick --jobs "$(nproc)"

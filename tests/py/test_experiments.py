@@ -324,14 +324,14 @@ seed = [5]
         self.assertIn("4 failed", r.stdout)
         with open(os.path.join(out, "manifest.tsv")) as f:
             rows = list(csv.DictReader(f, delimiter="\t"))
-        crashed = [row for row in rows if "abort_at_step=3" in row["axes"]]
+        crashed = [row for row in rows if "abort_at_step=3" in row["settings"]]
         self.assertEqual(len(crashed), 4)
         for row in crashed:
             self.assertEqual(row["status"], "crashed (signal 6)")
             with h5py.File(row["trace"], "r", swmr=True) as f:  # readable up to the crash
                 self.assertEqual(f.attrs["status"], "running")
         for row in rows:
-            if "abort_at_step=-1" in row["axes"]:
+            if "abort_at_step=-1" in row["settings"]:
                 self.assertEqual(row["status"], "completed")
 
     def test_one_cell_for_job_arrays_and_slurm_emission(self):
@@ -340,15 +340,51 @@ seed = [5]
         run("sweep", "--config", grid, "--out", out, "--cell", "2", check=True)
         self.assertEqual(sorted(f for f in os.listdir(os.path.join(out, "cells"))
                                 if f.endswith(".h5")), ["0002.h5"])
-        run("sweep", "--config", grid, "--out", out, "--emit-slurm", check=True)
+        # Resources from the grid's [slurm] table, one overridden on the command line.
+        with open(grid, "a") as f:
+            f.write('[slurm]\ntime = "00:20:00"\npartition = "short"\ncpus_per_task = 3\n'
+                    'setup = "export DIVLAB_SETUP_RAN=1"\n')
+        # (The [slurm] table changes no cell: the same grid for the folder's grid.id.)
+        run("sweep", "--config", grid, "--out", out, "--emit-slurm", "--slurm-time", "01:00:00",
+            "--slurm-account", "lab a", "--slurm-mem", "4G", check=True)
         with open(os.path.join(out, "sweep.slurm")) as f:
             script = f.read()
-        self.assertIn("#SBATCH --array=0-3", script)
-        self.assertIn("--cell $SLURM_ARRAY_TASK_ID", script)
-        with open(os.path.join(out, "submit.sh")) as f:
-            self.assertIn("--dependency=afterany:$jid analyze.slurm", f.read())
-        with open(os.path.join(out, "analyze.slurm")) as f:
-            self.assertIn(" analyze " + out, f.read())
+        for line in ("#SBATCH --array=0-3", "#SBATCH --cpus-per-task=3", "#SBATCH --time=01:00:00",
+                     "#SBATCH --partition=short", '#SBATCH --account="lab a"', "#SBATCH --mem=4G",
+                     "export DIVLAB_SETUP_RAN=1",
+                     "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-3}"):
+            self.assertIn(line, script)
+        self.assertNotIn(grid, script)  # cells run from the grid frozen in the folder
+
+        # submit.sh with a stub sbatch that records its arguments and answers a job id.
+        stub = os.path.join(d, "bin")
+        os.makedirs(stub)
+        calls = os.path.join(d, "sbatch.calls")
+        with open(os.path.join(stub, "sbatch"), "w") as f:
+            f.write(f'#!/bin/bash\necho "$@" >> {calls}\necho 4242\n')
+        os.chmod(os.path.join(stub, "sbatch"), 0o755)
+        subprocess.run([os.path.join(out, "submit.sh")], check=True, capture_output=True,
+                       env=dict(os.environ, PATH=stub + ":" + os.environ["PATH"]))
+        with open(calls) as f:
+            self.assertEqual(f.read().splitlines(),
+                             ["--parsable sweep.slurm",
+                              "--dependency=afterany:4242 analyze.slurm"])
+
+        # What Slurm would run: every array task, then the analysis; the original grid file is
+        # gone, so the tasks can only be using the frozen copy.
+        os.remove(grid)
+        for task in range(4):
+            r = subprocess.run(["bash", os.path.join(out, "sweep.slurm")],
+                               capture_output=True, text=True,
+                               env=dict(os.environ, SLURM_ARRAY_TASK_ID=str(task),
+                                        SLURM_CPUS_PER_TASK="1"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len([f for f in os.listdir(os.path.join(out, "cells"))
+                              if f.endswith(".h5")]), 4)
+        r = subprocess.run(["bash", os.path.join(out, "analyze.slurm")], capture_output=True,
+                           text=True, env=dict(os.environ, DIVLAB_PYTHON="/bin/false"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "verdicts.csv")))
 
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib missing: no plots")
     def test_analyze_writes_report_and_plots(self):

@@ -1,0 +1,138 @@
+#include "experiments/export.h"
+
+#include <cstring>
+#include <map>
+
+#include "datasets/dataset.h"
+#include "experiments/checkpoint.h"
+#include "experiments/errors.h"
+#include "experiments/files.h"
+#include "experiments/toml_reader.h"
+#include "experiments/train.h"
+#include "experiments/weights.h"
+
+namespace divlab {
+
+namespace {
+
+// The model's shape from a trace's resolved config, read without loading its kernels or
+// plug-ins (the exporting machine need not have them).
+ModelConfig model_of(const TraceReader& r, const std::string& path) {
+  std::map<std::string, std::string> cfg;
+  for (const TomlEntry& e : read_toml(r.string_attr("/", "config_toml"), "trace '" + path + "'"))
+    cfg[e.key] = e.value.text;
+  ModelConfig m;
+  auto get = [&](const char* key, int& field) {
+    if (cfg.count(key)) field = std::stoi(cfg[key]);
+  };
+  get("model.vocab", m.vocab), get("model.d_model", m.d_model);
+  get("model.n_layers", m.n_layers), get("model.n_heads", m.n_heads);
+  get("model.seq_len", m.seq_len);
+  return m;
+}
+
+void append_le(std::string& out, uint64_t x) {
+  for (int i = 0; i < 8; ++i) out += char((x >> (8 * i)) & 0xff);
+}
+
+std::string json_string(const std::string& s) {
+  TomlValue v;  // TOML's basic-string escapes are JSON's for what names and paths hold
+  v.text = s;
+  return v.toml();
+}
+
+}  // namespace
+
+std::string export_weights(const ExportOptions& opt) {
+  if (opt.weights != "final" && opt.weights != "initial" && opt.weights != "checkpoint")
+    throw InputError("--weights '" + opt.weights + "': expected final, initial or checkpoint");
+  if (opt.dtype != "f32" && opt.dtype != "f64")
+    throw InputError("--dtype '" + opt.dtype + "': expected f32 or f64");
+  check_output_path(opt.out, opt.force);
+  const TraceReader r(opt.trace);
+  const std::vector<ParamInfo> layout = param_layout(model_of(r, opt.trace));
+  std::vector<double> params;
+  int64_t step = 0;
+  if (opt.weights == "checkpoint") {
+    const auto c = read_checkpoint(r);
+    if (!c)
+      throw InputError("trace '" + opt.trace + "': holds no checkpoint (checkpoint.every = 0, " +
+                       "or the run stopped before its first)");
+    params = c->params, step = c->next_step;
+  } else {
+    auto w = read_weights(r, opt.weights, layout);
+    if (!w)
+      throw InputError("trace '" + opt.trace + "': holds no " + opt.weights +
+                       " weights (train with --set trace." + opt.weights +
+                       "_weights=true; --weights checkpoint exports the newest checkpoint)");
+    params = std::move(*w);
+    if (opt.weights == "final") step = r.ints("/weights/final_step").at(0);
+  }
+  const int64_t expected = layout.back().offset + layout.back().size;
+  if (int64_t(params.size()) != expected)
+    throw InputError("trace '" + opt.trace + "': " + std::to_string(params.size()) +
+                     " weights for a model of " + std::to_string(expected));
+
+  // safetensors: an 8-byte little-endian header length, a JSON header (name -> dtype, shape,
+  // byte range; __metadata__), then the tensors' little-endian bytes, here in parameter order.
+  const size_t width = opt.dtype == "f32" ? 4 : 8;
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"source\":" + json_string(opt.trace) +
+                       ",\"weights\":\"" + opt.weights + "\",\"step\":\"" + std::to_string(step) +
+                       "\"}";
+  for (const ParamInfo& p : layout) {
+    std::string shape;
+    for (int64_t d : p.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    header += "," + json_string(p.name) + ":{\"dtype\":\"" + (width == 4 ? "F32" : "F64") +
+              "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(p.offset * width) +
+              "," + std::to_string((p.offset + p.size) * width) + "]}";
+  }
+  header += "}";
+  while ((8 + header.size()) % 8 != 0) header += ' ';
+  std::string bytes;
+  bytes.reserve(8 + header.size() + params.size() * width);
+  append_le(bytes, header.size());
+  bytes += header;
+  static_assert(sizeof(float) == 4 && sizeof(double) == 8);
+  for (double x : params) {  // x86-64 and aarch64 Linux are little-endian
+    char raw[8];
+    if (width == 4) {
+      const float f = float(x);
+      std::memcpy(raw, &f, 4);
+    } else {
+      std::memcpy(raw, &x, 8);
+    }
+    bytes.append(raw, width);
+  }
+  if (!write_file_atomically(opt.out, bytes))
+    throw InputError("--out '" + opt.out + "': cannot be written");
+  return "wrote " + opt.out + ": " + std::to_string(layout.size()) + " tensors, " +
+         std::to_string(params.size()) + " " + opt.dtype + " weights (" + opt.weights + ", after " +
+         std::to_string(step) + " steps)";
+}
+
+void dump_batch(const BatchDumpOptions& opt) {
+  if (opt.step < 0) throw InputError("--dump-batch " + std::to_string(opt.step) + ": must be >= 0");
+  if (int64_t(opt.batch) * opt.seq > (int64_t(1) << 31))
+    throw InputError("--batch * --seq = " + std::to_string(int64_t(opt.batch) * opt.seq) +
+                     " tokens: at most 2^31");
+  check_output_path(opt.out, opt.force);
+  DatasetOptions dopt;
+  dopt.vocab = opt.vocab, dopt.seq_len = opt.seq, dopt.seed = opt.seed;
+  const auto data = make_dataset(opt.dataset, dopt);
+  const int64_t n = int64_t(opt.batch) * opt.seq;
+  std::vector<TokenId> in(n), tgt(n);
+  data->batch(opt.step, opt.batch, opt.seq, in.data(), tgt.data());
+  TraceWriter w(opt.out, opt.force);
+  using K = TraceWriter::Kind;
+  w.attr("/", "dataset", data->info().spec);
+  w.attr("/", "vocab", int64_t(opt.vocab));
+  w.attr("/", "seed", int64_t(opt.seed));
+  w.attr("/", "step", opt.step);
+  w.array("/inputs", K::Int64, std::vector<int64_t>{opt.batch, opt.seq});
+  w.array("/targets", K::Int64, std::vector<int64_t>{opt.batch, opt.seq});
+  w.write_array("/inputs", std::vector<int64_t>(in.begin(), in.end()));
+  w.write_array("/targets", std::vector<int64_t>(tgt.begin(), tgt.end()));
+  w.publish();
+}
+
+}  // namespace divlab

@@ -1,0 +1,42 @@
+#include "experiments/weights.h"
+
+#include "experiments/errors.h"
+
+namespace divlab {
+
+namespace {
+std::string tensor_path(const std::string& which, const ParamInfo& p) {
+  return "/weights/" + which + "/" + p.name;
+}
+}  // namespace
+
+void lay_out_weights(TraceWriter& w, const std::string& which,
+                     const std::vector<ParamInfo>& layout) {
+  for (const ParamInfo& p : layout)
+    w.array(tensor_path(which, p), TraceWriter::Kind::Float64, p.shape);
+  if (which == "final") w.array("/weights/final_step", TraceWriter::Kind::Int64, 1);
+}
+
+void write_weights(TraceWriter& w, const std::string& which, const std::vector<ParamInfo>& layout,
+                   const std::vector<double>& params, int64_t step) {
+  for (const ParamInfo& p : layout)
+    w.write_array(tensor_path(which, p), std::vector<double>(params.begin() + p.offset,
+                                                             params.begin() + p.offset + p.size));
+  if (which == "final") w.write_array("/weights/final_step", std::vector<int64_t>{step});
+}
+
+std::optional<std::vector<double>> read_weights(const TraceReader& r, const std::string& which,
+                                                const std::vector<ParamInfo>& layout) {
+  if (layout.empty() || !r.exists(tensor_path(which, layout[0]))) return std::nullopt;
+  std::vector<double> params;
+  for (const ParamInfo& p : layout) {
+    const std::vector<double> t = r.tensor(tensor_path(which, p));
+    if (int64_t(t.size()) != p.size)
+      throw InputError("trace: '" + tensor_path(which, p) + "' holds " + std::to_string(t.size()) +
+                       " values, the model's " + p.name + " " + std::to_string(p.size));
+    params.insert(params.end(), t.begin(), t.end());
+  }
+  return params;
+}
+
+}  // namespace divlab

@@ -1,0 +1,27 @@
+// Named weights kept in a trace (trace.initial_weights, trace.final_weights) and exported by
+// `divlab export`: /weights/initial/<name> and /weights/final/<name>, one float64 dataset per
+// parameter, shaped as PyTorch shapes it ([out, in] for linear layers), in the model's
+// parameter order (model/transformer.h: param_layout; docs/trace-format.md lists it).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "experiments/trace.h"
+#include "model/transformer.h"
+
+namespace divlab {
+
+// Creates /weights/WHICH/<name> for every parameter (before SWMR starts); "final" also gets
+// /weights/final_step (int64[1]: the steps taken before the weights were kept).
+void lay_out_weights(TraceWriter& w, const std::string& which,
+                     const std::vector<ParamInfo>& layout);
+// Writes the flat parameter buffer `params` (layout order) into /weights/WHICH.
+void write_weights(TraceWriter& w, const std::string& which, const std::vector<ParamInfo>& layout,
+                   const std::vector<double>& params, int64_t step = 0);
+// The flat parameter buffer from /weights/WHICH; none if the trace does not hold them.
+std::optional<std::vector<double>> read_weights(const TraceReader& r, const std::string& which,
+                                                const std::vector<ParamInfo>& layout);
+
+}  // namespace divlab
