@@ -16,6 +16,7 @@
 #include "experiments/config.h"
 #include "experiments/export.h"
 #include "experiments/reproduce.h"
+#include "experiments/sample.h"
 #include "experiments/signals.h"
 #include "experiments/sweep.h"
 #include "experiments/trace.h"
@@ -265,6 +266,26 @@ int main(int argc, char** argv) {
   data->add_option("--out", dump.out, "--dump-batch: the HDF5 file to write");
   data->add_flag("--force", dump.force, "--dump-batch: overwrite --out");
 
+  auto* sample_cmd = app.add_subcommand("sample", "text a trained run's model writes");
+  SampleOptions so;
+  sample_cmd->add_option("trace", so.trace, "the run's trace (train, or a sweep's cell)")
+      ->required();
+  sample_cmd->add_option("--prompt", so.prompt,
+                         "text to continue (token ids \"3 17 5\" for synthetic data)");
+  sample_cmd->add_option("--tokens", so.tokens, "tokens to generate")->capture_default_str();
+  sample_cmd->add_option("--temperature", so.temperature, "0: always the most likely token")
+      ->capture_default_str();
+  sample_cmd->add_option("--seed", so.seed, "sampling seed (same seed, same text)")
+      ->capture_default_str()
+      ->check(kNotNegative);
+  sample_cmd
+      ->add_option("--weights", so.weights,
+                   "final (kept with trace.final_weights, else the newest checkpoint) | "
+                   "checkpoint | initial")
+      ->capture_default_str();
+  sample_cmd->add_option("--kernels", so.kernels,
+                         "op=variant at inference (default: every op's reference)");
+
   auto* export_cmd = app.add_subcommand(
       "export", "a trace's weights as safetensors (PyTorch names and shapes, parameter order)");
   ExportOptions ex;
@@ -395,6 +416,16 @@ int main(int argc, char** argv) {
     if (*data) {
       if (!dump.out.empty()) throw InputError("--out: only with --dump-batch");
       return cmd_data(spec, vocab, batch, seq, seed);
+    }
+    if (*sample_cmd) {
+      const Sample out = sample(so);
+      std::string kernels;
+      for (const auto& k : so.kernels) kernels += (kernels.empty() ? "" : ", ") + k;
+      std::cout << "# " << so.trace << ": " << out.weights
+                << "; kernels: " << (kernels.empty() ? "reference" : kernels) << "; temperature "
+                << so.temperature << ", seed " << so.seed << "\n"
+                << out.text << std::endl;
+      return 0;
     }
     if (*export_cmd) {
       std::cout << export_weights(ex) << std::endl;

@@ -65,6 +65,8 @@ class Transformer {
   Buffer<T>& params() { return params_; }
   const Buffer<T>& params() const { return params_; }
   const Buffer<T>& grads() const { return grads_; }
+  // The logits of the last forward, [B*T, V] row-major (read by `divlab sample`).
+  const Buffer<A>& logits() const { return logits_; }
   const KernelSet<T, A>& kernels() const { return k_; }
   void set_kernels(const KernelSet<T, A>& k) { k_ = k; }
 

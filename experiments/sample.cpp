@@ -1,0 +1,138 @@
+#include "experiments/sample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "datasets/text.h"
+#include "experiments/checkpoint.h"
+#include "experiments/config.h"
+#include "experiments/toml_reader.h"
+#include "experiments/trace.h"
+#include "experiments/weights.h"
+#include "kernels/registry.h"
+#include "model/rng.h"
+#include "model/transformer.h"
+
+namespace divlab {
+
+namespace {
+
+struct Weights {
+  std::vector<double> params;
+  std::string what;
+};
+
+Weights weights_of(const TraceReader& r, const std::string& which, const ModelConfig& m,
+                   const std::string& path) {
+  const auto layout = param_layout(m);
+  if (which == "final" || which == "initial") {
+    if (auto w = read_weights(r, which, layout)) {
+      const std::string step =
+          which == "final" ? std::to_string(r.ints("/weights/final_step").at(0)) : "0";
+      return {std::move(*w), which + " weights (after " + step + " steps)"};
+    }
+    if (which == "initial")
+      throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
+  }
+  if (const auto c = read_checkpoint(r))
+    return {c->params, "the newest checkpoint (after " + std::to_string(c->next_step) +
+                           " steps; the trace keeps no final weights)"};
+  throw InputError("trace '" + path + "': holds no weights to sample from (train with --set " +
+                   "trace.final_weights=true, or checkpoint.every > 0)");
+}
+
+std::vector<int> prompt_ids(const std::string& prompt, const std::string& tokenizer, int vocab) {
+  if (!tokenizer.empty())
+    return prompt.empty() ? std::vector<int>{} : bpe_encode(tokenizer, prompt);
+  std::vector<int> ids;
+  std::istringstream words(prompt);
+  for (std::string w; words >> w;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(w, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != w.size() || id < 0 || id >= vocab)
+      throw InputError("--prompt: '" + w + "' is not a token id in 0.." +
+                       std::to_string(vocab - 1) + " (this run's data has no tokenizer)");
+    ids.push_back(int(id));
+  }
+  return ids;
+}
+
+}  // namespace
+
+Sample sample(const SampleOptions& opt) {
+  if (opt.tokens < 1 || opt.tokens > 100000)
+    throw InputError("--tokens " + std::to_string(opt.tokens) + ": must be in 1..100000");
+  if (!(opt.temperature >= 0) || !std::isfinite(opt.temperature))
+    throw InputError("--temperature: must be a finite number >= 0");
+  if (opt.weights != "final" && opt.weights != "initial" && opt.weights != "checkpoint")
+    throw InputError("--weights '" + opt.weights + "': expected final, initial or checkpoint");
+  const TraceReader r(opt.trace);
+  // The run's model and data, with the inference kernels in place of the run's (CPU, fp32;
+  // the run's plug-ins are not needed, its kernels are replaced before they are looked up).
+  const std::string recorded = r.string_attr("/", "config_toml");
+  std::vector<std::string> overrides = {"backend=cpu", "train.precision=fp32", "plugins=[]",
+                                        "shadow.every=0", "shadow.variants=[]"};
+  for (const TomlEntry& e : read_toml(recorded, "trace '" + opt.trace + "'"))
+    if (e.key.rfind("kernels.", 0) == 0) overrides.push_back(e.key + "=reference");
+  for (const auto& k : opt.kernels) {
+    if (k.find('=') == std::string::npos)
+      throw InputError("--kernels '" + k + "': expected op=variant");
+    overrides.push_back("kernels." + k);
+  }
+  const RunConfig cfg = load_config_text(recorded, "trace '" + opt.trace + "'", overrides);
+  const ModelConfig& m = cfg.model;
+  Weights w = weights_of(r, opt.weights, m, opt.trace);
+  const std::string tokenizer =
+      r.exists("/dataset/tokenizer_model") ? r.blob("/dataset/tokenizer_model") : "";
+  std::vector<int> context = prompt_ids(opt.prompt, tokenizer, m.vocab);
+  if (context.empty()) context.push_back(0);  // an empty prompt starts from token 0
+
+  Transformer<float> model(m, cpu_catalogue<float>().select(cfg.kernels), 1);
+  model.params().assign(w.params);
+  const int T = m.seq_len, V = m.vocab;
+  std::vector<TokenId> in(T, 0), tgt(T, 0);
+  Rng rng(opt.seed, /*stream=*/0x5a3b1e);
+  Sample out;
+  out.weights = w.what;
+  std::vector<double> p(V);
+  for (int i = 0; i < opt.tokens; ++i) {
+    // The last T tokens; attention is causal, so the positions after them do not matter.
+    const int n = std::min<int>(T, int(context.size()));
+    std::fill(in.begin(), in.end(), TokenId(0));
+    std::copy(context.end() - n, context.end(), in.begin());
+    model.forward(in.data(), tgt.data(), false);
+    const std::vector<float> logits = model.logits().to_vector();
+    const float* row = logits.data() + int64_t(n - 1) * V;
+    int next = int(std::max_element(row, row + V) - row);
+    if (opt.temperature > 0) {
+      double total = 0;
+      for (int v = 0; v < V; ++v)
+        total += p[v] = std::exp((double(row[v]) - double(row[next])) / opt.temperature);
+      double u = rng.uniform() * total;
+      for (int v = 0; v < V; ++v)
+        if ((u -= p[v]) <= 0 || v == V - 1) {
+          next = v;
+          break;
+        }
+    }
+    context.push_back(next);
+    out.tokens.push_back(next);
+  }
+  // The prompt and its continuation decoded together: a piece's leading space survives only
+  // inside a sequence.
+  if (opt.prompt.empty()) context.erase(context.begin());  // the token 0 it started from
+  if (!tokenizer.empty()) {
+    out.text = bpe_decode(tokenizer, context);
+  } else {
+    for (size_t i = 0; i < context.size(); ++i)
+      out.text += (i ? " " : "") + std::to_string(context[i]);
+  }
+  return out;
+}
+
+}  // namespace divlab
