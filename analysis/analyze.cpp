@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
@@ -171,6 +172,17 @@ std::map<std::string, std::string> group_labels(
   return labels;
 }
 
+// The distinguishing keys of a group, one by one (its label is "key=value key=value ...").
+std::map<std::string, std::string> group_settings(const Cell& cell, const std::string& label) {
+  std::map<std::string, std::string> out;
+  std::istringstream words(label);
+  for (std::string w; words >> w;) {
+    const std::string key = w.substr(0, w.find('='));
+    if (cell.config.count(key)) out[key] = cell.config.at(key);
+  }
+  return out;
+}
+
 struct Series {  // one variant's per-seed curves within a group, paired with the reference
   std::vector<double> gaps, areas, val_gaps, doses;
   std::vector<long long> seeds;
@@ -322,8 +334,11 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
   md << "# divlab analysis: " << opt.dir << "\n\n"
      << headline(verdicts) << "\n\n"
      << "Analysed " << utc_now() << " by divlab " << kDivlabVersion << " (" << kGitCommit << ") on "
-     << hostname() << " (" << cpu_model() << "); traces written by " << written_by << ".\n\n"
-     << "Each candidate is paired with the reference run of the same seed; its gap is the mean "
+     << hostname() << " (" << cpu_model() << "); traces written by " << written_by << ".\n\n";
+  if (plots == "ok" && access((opt.dir + "/story.png").c_str(), F_OK) == 0)
+    md << "![loss curves of reference, candidates and controls per row, and the dose-response]"
+          "(story.png)\n\n";
+  md << "Each candidate is paired with the reference run of the same seed; its gap is the mean "
         "of (candidate - reference) training loss over the last 10 % of steps. Gaps are tested "
         "against the benign controls' gaps with a one-sided Welch t-test (alpha = "
      << opt.alpha
@@ -365,9 +380,6 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
     md << "Not drawn: " << plots << "\n";
     return;
   }
-  if (access((opt.dir + "/story.png").c_str(), F_OK) == 0)
-    md << "![loss curves of reference, candidates and controls per row, and the dose-response]"
-          "(story.png)\n\n";
   md << "![gap against dose, per seed](dose.png)\n\n";
   if (access((opt.dir + "/shadow.png").c_str(), F_OK) == 0)
     md << "![shadow error by token-frequency bucket](shadow.png)\n\n";
@@ -476,6 +488,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
     for (const auto& [variant, s] : series) {
       Verdict v;
       v.group = labels.at(key);
+      v.settings = group_settings(*members[0], labels.at(key));
       v.variant = variant;
       v.control = by_variant[variant][0]->control;
       v.seeds = int(s.gaps.size());
@@ -572,22 +585,59 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
     }
   }
 
-  // verdicts.csv
+  // verdicts.csv: one column list drives the header and every row, so they cannot drift; the
+  // grid keys that distinguish the groups get a column each after `group` (tidy data).
   {
-    std::ofstream csv(opt.dir + "/verdicts.csv");
-    csv << "group,variant,control,verdict,seeds,final_loss_ref,gap,gap_rel,gap_ci_low,"
-           "gap_ci_high,control_band,area,val_gap,p_welch,p_permutation,hedges_g,compared_with,"
-           "onset_step,max_row_contributions,dose_min,dose_max,tokens_per_step,nan_where,"
-           "nan_runs,no_verdict_reason\n";
+    std::set<std::string> setting_keys;
     for (const auto& v : verdicts)
-      csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
-          << v.verdict << "," << v.seeds << "," << v.final_loss_ref << "," << v.gap << ","
-          << v.gap / v.final_loss_ref << "," << v.gap_ci_low << "," << v.gap_ci_high << ","
-          << v.control_band << "," << v.area << "," << v.val_gap << "," << v.p_welch << ","
-          << v.p_permutation << "," << v.hedges_g << "," << v.compared_with << "," << v.onset << ","
-          << v.max_row_contributions << "," << v.dose_min << "," << v.dose_max << ","
-          << v.tokens_per_step << "," << csv_escape(v.nan_where) << ","
-          << csv_escape(join(v.nan_runs, "; ")) << "," << csv_escape(v.no_verdict_reason) << "\n";
+      for (const auto& [k, value] : v.settings) setting_keys.insert(k);
+    using Column = std::pair<std::string, std::function<std::string(const Verdict&)>>;
+    auto num = [](double x) {
+      std::ostringstream o;
+      o << x;
+      return o.str();
+    };
+    std::vector<Column> columns = {{"group", [](const Verdict& v) { return v.group; }}};
+    for (const auto& k : setting_keys)
+      columns.push_back({k, [k](const Verdict& v) {
+                           const auto it = v.settings.find(k);
+                           return it == v.settings.end() ? std::string() : it->second;
+                         }});
+    const std::vector<Column> results = {
+        {"variant", [](const Verdict& v) { return v.variant; }},
+        {"control", [](const Verdict& v) { return std::string(v.control ? "1" : "0"); }},
+        {"verdict", [](const Verdict& v) { return v.verdict; }},
+        {"seeds", [](const Verdict& v) { return std::to_string(v.seeds); }},
+        {"final_loss_ref", [&](const Verdict& v) { return num(v.final_loss_ref); }},
+        {"gap", [&](const Verdict& v) { return num(v.gap); }},
+        {"gap_rel", [&](const Verdict& v) { return num(v.gap / v.final_loss_ref); }},
+        {"gap_ci_low", [&](const Verdict& v) { return num(v.gap_ci_low); }},
+        {"gap_ci_high", [&](const Verdict& v) { return num(v.gap_ci_high); }},
+        {"control_band", [&](const Verdict& v) { return num(v.control_band); }},
+        {"area", [&](const Verdict& v) { return num(v.area); }},
+        {"val_gap", [&](const Verdict& v) { return num(v.val_gap); }},
+        {"p_welch", [&](const Verdict& v) { return num(v.p_welch); }},
+        {"p_permutation", [&](const Verdict& v) { return num(v.p_permutation); }},
+        {"hedges_g", [&](const Verdict& v) { return num(v.hedges_g); }},
+        {"compared_with", [](const Verdict& v) { return v.compared_with; }},
+        {"onset_step", [](const Verdict& v) { return std::to_string(v.onset); }},
+        {"max_row_contributions", [&](const Verdict& v) { return num(v.max_row_contributions); }},
+        {"dose_min", [&](const Verdict& v) { return num(v.dose_min); }},
+        {"dose_max", [&](const Verdict& v) { return num(v.dose_max); }},
+        {"tokens_per_step", [&](const Verdict& v) { return num(v.tokens_per_step); }},
+        {"nan_where", [](const Verdict& v) { return v.nan_where; }},
+        {"nan_runs", [](const Verdict& v) { return join(v.nan_runs, "; "); }},
+        {"no_verdict_reason", [](const Verdict& v) { return v.no_verdict_reason; }}};
+    columns.insert(columns.end(), results.begin(), results.end());
+    std::ofstream csv(opt.dir + "/verdicts.csv");
+    for (size_t i = 0; i < columns.size(); ++i)
+      csv << (i ? "," : "") << csv_escape(columns[i].first);
+    csv << "\n";
+    for (const auto& v : verdicts) {
+      for (size_t i = 0; i < columns.size(); ++i)
+        csv << (i ? "," : "") << csv_escape(columns[i].second(v));
+      csv << "\n";
+    }
   }
   // seeds.csv: every paired seed's gap against the dose it received (the per-seed scatter).
   {

@@ -6,6 +6,7 @@
 // controls (variants documented as benign: same math up to rounding). See docs/analysis.md.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ struct AnalyzeOptions {
 };
 
 struct Verdict {
-  std::string group;     // the config keys that distinguish this group from the others
-  std::string variant;   // "op=variant[+op=variant]" or "reference"
+  std::string group;  // the config keys that distinguish this group from the others
+  std::map<std::string, std::string> settings;  // the same, key by key
+  std::string variant;                          // "op=variant[+op=variant]" or "reference"
   bool control = false;  // every swapped kernel is a documented benign control
   // diverged | lower-loss | no-divergence: a result. nan (the candidate stopped on NaN),
   // reference-nan (every seed's reference did), too-few-seeds, no-reference: none, and
