@@ -225,21 +225,20 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "series", v.series);
     w.attr(g, "no_verdict_reason", v.no_verdict_reason);
     w.attr(g, "nan_runs", join(v.nan_runs, "\n"));
-    const std::pair<const char*, double> numbers[] = {
-        {"gap", v.gap},
-        {"area", v.area},
-        {"val_gap", v.val_gap},
-        {"p_welch", v.p_welch},
-        {"p_permutation", v.p_permutation},
-        {"hedges_g", v.hedges_g},
-        {"max_row_contributions", v.max_row_contributions},
-        {"dose_min", v.dose_min},
-        {"dose_max", v.dose_max},
-        {"tokens_per_step", v.tokens_per_step},
-        {"gap_ci_low", v.gap_ci_low},
-        {"gap_ci_high", v.gap_ci_high},
-        {"control_band", v.control_band},
-        {"final_loss_ref", v.final_loss_ref}};
+    const std::pair<const char*, double> numbers[] = {{"gap", v.gap},
+                                                      {"area", v.area},
+                                                      {"val_gap", v.val_gap},
+                                                      {"p_welch", v.p_welch},
+                                                      {"p_permutation", v.p_permutation},
+                                                      {"hedges_g", v.hedges_g},
+                                                      {"dose", v.dose},
+                                                      {"dose_min", v.dose_min},
+                                                      {"dose_max", v.dose_max},
+                                                      {"tokens_per_step", v.tokens_per_step},
+                                                      {"gap_ci_low", v.gap_ci_low},
+                                                      {"gap_ci_high", v.gap_ci_high},
+                                                      {"control_band", v.control_band},
+                                                      {"final_loss_ref", v.final_loss_ref}};
     for (const auto& [name, value] : numbers) w.attr(g, name, value);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
         {"ref_curve", &v.ref_curve}, {"variant_curve", &v.variant_curve},
@@ -356,9 +355,8 @@ void write_report(const AnalyzeOptions& opt, const std::vector<Verdict>& verdict
        << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch) << " | "
        << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
        << (v.onset >= 0 && v.verdict == "diverged" ? std::to_string(v.onset) : "-") << " | "
-       << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | "
-       << fmt(v.max_row_contributions, "%.0f") << " (" << fmt(v.dose_min, "%.0f") << "-"
-       << fmt(v.dose_max, "%.0f") << ") |\n";
+       << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | " << fmt(v.dose, "%.0f")
+       << " (" << fmt(v.dose_min, "%.0f") << "-" << fmt(v.dose_max, "%.0f") << ") |\n";
   bool any_missing = false;
   for (const auto& v : verdicts) any_missing |= !v.no_verdict_reason.empty() || !v.nan_runs.empty();
   if (any_missing) md << "\n## Rows without a verdict, and runs that stopped on NaN\n";
@@ -493,7 +491,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       v.control = by_variant[variant][0]->control;
       v.seeds = int(s.gaps.size());
       v.final_loss_ref = ref_final;
-      v.max_row_contributions = dose;
+      v.dose = dose;
       v.dose_min = dose_min, v.dose_max = dose_max;
       v.tokens_per_step = members[0]->tokens_per_step;
       for (const Cell* c : members) {
@@ -621,7 +619,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         {"hedges_g", [&](const Verdict& v) { return num(v.hedges_g); }},
         {"compared_with", [](const Verdict& v) { return v.compared_with; }},
         {"onset_step", [](const Verdict& v) { return std::to_string(v.onset); }},
-        {"max_row_contributions", [&](const Verdict& v) { return num(v.max_row_contributions); }},
+        {"dose", [&](const Verdict& v) { return num(v.dose); }},
         {"dose_min", [&](const Verdict& v) { return num(v.dose_min); }},
         {"dose_max", [&](const Verdict& v) { return num(v.dose_max); }},
         {"tokens_per_step", [&](const Verdict& v) { return num(v.tokens_per_step); }},
@@ -669,11 +667,11 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   write_report(opt, verdicts, responses, unfinished, plots, provenance);
   if (opt.verbose) {
     std::printf("%-40s %-40s %-14s %5s %10s %9s %9s %7s %8s\n", "group", "variant", "verdict",
-                "seeds", "gap", "p(welch)", "p(perm)", "onset", "max-row");
+                "seeds", "gap", "p(welch)", "p(perm)", "onset", "dose");
     for (const auto& v : verdicts)
       std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
                   (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
-                  v.gap, v.p_welch, v.p_permutation, v.onset, v.max_row_contributions);
+                  v.gap, v.p_welch, v.p_permutation, v.onset, v.dose);
     for (const auto& v : verdicts) {
       if (!v.no_verdict_reason.empty())
         std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),

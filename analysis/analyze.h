@@ -34,9 +34,10 @@ struct Verdict {
   double area = 0;            // mean over seeds and steps of (variant - reference)
   double val_gap = 0;         // same for /eval/val_loss (reference kernels), NaN if absent
   double p_welch = 1, p_permutation = 1, hedges_g = 0;
-  std::string compared_with;          // "controls" or "zero" (no controls in the group)
-  long long onset = -1;               // step from which the gap stays outside the control band
-  double max_row_contributions = 0;   // the dose: mean over the seeds' reference runs and steps
+  std::string compared_with;  // "controls" or "zero" (no controls in the group)
+  long long onset = -1;       // step from which the gap stays outside the control band
+  double dose = 0;  // max additions to one embedding row per step: mean over the seeds' reference
+                    // runs and steps
   double dose_min = 0, dose_max = 0;  // the seeds' doses range: the same data spec can give
                                       // each seed its own (a chain's hot ids are drawn per seed)
   double tokens_per_step = 0;         // train.batch x model.seq_len

@@ -52,7 +52,7 @@ std::vector<DoseResponse> dose_responses(const std::vector<Verdict>& verdicts) {
     }
     DosePoint p;
     p.tokens_per_step = v.tokens_per_step;
-    p.dose = v.max_row_contributions, p.dose_min = v.dose_min, p.dose_max = v.dose_max;
+    p.dose = v.dose, p.dose_min = v.dose_min, p.dose_max = v.dose_max;
     p.seeds = v.seeds;
     p.gap = v.gap, p.ci_low = v.gap_ci_low, p.ci_high = v.gap_ci_high;
     p.band = v.control_band, p.p_welch = v.p_welch, p.verdict = v.verdict;

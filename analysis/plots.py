@@ -99,13 +99,13 @@ def dose_axes(ax, summary, palette):
         label = short(a["variant"]) + (" (control)" if a["control"] else "")
         ax.scatter(g["seed_doses"][:], g["seed_gaps"][:], s=10, alpha=0.45, color=color,
                    linewidths=0)
-        ax.errorbar([a["max_row_contributions"]], [a["gap"]],
+        ax.errorbar([a["dose"]], [a["gap"]],
                     yerr=[[a["gap"] - a["gap_ci_low"]], [a["gap_ci_high"] - a["gap"]]],
                     fmt="o", color=color, capsize=3, markersize=5,
                     label=None if label in drawn else label)
         drawn.add(label)
         series.setdefault((a["series"], a["variant"]), []).append(
-            (a["max_row_contributions"], a["gap"], a["control_band"], a["tokens_per_step"]))
+            (a["dose"], a["gap"], a["control_band"], a["tokens_per_step"]))
     for (name, variant), points in series.items():
         points.sort()
         if len({p[3] for p in points}) < 2:

@@ -68,8 +68,8 @@ int run_reproduce(const ReproduceOptions& in) {
   std::printf("\n");
   for (const Row* row : ordered) {
     char dose[40];
-    std::snprintf(dose, sizeof dose, "%.0f (%.0f-%.0f)", row->any->max_row_contributions,
-                  row->any->dose_min, row->any->dose_max);
+    std::snprintf(dose, sizeof dose, "%.0f (%.0f-%.0f)", row->any->dose, row->any->dose_min,
+                  row->any->dose_max);
     std::printf("%-24s %8.0f %17s", row->label.c_str(), row->any->tokens_per_step, dose);
     for (const auto& [c, control] : columns) {
       const auto it = row->cells.find(c);

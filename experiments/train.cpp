@@ -199,19 +199,30 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, con
 
 class Progress {
  public:
-  explicit Progress(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO)) {}
+  // On a terminal one line rewritten every step; in a pipe or log a line at every tenth of the
+  // run (and at its end), so a log shows progress without a line per step.
+  explicit Progress(bool enabled) : enabled_(enabled), terminal_(isatty(STDERR_FILENO) != 0) {}
   void update(int64_t step, int64_t steps, double loss, double tokens_per_s, double elapsed) {
     if (!enabled_) return;
     const double eta = step > 0 ? elapsed / double(step) * double(steps - step) : 0.0;
-    std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", (long long)step,
-                 (long long)steps, loss, tokens_per_s, eta);
+    if (terminal_) {
+      std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", (long long)step,
+                   (long long)steps, loss, tokens_per_s, eta);
+      return;
+    }
+    const int64_t tenth = steps > 0 ? step * 10 / steps : 10;
+    if (tenth == last_tenth_ && step != steps) return;
+    last_tenth_ = tenth;
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.0f tok/s  elapsed %.0fs  ETA %.0fs\n",
+                 (long long)step, (long long)steps, loss, tokens_per_s, elapsed, eta);
   }
   void done() {
-    if (enabled_) std::fprintf(stderr, "\n");
+    if (enabled_ && terminal_) std::fprintf(stderr, "\n");
   }
 
  private:
-  bool enabled_;
+  bool enabled_, terminal_;
+  int64_t last_tenth_ = 0;
 };
 
 // Where the steps' time went, op by op (stderr).

@@ -44,7 +44,7 @@ Verdict point(const std::string& series, const std::string& variant, double toke
               double gap, const std::string& verdict) {
   Verdict v;
   v.series = series, v.variant = variant, v.verdict = verdict;
-  v.seeds = 8, v.tokens_per_step = tokens, v.max_row_contributions = dose;
+  v.seeds = 8, v.tokens_per_step = tokens, v.dose = dose;
   v.dose_min = dose * 0.99, v.dose_max = dose * 1.01;
   v.gap = gap, v.gap_ci_low = gap - 0.01, v.gap_ci_high = gap + 0.01, v.control_band = 0.02;
   return v;

@@ -485,7 +485,7 @@ class ReproduceQuick(unittest.TestCase):
         self.assertEqual(set(verdict.values()), {"no-divergence"}, rows)
         # The dose: thousands of additions on the hottest row per step, a fifth of that without
         # hot ids.
-        dose = {row["group"].split()[0]: float(row["max_row_contributions"]) for row in rows}
+        dose = {row["group"].split()[0]: float(row["dose"]) for row in rows}
         self.assertGreater(dose["data=markov:0.8,0.8"], 4000)
         self.assertLess(dose["data=markov:0,0.8"], 1500)
         self.assertTrue(os.path.exists(os.path.join(out, "report.md")))
