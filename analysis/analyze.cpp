@@ -63,19 +63,6 @@ std::vector<std::string> list_traces(const std::string& dir) {
   return out;
 }
 
-std::map<std::string, std::string> parse_toml(const std::string& text, const std::string& path) {
-  std::map<std::string, std::string> cfg;
-  for (const TomlEntry& e : read_toml(text, "trace '" + path + "': config_toml")) {
-    std::string v = e.value.text;
-    if (e.value.kind == TomlValue::Kind::Array) {
-      v.clear();
-      for (size_t i = 0; i < e.value.items.size(); ++i) v += (i ? "," : "") + e.value.items[i].text;
-    }
-    cfg[e.key] = v;
-  }
-  return cfg;
-}
-
 bool ignored_for_grouping(const std::string& key) {
   for (const char* prefix : {"kernels.", "shadow.", "trace.", "debug."})
     if (key.rfind(prefix, 0) == 0) return true;
@@ -98,7 +85,8 @@ Cell load_cell(const std::string& path) {
     c.nan_where = attr("nan_pass") + " " + attr("nan_op") + " layer " + attr("nan_layer") + " " +
                   attr("nan_tensor") + ", step " + attr("nan_step");
   }
-  c.config = parse_toml(r.string_attr("/", "config_toml"), path);
+  c.config =
+      read_toml_texts(r.string_attr("/", "config_toml"), "trace '" + path + "': config_toml");
   {
     auto attr = [&](const char* name) {
       try {

@@ -4,7 +4,6 @@
 #include <map>
 
 #include "datasets/dataset.h"
-#include "experiments/checkpoint.h"
 #include "experiments/errors.h"
 #include "experiments/files.h"
 #include "experiments/toml_reader.h"
@@ -18,9 +17,8 @@ namespace {
 // The model's shape from a trace's resolved config, read without loading its kernels or
 // plug-ins (the exporting machine need not have them).
 ModelConfig model_of(const TraceReader& r, const std::string& path) {
-  std::map<std::string, std::string> cfg;
-  for (const TomlEntry& e : read_toml(r.string_attr("/", "config_toml"), "trace '" + path + "'"))
-    cfg[e.key] = e.value.text;
+  std::map<std::string, std::string> cfg =
+      read_toml_texts(r.string_attr("/", "config_toml"), "trace '" + path + "'");
   ModelConfig m;
   auto get = [&](const char* key, int& field) {
     if (cfg.count(key)) field = std::stoi(cfg[key]);
@@ -51,23 +49,16 @@ std::string export_weights(const ExportOptions& opt) {
   check_output_path(opt.out, opt.force);
   const TraceReader r(opt.trace);
   const std::vector<ParamInfo> layout = param_layout(model_of(r, opt.trace));
-  std::vector<double> params;
-  int64_t step = 0;
-  if (opt.weights == "checkpoint") {
-    const auto c = read_checkpoint(r);
-    if (!c)
-      throw InputError("trace '" + opt.trace + "': holds no checkpoint (checkpoint.every = 0, " +
-                       "or the run stopped before its first)");
-    params = c->params, step = c->next_step;
-  } else {
-    auto w = read_weights(r, opt.weights, layout);
-    if (!w)
-      throw InputError("trace '" + opt.trace + "': holds no " + opt.weights +
-                       " weights (train with --set trace." + opt.weights +
-                       "_weights=true; --weights checkpoint exports the newest checkpoint)");
-    params = std::move(*w);
-    if (opt.weights == "final") step = r.ints("/weights/final_step").at(0);
-  }
+  auto w = trace_weights(r, opt.weights, layout);
+  if (!w && opt.weights == "checkpoint")
+    throw InputError("trace '" + opt.trace + "': holds no checkpoint (checkpoint.every = 0, " +
+                     "or the run stopped before its first)");
+  if (!w)
+    throw InputError("trace '" + opt.trace + "': holds no " + opt.weights +
+                     " weights (train with --set trace." + opt.weights +
+                     "_weights=true; --weights checkpoint exports the newest checkpoint)");
+  const std::vector<double>& params = w->params;
+  const int64_t step = w->step;
   const int64_t expected = layout.back().offset + layout.back().size;
   if (int64_t(params.size()) != expected)
     throw InputError("trace '" + opt.trace + "': " + std::to_string(params.size()) +

@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "datasets/text.h"
-#include "experiments/checkpoint.h"
 #include "experiments/config.h"
 #include "experiments/toml_reader.h"
 #include "experiments/trace.h"
@@ -23,21 +22,18 @@ struct Weights {
   std::string what;
 };
 
+// The asked-for weights; "final" falls back to the newest checkpoint (a sweep cell keeps no
+// final weights unless asked).
 Weights weights_of(const TraceReader& r, const std::string& which, const ModelConfig& m,
                    const std::string& path) {
   const auto layout = param_layout(m);
-  if (which == "final" || which == "initial") {
-    if (auto w = read_weights(r, which, layout)) {
-      const std::string step =
-          which == "final" ? std::to_string(r.ints("/weights/final_step").at(0)) : "0";
-      return {std::move(*w), which + " weights (after " + step + " steps)"};
-    }
-    if (which == "initial")
-      throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
-  }
-  if (const auto c = read_checkpoint(r))
-    return {c->params, "the newest checkpoint (after " + std::to_string(c->next_step) +
-                           " steps; the trace keeps no final weights)"};
+  if (auto w = trace_weights(r, which, layout); w && which != "checkpoint")
+    return {std::move(w->params), which + " weights (after " + std::to_string(w->step) + " steps)"};
+  if (which == "initial")
+    throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
+  if (auto c = trace_weights(r, "checkpoint", layout))
+    return {std::move(c->params), "the newest checkpoint (after " + std::to_string(c->step) +
+                                      " steps; the trace keeps no final weights)"};
   throw InputError("trace '" + path + "': holds no weights to sample from (train with --set " +
                    "trace.final_weights=true, or checkpoint.every > 0)");
 }

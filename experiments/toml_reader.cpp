@@ -238,6 +238,20 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& sou
   return out;
 }
 
+std::map<std::string, std::string> read_toml_texts(const std::string& text,
+                                                   const std::string& source) {
+  std::map<std::string, std::string> out;
+  for (const TomlEntry& e : read_toml(text, source)) {
+    std::string v = e.value.text;
+    if (e.value.kind == TomlValue::Kind::Array) {
+      v.clear();
+      for (size_t i = 0; i < e.value.items.size(); ++i) v += (i ? "," : "") + e.value.items[i].text;
+    }
+    out[e.key] = v;
+  }
+  return out;
+}
+
 TomlValue read_toml_value(const std::string& text) {
   // A newline could smuggle in a second key; such text is taken as it is.
   if (text.find_first_of("\r\n") == std::string::npos) {

@@ -3,6 +3,7 @@
 // with its TOML type and line, so that callers check types strictly and name the line.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ std::string float_text(double x);
 // InputError "SOURCE line L, column C: what is wrong" for malformed TOML and for what no
 // divlab file holds (dates and times, arrays of tables, tables inside arrays).
 std::vector<TomlEntry> read_toml(const std::string& text, const std::string& source);
+
+// A document as key -> value text (arrays: their items' texts joined with ','), for readers that
+// need a recorded config's values, not its checks (analysis, export).
+std::map<std::string, std::string> read_toml_texts(const std::string& text,
+                                                   const std::string& source);
 
 // One value typed on the command line (`--set key=VALUE`, a grid's axis value): TOML if the text
 // is one TOML value; otherwise the text itself as a bare string (`data=zipf:1.1` needs no

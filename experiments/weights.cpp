@@ -1,5 +1,6 @@
 #include "experiments/weights.h"
 
+#include "experiments/checkpoint.h"
 #include "experiments/errors.h"
 
 namespace divlab {
@@ -37,6 +38,19 @@ std::optional<std::vector<double>> read_weights(const TraceReader& r, const std:
     params.insert(params.end(), t.begin(), t.end());
   }
   return params;
+}
+
+std::optional<TraceWeights> trace_weights(const TraceReader& r, const std::string& which,
+                                          const std::vector<ParamInfo>& layout) {
+  if (which == "checkpoint") {
+    const auto c = read_checkpoint(r);
+    if (!c) return std::nullopt;
+    return TraceWeights{c->params, c->next_step};
+  }
+  auto params = read_weights(r, which, layout);
+  if (!params) return std::nullopt;
+  return TraceWeights{std::move(*params),
+                      which == "final" ? r.ints("/weights/final_step").at(0) : 0};
 }
 
 }  // namespace divlab

@@ -24,4 +24,13 @@ void write_weights(TraceWriter& w, const std::string& which, const std::vector<P
 std::optional<std::vector<double>> read_weights(const TraceReader& r, const std::string& which,
                                                 const std::vector<ParamInfo>& layout);
 
+// A trace's weights by name: "final" and "initial" (kept with trace.*_weights) or "checkpoint"
+// (the newest), with the steps taken before them; none if the trace does not hold them.
+struct TraceWeights {
+  std::vector<double> params;  // flat, in parameter order
+  int64_t step = 0;
+};
+std::optional<TraceWeights> trace_weights(const TraceReader& r, const std::string& which,
+                                          const std::vector<ParamInfo>& layout);
+
 }  // namespace divlab
