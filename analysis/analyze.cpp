@@ -174,6 +174,7 @@ std::map<std::string, std::string> group_settings(const Cell& cell, const std::s
 struct Series {  // one variant's per-seed curves within a group, paired with the reference
   std::vector<double> gaps, areas, val_gaps, doses;
   std::vector<long long> seeds;
+  std::vector<std::pair<std::string, std::string>> traces;  // per seed: reference, variant
   std::vector<std::vector<double>> smooth_gap;  // per seed: smooth(variant) - smooth(reference)
   std::vector<std::vector<double>> smooth_ref, smooth_variant;
   std::string nan_where;
@@ -229,9 +230,10 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
                                                       {"final_loss_ref", v.final_loss_ref}};
     for (const auto& [name, value] : numbers) w.attr(g, name, value);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
-        {"ref_curve", &v.ref_curve}, {"variant_curve", &v.variant_curve},
-        {"gap_curve", &v.gap_curve}, {"band_curve", &v.band_curve},
-        {"seed_gaps", &v.seed_gaps}, {"seed_doses", &v.seed_doses}};
+        {"ref_curve", &v.ref_curve},       {"variant_curve", &v.variant_curve},
+        {"gap_curve", &v.gap_curve},       {"band_curve", &v.band_curve},
+        {"spread_curve", &v.spread_curve}, {"seed_gaps", &v.seed_gaps},
+        {"seed_doses", &v.seed_doses}};
     for (const auto& [name, data] : curves) {
       w.array(g + "/" + name, K::Float64, int64_t(data->size()));
       if (!data->empty()) w.write_array(g + "/" + name, *data);
@@ -446,6 +448,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
             b(r.loss.begin(), r.loss.begin() + long(n));
         s.gaps.push_back(tail_mean(a, window) - tail_mean(b, window));
         s.seeds.push_back(c->seed);
+        s.traces.emplace_back(r.path, c->path);
         s.doses.push_back(r.max_row.empty() ? 0 : stats::mean(r.max_row));
         double area = 0;
         for (size_t i = 0; i < n; ++i) area += a[i] - b[i];
@@ -489,6 +492,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       }
       v.series = series_labels.at(key);
       v.seed_ids = s.seeds, v.seed_gaps = s.gaps, v.seed_doses = s.doses;
+      v.seed_traces = s.traces;
       v.gap = stats::mean(s.gaps);
       const stats::Interval ci = stats::mean_interval(s.gaps);
       v.gap_ci_low = ci.low, v.gap_ci_high = ci.high;
@@ -542,16 +546,19 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
         size_t n = SIZE_MAX;
         for (const auto& g : s.smooth_gap) n = std::min(n, g.size());
         for (const auto* g : control_curves) n = std::min(n, g->size());
-        std::vector<double> gap(n, 0.0), band(n, 0.0);
+        std::vector<double> gap(n, 0.0), band(n, 0.0), spread(n, 0.0);
+        const double seeds = double(s.smooth_gap.size());
         for (size_t t = 0; t < n; ++t) {
-          for (const auto& g : s.smooth_gap) gap[t] += g[t] / double(s.smooth_gap.size());
+          for (const auto& g : s.smooth_gap) gap[t] += g[t] / seeds;
+          for (const auto& g : s.smooth_gap) spread[t] += (g[t] - gap[t]) * (g[t] - gap[t]);
+          spread[t] = std::sqrt(spread[t] / (seeds - 1));  // >= 2 seeds paired here
           double ms = 0;  // mean square of the control gaps: their spread around zero
           for (const auto* g : control_curves) ms += (*g)[t] * (*g)[t];
           if (!control_curves.empty()) ms /= double(control_curves.size());
           band[t] = kBandStandardErrors * std::sqrt(ms / double(s.smooth_gap.size()));
         }
         v.onset = control_curves.empty() ? -1 : stats::onset(gap, band, sign, int64_t(window));
-        v.gap_curve = gap, v.band_curve = band;
+        v.gap_curve = gap, v.band_curve = band, v.spread_curve = spread;
         v.control_band = band.empty() ? 0 : band.back();
         v.ref_curve.assign(n, 0.0), v.variant_curve.assign(n, 0.0);
         for (size_t i = 0; i < s.smooth_ref.size(); ++i)

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace divlab {
@@ -48,14 +49,17 @@ struct Verdict {
   // Per paired seed: the seed, its gap and the dose its reference run received.
   std::vector<long long> seed_ids;
   std::vector<double> seed_gaps, seed_doses;
+  std::vector<std::pair<std::string, std::string>> seed_traces;  // reference, variant trace paths
   std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
   // Every run behind this row that stopped on NaN, candidate or reference: "cell 0003 (seed 1,
   // reference): backward ... step 17". A seed whose reference stopped is not paired.
   std::vector<std::string> nan_runs;
   std::string no_verdict_reason;  // empty when the verdict is a result
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
-  // band (3 standard errors of a seed-mean control gap); what the plots draw.
-  std::vector<double> ref_curve, variant_curve, gap_curve, band_curve;
+  // band (3 standard errors of a seed-mean control gap); the seeds' spread is the standard
+  // deviation of the per-seed gaps, drawn whether or not the group has a control; what the plots
+  // draw.
+  std::vector<double> ref_curve, variant_curve, gap_curve, band_curve, spread_curve;
 };
 
 // Throws InputError for a folder with no traces or a corrupt one.

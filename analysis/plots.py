@@ -23,6 +23,7 @@ BUCKETS = ["1", "2-3", "4-15", "16-63", "64-255", "256-1023", "1024+"]
 REFERENCE_COLOR = "black"
 CANDIDATE_COLORS = ["tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
 CONTROL_COLORS = ["tab:blue", "tab:cyan", "tab:green", "tab:gray"]
+BAND_COLOR = "lightgray"  # the control band: the noise floor, no kernel's colour
 
 
 class Palette:
@@ -39,7 +40,12 @@ class Palette:
             self.colors[v] = CONTROL_COLORS[i % len(CONTROL_COLORS)]
 
     def __call__(self, variant):
-        return self.colors.get(variant, "tab:gray")
+        """A variant the summary does not name (a shadow-only one) gets the next candidate
+        colour once, and keeps it."""
+        if variant not in self.colors:
+            taken = sum(c in CANDIDATE_COLORS for c in self.colors.values())
+            self.colors[variant] = CANDIDATE_COLORS[taken % len(CANDIDATE_COLORS)]
+        return self.colors[variant]
 
 
 def short(variant):
@@ -51,38 +57,45 @@ def wrap(title, width=80):
     return "\n".join(textwrap.wrap(title, width, break_long_words=False))
 
 
-def verdict_plots(out, summary, palette):
-    for key in summary["verdicts"]:
-        g = summary["verdicts"][key]
-        a = g.attrs
-        if g["gap_curve"].shape[0] == 0:
-            continue
-        steps = np.arange(g["gap_curve"].shape[0])
-        color = palette(a["variant"])
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-        top.plot(steps, g["ref_curve"][:], label="reference", color=REFERENCE_COLOR)
-        top.plot(steps, g["variant_curve"][:], label=short(a["variant"]), color=color)
-        top.set_ylabel("training loss (nats)\nsmoothed, mean over seeds")
-        top.legend(fontsize=8)
-        band = g["band_curve"][:]
-        if np.any(band > 0):
-            bottom.fill_between(steps, -band, band, color="tab:gray", alpha=0.3,
-                                label="control band (3 s.e.)")
-        else:  # one control or none: the seeds' own spread is all there is to show
-            bottom.text(0.01, 0.95, "no control band (fewer than two control runs per seed)",
-                        transform=bottom.transAxes, fontsize=7, va="top")
-        bottom.plot(steps, g["gap_curve"][:], color=color, label="variant - reference")
-        if a["verdict"] == "diverged" and a["onset_step"] >= 0:
-            bottom.axvline(a["onset_step"], color=color, linestyle=":", label="onset")
-        bottom.axhline(0, color="black", linewidth=0.5)
-        bottom.set_xlabel("step")
-        bottom.set_ylabel("loss gap (nats)")
-        bottom.legend(fontsize=8)
-        title = f"{a['group']}: {short(a['variant'])} -> {a['verdict']} (p = {a['p_welch']:.2g})"
-        fig.suptitle(wrap(title, 90), fontsize=9)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, f"verdict-{key}.png"), dpi=90)
-        plt.close(fig)
+def verdict_figure(g, palette):
+    """One verdict: reference and variant loss above; below their gap with the seeds' spread
+    (always) and the control band (when the group has benign controls besides this variant)."""
+    a = g.attrs
+    steps = np.arange(g["gap_curve"].shape[0])
+    color = palette(a["variant"])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(steps, g["ref_curve"][:], label="reference", color=REFERENCE_COLOR)
+    top.plot(steps, g["variant_curve"][:], label=short(a["variant"]), color=color)
+    top.set_ylabel("training loss (nats)\nsmoothed, mean over seeds")
+    top.legend(fontsize=8)
+    gap, band = g["gap_curve"][:], g["band_curve"][:]
+    if "spread_curve" in g:
+        spread = g["spread_curve"][:]
+        bottom.fill_between(steps, gap - spread, gap + spread, color=color, alpha=0.2,
+                            linewidth=0, label=f"seeds' spread (+-1 s.d., {a['seeds']} seeds)")
+    if np.any(band > 0):
+        bottom.fill_between(steps, -band, band, color=BAND_COLOR, alpha=0.3, linewidth=0,
+                            label="control band (3 s.e.)")
+    else:
+        bottom.text(0.01, 0.95, "no other benign control in this group: no control band",
+                    transform=bottom.transAxes, fontsize=7, va="top")
+    bottom.plot(steps, gap, color=color, label="variant - reference")
+    if a["verdict"] == "diverged" and a["onset_step"] >= 0:
+        bottom.axvline(a["onset_step"], color=color, linestyle=":", label="onset")
+    bottom.axhline(0, color="black", linewidth=0.5)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("loss gap (nats)")
+    bottom.legend(fontsize=8)
+    title = f"{a['group']}: {short(a['variant'])} -> {a['verdict']} (p = {a['p_welch']:.2g})"
+    fig.suptitle(wrap(title, 90), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def verdict_figures(summary, palette):
+    """verdict key -> figure, for every verdict with curves (a NaN row has none)."""
+    return {key: verdict_figure(summary["verdicts"][key], palette) for key in summary["verdicts"]
+            if summary["verdicts"][key]["gap_curve"].shape[0] > 0}
 
 
 def dose_axes(ax, summary, palette):
@@ -108,13 +121,18 @@ def dose_axes(ax, summary, palette):
             (a["dose"], a["gap"], a["control_band"], a["tokens_per_step"]))
     for (name, variant), points in series.items():
         points.sort()
-        if len({p[3] for p in points}) < 2:
-            continue
         d = [p[0] for p in points]
-        ax.plot(d, [p[1] for p in points], color=palette(variant), linewidth=1)
         band = np.array([p[2] for p in points])
+        if len({p[3] for p in points}) < 2:
+            # One dose: the band as a box around zero at that dose, so it shows without a line.
+            for dose, b in zip(d, band):
+                if b > 0:
+                    ax.fill_between([dose / 1.2, dose * 1.2], -b, b, color=BAND_COLOR,
+                                    alpha=0.4, linewidth=0)
+            continue
+        ax.plot(d, [p[1] for p in points], color=palette(variant), linewidth=1)
         if np.any(band > 0):
-            ax.fill_between(d, -band, band, color="tab:gray", alpha=0.2)
+            ax.fill_between(d, -band, band, color=BAND_COLOR, alpha=0.4, linewidth=0)
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_xscale("log")
     ax.set_xlabel("dose: most additions to one embedding row per step")
@@ -122,14 +140,13 @@ def dose_axes(ax, summary, palette):
     ax.legend(fontsize=7)
 
 
-def dose_plot(out, summary, palette):
+def dose_figure(summary, palette):
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     dose_axes(ax, summary, palette)
     ax.set_title("gap against dose: dots are seeds, bars the 95 % interval of the mean;\n"
                  "grey: control band", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "dose.png"), dpi=90)
-    plt.close(fig)
+    return fig
 
 
 def flatten(table, prefix=""):
@@ -179,13 +196,13 @@ def title_of(cfg, differing):
     return ", ".join(words)
 
 
-def story_plot(out, summary, palette, max_panels=5):
+def story_figure(out, summary, palette, max_panels=5):
     """The whole story on one page: per row of the grid (each dose series at its highest dose),
     the loss of reference, candidates and controls (seed mean with a +-1 standard deviation
     band), and the dose-response."""
     cells = load_cells(out)
     if not cells:
-        return
+        return None
     groups = {}
     for number, cfg, variant, seed, loss in cells:
         g = groups.setdefault(group_key(cfg), {"first": number, "cfg": cfg, "runs": {}})
@@ -237,11 +254,10 @@ def story_plot(out, summary, palette, max_panels=5):
     fig.suptitle("reference, candidates and controls: loss (seed mean, band +-1 s.d.) "
                  "and the dose-response", fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "story.png"), dpi=90)
-    plt.close(fig)
+    return fig
 
 
-def shadow_plot(out):
+def shadow_figure(out, palette):
     errors = {}  # (op/variant) -> per-bucket errors pooled over cells
     for path in sorted(glob.glob(os.path.join(out, "cells", "*.h5"))):
         with h5py.File(path, "r", swmr=True) as f:
@@ -254,11 +270,12 @@ def shadow_plot(out):
                     for k in BUCKETS:
                         row[k].extend(v for v in b[k][:] if np.isfinite(v))
     if not errors:
-        return
+        return None
     fig, ax = plt.subplots(figsize=(7, 4))
     x = np.arange(len(BUCKETS))
     for name, row in errors.items():
-        ax.plot(x, [np.mean(row[k]) if row[k] else np.nan for k in BUCKETS], marker="o", label=name)
+        ax.plot(x, [np.mean(row[k]) if row[k] else np.nan for k in BUCKETS], marker="o",
+                color=palette(name), label=name)
     ax.set_xticks(x, BUCKETS)
     ax.set_yscale("log")
     ax.set_xlabel("occurrences of the row's token in the step's batch")
@@ -266,19 +283,27 @@ def shadow_plot(out):
     ax.set_title("shadow mode: error by token-frequency bucket", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "shadow.png"), dpi=90)
-    plt.close(fig)
+    return fig
+
+
+def figures(out):
+    """file name -> figure, every plot of the analysis folder `out`; one palette for all."""
+    with h5py.File(os.path.join(out, "summary.h5"), "r") as summary:
+        variants = {summary["verdicts"][k].attrs["variant"]:
+                    bool(summary["verdicts"][k].attrs["control"]) for k in summary["verdicts"]}
+        palette = Palette(variants)
+        figs = {f"verdict-{key}.png": fig
+                for key, fig in verdict_figures(summary, palette).items()}
+        figs["dose.png"] = dose_figure(summary, palette)
+        figs["story.png"] = story_figure(out, summary, palette)
+    figs["shadow.png"] = shadow_figure(out, palette)
+    return {name: fig for name, fig in figs.items() if fig is not None}
 
 
 def main(out):
-    with h5py.File(os.path.join(out, "summary.h5"), "r") as summary:
-        variants = {summary["verdicts"][k].attrs["variant"]: bool(summary["verdicts"][k].attrs["control"])
-                    for k in summary["verdicts"]}
-        palette = Palette(variants)
-        verdict_plots(out, summary, palette)
-        dose_plot(out, summary, palette)
-        story_plot(out, summary, palette)
-    shadow_plot(out)
+    for name, fig in figures(out).items():
+        fig.savefig(os.path.join(out, name), dpi=90)
+        plt.close(fig)
 
 
 if __name__ == "__main__":

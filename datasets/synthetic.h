@@ -23,6 +23,7 @@ class SyntheticDataset : public Dataset {
   TokenId id_of_rank(int rank) const { return rank_to_id_.empty() ? rank : rank_to_id_[rank]; }
   // The token that follows `id` with probability follow_p (markov streams only).
   TokenId successor(TokenId id) const { return successor_[id]; }
+  double follow_p() const { return follow_p_; }
 
  private:
   TokenId draw(Rng& rng) const;

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -425,6 +426,11 @@ int main(int argc, char** argv) {
                 << "; kernels: " << (kernels.empty() ? "reference" : kernels) << "; temperature "
                 << so.temperature << ", seed " << so.seed << "\n"
                 << out.text << std::endl;
+      if (out.follows_chain >= 0)
+        std::cout << "# follows the chain (a token its predecessor's successor): "
+                  << std::lround(100 * out.follows_chain) << " % of the generated tokens; the "
+                  << "data's: " << std::lround(100 * out.chain_follow_p) << " %, plus chance"
+                  << std::endl;
       return 0;
     }
     if (*export_cmd) {

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 
 #include "analysis/analyze.h"
 #include "analysis/dose.h"
+#include "experiments/errors.h"
+#include "experiments/sample.h"
 #include "experiments/sweep.h"
 
 namespace divlab {
@@ -18,6 +21,81 @@ std::string label_value(const std::string& label, const std::string& key) {
   if (at == std::string::npos) return "";
   const auto start = at + key.size() + 1;
   return label.substr(start, label.find(' ', start) - start);
+}
+
+std::string table_cell(const std::string& text) {  // one markdown table cell
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out;
+}
+
+// At most `bytes` bytes of UTF-8 text, never cutting a character, on one line.
+std::string clip(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return table_cell(text);
+  while (bytes > 0 && (static_cast<unsigned char>(text[bytes]) & 0xC0) == 0x80) --bytes;
+  return table_cell(text.substr(0, bytes)) + "...";
+}
+
+// What the models write, the punchline a reader remembers: for every row where a candidate
+// diverged, its model and the reference model of the same seed continue the same prompt with
+// the same sampling seed. Markdown for report.md; a line each on stdout.
+std::string model_samples(const std::vector<Verdict>& verdicts) {
+  std::string md;
+  for (const auto& v : verdicts) {
+    if (v.verdict != "diverged" || v.seed_traces.empty()) continue;
+    SampleOptions opt;
+    opt.tokens = 64, opt.temperature = 0.8, opt.seed = 1;
+    const std::string bug = v.variant.substr(v.variant.find('=') + 1);
+    Sample reference, candidate;
+    try {
+      opt.trace = v.seed_traces[0].first;
+      reference = sample(opt);
+      opt.trace = v.seed_traces[0].second;
+      candidate = sample(opt);
+    } catch (const InputError& e) {
+      md += "\n" + v.group + ", `" + v.variant + "`: no text (" + e.what() + ")\n";
+      continue;
+    }
+    char losses[160];
+    std::snprintf(losses, sizeof losses,
+                  "training loss at the end, mean over seeds: %.3f (reference), %.3f (%s)",
+                  v.final_loss_ref, v.final_loss_ref + v.gap, bug.c_str());
+    md += "\n" + v.group + ", seed " + std::to_string(v.seed_ids[0]) + "; " + losses +
+          ". Both models start from the same prompt (none: token 0) and sample at temperature " +
+          "0.8 with the same seed; inference uses the reference kernels.\n\n| reference | " + bug +
+          " |\n| --- | --- |\n| " + table_cell(reference.text) + " | " +
+          table_cell(candidate.text) + " |\n";
+    std::string chain;  // on a Markov chain, how much of it each model learned
+    if (reference.follows_chain >= 0) {
+      char line[240];
+      std::snprintf(line, sizeof line,
+                    "| follows the chain: %.0f %% | follows the chain: %.0f %% |\n",
+                    100 * reference.follows_chain, 100 * candidate.follows_chain);
+      md += line;
+      std::snprintf(line, sizeof line,
+                    "\nA token follows the chain when it is its predecessor's successor in the "
+                    "run's Markov chain; the data's tokens do %.0f %% of the time, plus chance.\n",
+                    100 * reference.chain_follow_p);
+      md += line;
+      std::snprintf(line, sizeof line,
+                    "follows the chain: reference %.0f %%, %s %.0f %% (the data: %.0f %%, plus "
+                    "chance)",
+                    100 * reference.follows_chain, bug.c_str(), 100 * candidate.follows_chain,
+                    100 * reference.chain_follow_p);
+      chain = line;
+    }
+    std::printf("\nwhat the models write (%s, seed %lld):\n  %-14s %s\n  %-14s %s\n",
+                v.group.c_str(), v.seed_ids[0], "reference:", clip(reference.text, 100).c_str(),
+                (bug + ":").c_str(), clip(candidate.text, 100).c_str());
+    if (!chain.empty()) std::printf("  %s\n", chain.c_str());
+  }
+  return md.empty() ? md
+                    : "\n## What the models write\n\nThe divergence as text: `divlab sample "
+                      "TRACE` prints more (`--help` for prompt, temperature, kernels).\n" +
+                          md;
 }
 }  // namespace
 
@@ -86,6 +164,8 @@ int run_reproduce(const ReproduceOptions& in) {
   }
   const auto responses = dose_responses(verdicts);
   if (!responses.empty()) std::printf("\n%s", dose_table(responses).c_str());
+  if (const std::string samples = model_samples(verdicts); !samples.empty())
+    std::ofstream(opt.out + "/report.md", std::ios::app) << samples;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%s/report.md has the method, every number and the plots (%.0f s)\n",
               opt.out.c_str(), secs);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "datasets/synthetic.h"
 #include "datasets/text.h"
 #include "experiments/config.h"
 #include "experiments/toml_reader.h"
@@ -118,6 +119,19 @@ Sample sample(const SampleOptions& opt) {
     }
     context.push_back(next);
     out.tokens.push_back(next);
+  }
+  if (cfg.data.rfind("markov:", 0) == 0) {
+    DatasetOptions dopt;
+    dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = cfg.seed;
+    const auto data = make_dataset(cfg.data, dopt);
+    if (const auto* chain = dynamic_cast<const SyntheticDataset*>(data.get())) {
+      int follows = 0;
+      const size_t first = context.size() - out.tokens.size();  // the first generated token
+      for (size_t i = first; i < context.size(); ++i)
+        follows += context[i] == chain->successor(TokenId(context[i - 1]));
+      out.follows_chain = double(follows) / double(out.tokens.size());
+      out.chain_follow_p = chain->follow_p();
+    }
   }
   // The prompt and its continuation decoded together: a piece's leading space survives only
   // inside a sequence.

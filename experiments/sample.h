@@ -23,6 +23,10 @@ struct Sample {
   std::string text;         // prompt and continuation, decoded (text runs) or as token ids
   std::string weights;      // which weights: "final (step N)", "checkpoint (step N)", ...
   std::vector<int> tokens;  // the generated ids, prompt excluded
+  // Markov-chain data (markov:S,P): the share of generated tokens that are their predecessor's
+  // successor in the run's own chain, against P, the share in the data itself; -1 otherwise.
+  // Token ids say little to a reader; this says how much of the chain the model learned.
+  double follows_chain = -1, chain_follow_p = -1;
 };
 
 // Throws InputError for a trace without usable weights, a bad prompt or an unknown kernel.

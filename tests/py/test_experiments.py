@@ -497,3 +497,11 @@ class ReproduceQuick(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(out, "story.png")))
         with open(os.path.join(out, "seeds.csv")) as f:
             self.assertEqual(len(list(csv.DictReader(f))), 8 * 3)  # 8 verdicts x 3 seeds
+        # What the reference and the bug's models write, side by side, in the terminal and the
+        # report, with how much of the chain each follows.
+        self.assertIn("what the models write (data=markov:0.8,0.8", r.stdout)
+        self.assertRegex(r.stdout, r"follows the chain: reference \d+ %, bf16_accum \d+ %")
+        with open(os.path.join(out, "report.md")) as f:
+            report = f.read()
+        self.assertIn("## What the models write", report)
+        self.assertIn("| reference | bf16_accum |", report)
