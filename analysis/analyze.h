@@ -1,65 +1,24 @@
-// `divlab analyze DIR`: did a kernel make training diverge, against the noise floor?
-//
-// Cells (DIR/cells/*.h5) are grouped by everything in their config except the kernel variants
-// and the seed. Within a group every non-reference variant is paired with the reference run of
-// the same seed; its gaps (variant - reference) are tested against the gaps of the group's benign
-// controls (variants documented as benign: same math up to rounding). See docs/analysis.md.
+// `divlab analyze DIR`: did a kernel make training diverge, against the noise floor? Reads the
+// cells (DIR/cells/*.h5), decides (verdicts.h), writes the tables, report and plots (report.h).
 #pragma once
 
-#include <map>
+#include <functional>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "analysis/verdicts.h"
 
 namespace divlab {
 
 struct AnalyzeOptions {
   std::string dir;
+  // Whether `variant` of `op` is a documented benign control, for traces that do not record their
+  // kernels' roles (/kernel_roles, written since divlab 0.1 at 2026-11-24); the CLI passes the
+  // catalogue's answer. Unset: such a trace's swapped kernels count as candidates.
+  std::function<bool(const std::string& op, const std::string& variant)> is_benign;
   bool plots = true;    // run analysis/plots.py (matplotlib)
   bool verbose = true;  // print the verdict table
   double alpha = 0.05;
-};
-
-struct Verdict {
-  std::string group;  // the config keys that distinguish this group from the others
-  std::map<std::string, std::string> settings;  // the same, key by key
-  std::string variant;                          // "op=variant[+op=variant]" or "reference"
-  bool control = false;  // every swapped kernel is a documented benign control
-  // diverged | lower-loss | no-divergence: a result. nan (the candidate stopped on NaN),
-  // reference-nan (every seed's reference did), too-few-seeds, no-reference: none, and
-  // `no_verdict_reason` says why.
-  std::string verdict;
-  int seeds = 0;
-  double final_loss_ref = 0;  // mean over seeds, last 10 % of steps
-  double gap = 0;             // mean over seeds of (variant - reference), last 10 % of steps
-  double area = 0;            // mean over seeds and steps of (variant - reference)
-  double val_gap = 0;         // same for /eval/val_loss (reference kernels), NaN if absent
-  double p_welch = 1, p_permutation = 1, hedges_g = 0;
-  std::string compared_with;  // "controls" or "zero" (no controls in the group)
-  long long onset = -1;       // step from which the gap stays outside the control band
-  double dose = 0;  // max additions to one embedding row per step: mean over the seeds' reference
-                    // runs and steps
-  double dose_min = 0, dose_max = 0;  // the seeds' doses range: the same data spec can give
-                                      // each seed its own (a chain's hot ids are drawn per seed)
-  double tokens_per_step = 0;         // train.batch x model.seq_len
-  std::string series;                 // the group label without the dose keys (analysis/dose.h)
-  int first_cell = -1;  // the lowest cell number (cells/NNNN.h5) in the group: grid order
-  double gap_ci_low = 0, gap_ci_high = 0;  // 95 % t-interval of the mean gap over seeds
-  double control_band = 0;  // the band at the last step (0 without controls): the noise floor
-  // Per paired seed: the seed, its gap and the dose its reference run received.
-  std::vector<long long> seed_ids;
-  std::vector<double> seed_gaps, seed_doses;
-  std::vector<std::pair<std::string, std::string>> seed_traces;  // reference, variant trace paths
-  std::string nan_where;  // verdict nan: pass, op, layer, tensor and step of the first NaN/Inf
-  // Every run behind this row that stopped on NaN, candidate or reference: "cell 0003 (seed 1,
-  // reference): backward ... step 17". A seed whose reference stopped is not paired.
-  std::vector<std::string> nan_runs;
-  std::string no_verdict_reason;  // empty when the verdict is a result
-  // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
-  // band (3 standard errors of a seed-mean control gap); the seeds' spread is the standard
-  // deviation of the per-seed gaps, drawn whether or not the group has a control; what the plots
-  // draw.
-  std::vector<double> ref_curve, variant_curve, gap_curve, band_curve, spread_curve;
 };
 
 // Throws InputError for a folder with no traces or a corrupt one.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <utility>
 
 namespace divlab {
 
@@ -48,7 +49,9 @@ std::vector<DoseResponse> dose_responses(const std::vector<Verdict>& verdicts) {
     auto it = index.find(key);
     if (it == index.end()) {
       it = index.emplace(key, out.size()).first;
-      out.push_back({v.series, v.variant, v.control, {}});
+      DoseResponse r;
+      r.series = v.series, r.variant = v.variant, r.control = v.control;
+      out.push_back(std::move(r));
     }
     DosePoint p;
     p.tokens_per_step = v.tokens_per_step;

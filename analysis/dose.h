@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/analyze.h"
+#include "analysis/verdicts.h"
 
 namespace divlab {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "model/rng.h"
+#include "common/rng.h"
 
 namespace divlab::stats {
 

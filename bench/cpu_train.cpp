@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "experiments/config.h"
-#include "experiments/trace.h"
 #include "experiments/train.h"
+#include "io/trace.h"
 
 using namespace divlab;
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <functional>
 
+#include "common/errors.h"
 #include "datasets/synthetic.h"
 #include "datasets/text.h"
-#include "experiments/config.h"
 
 namespace divlab {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/rng.h"
 #include "datasets/dataset.h"
-#include "model/rng.h"
 
 namespace divlab {
 

@@ -1,6 +1,6 @@
 #pragma once
+#include "common/rng.h"
 #include "datasets/dataset.h"
-#include "model/rng.h"
 
 namespace divlab {
 

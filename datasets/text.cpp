@@ -1,7 +1,6 @@
 #include "datasets/text.h"
 
 #include <dirent.h>
-#include <openssl/evp.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <sys/stat.h>
@@ -16,10 +15,12 @@
 #include <set>
 #include <sstream>
 
+#include "common/errors.h"
+#include "common/files.h"
+#include "common/paths.h"
+#include "common/rng.h"
+#include "common/sha256.h"
 #include "common/utf8.h"
-#include "experiments/config.h"
-#include "experiments/files.h"
-#include "model/rng.h"
 
 namespace divlab {
 
@@ -29,23 +30,18 @@ constexpr const char* kTokenizerSettings =
 constexpr TokenId kEndOfLine = 1;
 constexpr double kValidationFraction = 0.05;
 
-std::string sha256_hex(const std::string& data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) out += hex[digest[i] >> 4], out += hex[digest[i] & 15];
-  return out;
-}
-
 std::string data_dir() {
   const char* env = std::getenv("DIVLAB_DATA");
-  return env && *env ? env : DIVLAB_SOURCE_DIR "/data";
+  return env && *env ? env : resource_path("data");
 }
 std::string cache_dir() {
   const char* env = std::getenv("DIVLAB_CACHE");
-  return env && *env ? env : data_dir() + "/cache";
+  if (env && *env) return env;
+  // Beside the data, unless that is an installed, read-only share/divlab: then the user's cache.
+  if (access(data_dir().c_str(), W_OK) == 0) return data_dir() + "/cache";
+  const char *xdg = std::getenv("XDG_CACHE_HOME"), *home = std::getenv("HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/divlab";
+  return home && *home ? std::string(home) + "/.cache/divlab" : data_dir() + "/cache";
 }
 
 namespace {

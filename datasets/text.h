@@ -10,7 +10,7 @@
 namespace divlab {
 
 struct Corpus {
-  std::string source;  // what the user named (path, or "brown")
+  std::string source;              // what the user named (path, or "brown")
   std::vector<std::string> lines;  // non-empty lines (Brown: one sentence per line, tags removed)
   std::string sha256;  // of the lines joined by '\n': the corpus identity in cache keys and traces
   int64_t bytes = 0;
@@ -30,7 +30,7 @@ std::string cache_dir();
 
 struct TokenizedCorpus {
   std::vector<TokenId> tokens;  // every line's pieces followed by the end-of-line id
-  std::string model;  // serialized sentencepiece model
+  std::string model;            // serialized sentencepiece model
   bool from_cache = false;
 };
 
@@ -46,9 +46,6 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
 // For tests: encode / decode with a serialized model.
 std::vector<int> bpe_encode(const std::string& model, const std::string& text);
 std::string bpe_decode(const std::string& model, const std::vector<int>& ids);
-
-// Lowercase hex SHA-256.
-std::string sha256_hex(const std::string& data);
 
 class TextDataset : public Dataset {
  public:

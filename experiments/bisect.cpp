@@ -14,8 +14,9 @@
 #include "analysis/analyze.h"
 #include "experiments/config.h"
 #include "experiments/sweep.h"
-#include "experiments/trace.h"
+#include "io/trace.h"
 #include "kernels/backend.h"
+#include "kernels/registry.h"
 
 namespace divlab {
 
@@ -91,6 +92,7 @@ class Bisector {
         throw InputError("bisect: cannot create '" + link + "': " + std::strerror(errno));
     }
     AnalyzeOptions an;
+    an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
     an.dir = dir, an.plots = false, an.verbose = false;
     BisectDecision d;
     d.subset = s;

@@ -11,9 +11,10 @@
 #include <random>
 #include <sstream>
 
+#include "common/files.h"
+#include "common/paths.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
-#include "experiments/files.h"
 #include "experiments/reproduce.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
@@ -460,7 +461,7 @@ int cmd_check(const CheckOptions& opt) {
     // The short reproduce grid (Markov chains with and without hot ids, where the reported
     // kernel diverges under SGD and AdamW hides it) with this candidate and the op's benign
     // controls in place of the reported kernel, on the check's backend.
-    const std::string base = std::string(DIVLAB_SOURCE_DIR) + "/configs/reproduce.toml";
+    const std::string base = resource_path("configs/reproduce.toml");
     std::ifstream in(base);
     std::string text, l;
     bool skipping = false;

@@ -8,8 +8,8 @@
 #include <limits>
 #include <sstream>
 
-#include "experiments/files.h"
-#include "experiments/toml_reader.h"
+#include "common/files.h"
+#include "io/toml_reader.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"

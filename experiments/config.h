@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "experiments/errors.h"
+#include "common/errors.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
 

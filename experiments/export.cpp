@@ -3,12 +3,12 @@
 #include <cstring>
 #include <map>
 
+#include "common/errors.h"
+#include "common/files.h"
 #include "datasets/dataset.h"
-#include "experiments/errors.h"
-#include "experiments/files.h"
-#include "experiments/toml_reader.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
+#include "io/toml_reader.h"
 
 namespace divlab {
 

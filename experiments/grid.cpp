@@ -5,10 +5,10 @@
 #include <map>
 #include <sstream>
 
-#include "datasets/text.h"
+#include "common/files.h"
+#include "common/sha256.h"
 #include "experiments/config.h"
-#include "experiments/files.h"
-#include "experiments/toml_reader.h"
+#include "io/toml_reader.h"
 
 namespace divlab {
 

@@ -11,6 +11,9 @@
 #include <iostream>
 
 #include "analysis/analyze.h"
+#include "common/paths.h"
+#include "common/signals.h"
+#include "common/version.h"
 #include "datasets/dataset.h"
 #include "experiments/bisect.h"
 #include "experiments/check.h"
@@ -18,11 +21,9 @@
 #include "experiments/export.h"
 #include "experiments/reproduce.h"
 #include "experiments/sample.h"
-#include "experiments/signals.h"
 #include "experiments/sweep.h"
-#include "experiments/trace.h"
 #include "experiments/train.h"
-#include "experiments/version.h"
+#include "io/trace.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
@@ -346,6 +347,7 @@ int main(int argc, char** argv) {
 
   auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
   AnalyzeOptions an;
+  an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
   analyze_cmd->add_option("dir", an.dir, "sweep output folder")->required();
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
   bool fail_on_diverged = false;
@@ -370,8 +372,8 @@ int main(int argc, char** argv) {
   reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 
-  app.set_version_flag("--version",
-                       std::string("divlab ") + kDivlabVersion + " (" + kGitCommit + ")");
+  app.set_version_flag("--version", std::string("divlab ") + kDivlabVersion + " (" + kGitCommit +
+                                        ")\nresources (configs, plots, data): " + resource_dir());
   // No command, or `help`: the overview. A mistyped command: the nearest one.
   if (argc == 1 || std::string(argv[1]) == "help") {
     std::cout << app.help();

@@ -8,9 +8,11 @@
 
 #include "analysis/analyze.h"
 #include "analysis/dose.h"
-#include "experiments/errors.h"
+#include "common/errors.h"
+#include "common/paths.h"
 #include "experiments/sample.h"
 #include "experiments/sweep.h"
+#include "kernels/registry.h"
 
 namespace divlab {
 
@@ -103,8 +105,7 @@ int run_reproduce(const ReproduceOptions& in) {
   ReproduceOptions opt = in;
   const bool gpu = opt.backend == "cuda";
   if (opt.grid.empty())
-    opt.grid = gpu ? DIVLAB_SOURCE_DIR "/configs/reproduce-gpu.toml"
-                   : DIVLAB_SOURCE_DIR "/configs/reproduce.toml";
+    opt.grid = resource_path(gpu ? "configs/reproduce-gpu.toml" : "configs/reproduce.toml");
   if (opt.out.empty())
     opt.out = std::string("runs/reproduce") + (gpu ? "-gpu" : "") + (opt.quick ? "-quick" : "");
   const auto t0 = std::chrono::steady_clock::now();
@@ -115,6 +116,7 @@ int run_reproduce(const ReproduceOptions& in) {
   std::printf("\nsweep: %d cells: %d completed, %d nan, %d failed, %d already finished\n\n",
               s.cells, s.completed, s.nan, s.failed, s.skipped);
   AnalyzeOptions an;
+  an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
   an.dir = opt.out, an.plots = opt.plots, an.verbose = false;
   const auto verdicts = analyze(an);
 

@@ -4,14 +4,14 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/rng.h"
 #include "datasets/synthetic.h"
 #include "datasets/text.h"
 #include "experiments/config.h"
-#include "experiments/toml_reader.h"
-#include "experiments/trace.h"
 #include "experiments/weights.h"
+#include "io/toml_reader.h"
+#include "io/trace.h"
 #include "kernels/registry.h"
-#include "model/rng.h"
 #include "model/transformer.h"
 
 namespace divlab {

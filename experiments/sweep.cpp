@@ -19,13 +19,13 @@
 #include <sstream>
 #include <thread>
 
+#include "common/files.h"
+#include "common/lock.h"
+#include "common/signals.h"
 #include "experiments/config.h"
-#include "experiments/files.h"
 #include "experiments/grid.h"
-#include "experiments/lock.h"
-#include "experiments/signals.h"
-#include "experiments/trace.h"
 #include "experiments/train.h"
+#include "io/trace.h"
 
 extern char** environ;
 

@@ -17,13 +17,13 @@
 #include <memory>
 
 #include "common/host.h"
+#include "common/lock.h"
+#include "common/signals.h"
+#include "common/version.h"
 #include "datasets/dataset.h"
-#include "experiments/checkpoint.h"
-#include "experiments/lock.h"
-#include "experiments/signals.h"
-#include "experiments/trace.h"
-#include "experiments/version.h"
 #include "experiments/weights.h"
+#include "io/checkpoint.h"
+#include "io/trace.h"
 #include "kernels/backend.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/profile.h"
@@ -73,6 +73,25 @@ std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
   });
 }
 
+// Each swapped kernel with its role ("op=variant control" or "... candidate", a line each), from
+// the run's own catalogue (plug-in and GPU-only variants included): analysis reads it from the
+// trace instead of re-deriving it from whichever catalogue the analysing binary has.
+std::string kernel_roles(const RunConfig& cfg) {
+  return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
+    std::string out;
+    for (const auto& [op, variant] : cfg.kernels) {
+      if (variant == "reference") continue;
+      bool benign = false;
+      cat.for_each_op([&](const auto& ops, auto) {
+        if (ops.op != op) return;
+        if (const auto* e = ops.find(variant)) benign = e->doc.benign;
+      });
+      out += op + "=" + variant + (benign ? " control\n" : " candidate\n");
+    }
+    return out;
+  });
+}
+
 std::string shadow_group(const ShadowSpec& s) {
   return "/shadow/" + s.op + "/" + s.variant;
 }
@@ -94,6 +113,7 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
   w.status_attr("running");
   w.attr("/", "config_toml", cfg.to_toml());
+  w.attr("/", "kernel_roles", kernel_roles(cfg));
   for (const auto& [key, value] : cfg.resolved) {
     // Numbers stay numbers (easy for pandas); strings, booleans and lists keep their TOML text.
     char* end = nullptr;

@@ -1,7 +1,7 @@
 #include "experiments/weights.h"
 
-#include "experiments/checkpoint.h"
-#include "experiments/errors.h"
+#include "common/errors.h"
+#include "io/checkpoint.h"
 
 namespace divlab {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "experiments/trace.h"
+#include "io/trace.h"
 #include "model/transformer.h"
 
 namespace divlab {

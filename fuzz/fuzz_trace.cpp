@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <string>
 
-#include "experiments/checkpoint.h"
 #include "experiments/config.h"
-#include "experiments/trace.h"
+#include "io/checkpoint.h"
+#include "io/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/divlab-fuzz-trace-" + std::to_string(getpid()) + ".h5";

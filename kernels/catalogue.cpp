@@ -109,6 +109,15 @@ std::vector<std::string> op_names() {
   return names;
 }
 
+bool cpu_variant_is_benign(const std::string& op, const std::string& variant) {
+  bool benign = false;
+  cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+    if (ops.op != op) return;
+    if (const auto* e = ops.find(variant)) benign = e->doc.benign;
+  });
+  return benign;
+}
+
 template struct Catalogue<float>;
 template struct Catalogue<double>;
 template struct Catalogue<float, bf16>;

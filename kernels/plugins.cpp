@@ -130,7 +130,7 @@ void load_one(const std::string& path) {
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail(std::string("cannot load: ") + dlerror());
-  Loaded l{path, handle, {}};
+  Loaded l{path, handle, {}, {}};
   try {
     auto reg =
         reinterpret_cast<divlab_plugin_register_fn>(dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));

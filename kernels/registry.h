@@ -171,4 +171,8 @@ Catalogue<float>& mutable_cpu_catalogue();
 // Names of every op, in catalogue order.
 std::vector<std::string> op_names();
 
+// Whether the CPU catalogue documents `variant` of `op` as a benign control (false if it has no
+// such variant): the answer for traces that do not record their kernels' roles.
+bool cpu_variant_is_benign(const std::string& op, const std::string& variant);
+
 }  // namespace divlab

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "model/rng.h"
+#include "common/rng.h"
 
 namespace divlab {
 

@@ -1,11 +1,15 @@
-// The statistics behind verdicts and the dose-response, on inputs with known answers.
+// The statistics behind verdicts, the verdicts themselves (compute_verdicts on synthetic cells)
+// and the dose-response, on inputs with known answers.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "analysis/dose.h"
 #include "analysis/stats.h"
+#include "analysis/verdicts.h"
 #include "tests/support/check.h"
 
 namespace divlab {
@@ -48,6 +52,128 @@ Verdict point(const std::string& series, const std::string& variant, double toke
   v.dose_min = dose * 0.99, v.dose_max = dose * 1.01;
   v.gap = gap, v.gap_ci_low = gap - 0.01, v.gap_ci_high = gap + 0.01, v.control_band = 0.02;
   return v;
+}
+
+// A decaying loss with autocorrelated noise (SGD-like), `steps` long.
+std::vector<double> noisy_curve(std::mt19937_64& gen, int steps, double noise) {
+  std::normal_distribution<double> d(0, noise);
+  std::vector<double> x(steps);
+  double wobble = 0;
+  for (int t = 0; t < steps; ++t) {
+    wobble = 0.95 * wobble + d(gen);
+    x[t] = 2.0 + 3.0 * std::exp(-t / 150.0) + wobble;
+  }
+  return x;
+}
+
+Cell synthetic_cell(const std::string& data, const std::string& variant, bool control, int seed,
+                    std::vector<double> loss) {
+  Cell c;
+  c.path = "cells/" + std::to_string(seed) + variant + ".h5";
+  c.status = "completed";
+  c.config = {{"data", data},
+              {"train.seed", std::to_string(seed)},
+              {"train.batch", "8"},
+              {"model.seq_len", "64"}};
+  if (variant != "reference") c.config["kernels.embed_rmsnorm_backward"] = variant;
+  c.variant = variant == "reference" ? variant : "embed_rmsnorm_backward=" + variant;
+  c.control = control;
+  c.seed = seed;
+  c.loss = std::move(loss);
+  c.max_row = std::vector<double>(c.loss.size(), 100.0);
+  return c;
+}
+
+// Two data groups x 4 seeds x (reference, a benign control, a candidate); the candidate's loss
+// rises by `gap` from step 300 in the "skewed" group only. Controls and candidates drift from
+// the reference by a random walk of `drift` per step: 2e-4 ends near 0.005, above the 0.1 %
+// materiality floor (0.002 here), so the tests' own false-positive rate shows; 2e-5 stays below.
+std::vector<Cell> two_groups(std::mt19937_64& gen, double gap, double drift_per_step) {
+  const int steps = 600;
+  std::normal_distribution<double> tiny(0, drift_per_step);
+  std::vector<Cell> cells;
+  for (const std::string data : {"skewed", "flat"})
+    for (int seed = 0; seed < 4; ++seed) {
+      const auto base = noisy_curve(gen, steps, 0.005);
+      for (const auto& [variant, control] : std::vector<std::pair<std::string, bool>>{
+               {"reference", false}, {"fp32_reordered", true}, {"bf16_accum", false}}) {
+        std::vector<double> loss = base;
+        double drift = 0;
+        for (int t = 0; t < steps; ++t) {
+          if (variant != "reference") drift += tiny(gen);
+          loss[t] += drift;
+          if (variant == "bf16_accum" && data == "skewed" && t >= 300)
+            loss[t] += gap * std::min(1.0, (t - 300) / 100.0);
+        }
+        cells.push_back(synthetic_cell(data, variant, control, seed, loss));
+      }
+    }
+  return cells;
+}
+
+const Verdict& find_verdict(const std::vector<Verdict>& verdicts, const std::string& group,
+                            const std::string& variant) {
+  for (const auto& v : verdicts)
+    if (v.group == group && v.variant == "embed_rmsnorm_backward=" + variant) return v;
+  throw std::runtime_error("no verdict for " + group + " " + variant);
+}
+
+TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
+  std::mt19937_64 gen(testing::test_seed());
+  const auto verdicts = compute_verdicts(two_groups(gen, 0.05, 2e-5), 0.05);
+  ASSERT_EQ(verdicts.size(), 4u);  // 2 groups x (control, candidate)
+  const Verdict& bug = find_verdict(verdicts, "data=skewed", "bf16_accum");
+  EXPECT_EQ(bug.verdict, "diverged") << "seed " << testing::test_seed();
+  EXPECT_EQ(bug.compared_with, "controls");
+  EXPECT_EQ(bug.seeds, 4);
+  EXPECT_NEAR(bug.gap, 0.05, 0.01) << "seed " << testing::test_seed();
+  EXPECT_GE(bug.onset, 280) << "seed " << testing::test_seed();
+  EXPECT_LE(bug.onset, 420) << "seed " << testing::test_seed();
+  EXPECT_EQ(bug.tokens_per_step, 512);
+  EXPECT_EQ(bug.seed_traces.size(), 4u);
+  EXPECT_EQ(bug.settings.at("data"), "skewed");
+  const Verdict& flat = find_verdict(verdicts, "data=flat", "bf16_accum");
+  EXPECT_EQ(flat.verdict, "no-divergence") << "seed " << testing::test_seed();
+  EXPECT_EQ(flat.onset, -1);
+  EXPECT_TRUE(find_verdict(verdicts, "data=flat", "fp32_reordered").control);
+}
+
+TEST(Verdicts, WithoutAGapDivergenceIsAsRareAsAlphaSays) {
+  // 50 grids without an injected gap, 4 verdicts each: a one-sided test at alpha = 0.05 calls
+  // about 5 % of them diverged (binomial sd 1.5 %); 12 % is over four sd above that.
+  std::mt19937_64 gen(testing::test_seed());
+  int diverged = 0, total = 0;
+  for (int grid = 0; grid < 50; ++grid)
+    for (const auto& v : compute_verdicts(two_groups(gen, 0.0, 2e-4), 0.05)) {
+      diverged += v.verdict == "diverged";
+      ++total;
+    }
+  EXPECT_LE(double(diverged) / total, 0.12)
+      << diverged << " of " << total << ", seed " << testing::test_seed();
+}
+
+TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
+  std::mt19937_64 gen(testing::test_seed());
+  std::vector<Cell> cells;
+  for (int seed = 0; seed < 3; ++seed) {
+    const auto base = noisy_curve(gen, 100, 0.005);
+    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
+    Cell nan = synthetic_cell("d", "fp16_accum", false, seed, base);
+    nan.status = "nan";
+    nan.nan_where = "backward embed_rmsnorm_backward layer 0 grad wte.weight, step 7";
+    cells.push_back(nan);
+  }
+  cells.push_back(synthetic_cell("d", "bf16_accum", false, 0, noisy_curve(gen, 100, 0.005)));
+  const auto verdicts = compute_verdicts(cells, 0.05);
+  ASSERT_EQ(verdicts.size(), 2u);
+  const Verdict& nan = find_verdict(verdicts, "all", "fp16_accum");
+  EXPECT_EQ(nan.verdict, "nan");
+  EXPECT_EQ(nan.nan_runs.size(), 3u);
+  EXPECT_NE(nan.nan_where.find("step 7"), std::string::npos);
+  const Verdict& one = find_verdict(verdicts, "all", "bf16_accum");
+  EXPECT_EQ(one.verdict, "too-few-seeds");
+  EXPECT_NE(one.no_verdict_reason.find("1 of 1 seeds paired"), std::string::npos)
+      << one.no_verdict_reason;
 }
 
 TEST(DoseResponse, FindsWhereTheVerdictsCrossAndStay) {

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "experiments/config.h"
-#include "experiments/toml_reader.h"
+#include "io/toml_reader.h"
 #include "tests/support/check.h"
 
 namespace divlab {

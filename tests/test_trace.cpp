@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "experiments/config.h"
-#include "experiments/trace.h"
+#include "io/trace.h"
 #include "tests/support/check.h"
 
 namespace divlab {

@@ -24,7 +24,6 @@ KernelSet<float, bf16> bf16_reference() {
   return gpu_catalogue<bf16>().select({});
 }
 
-
 // The forward's output against fp64. *saved_probabilities: whether it wrote the att buffer
 // (the batched path does; the fused one saves none).
 double forward_error(const Shape& s, std::mt19937_64& gen, bool* saved_probabilities) {

@@ -27,12 +27,12 @@
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
+#include "common/rng.h"
 #include "kernels/common/lowp.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
-#include "model/rng.h"
 
 namespace divlab::cuda {
 

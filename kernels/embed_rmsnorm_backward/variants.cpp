@@ -6,10 +6,10 @@
 #include <atomic>
 #include <vector>
 
+#include "common/rng.h"
 #include "kernels/common/lowp.h"
 #include "kernels/common/parallel.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
-#include "model/rng.h"
 
 namespace divlab {
 std::atomic<uint64_t>& stochastic_rounding_calls();

@@ -73,8 +73,9 @@ void register_linear(Catalogue<float, A>& cat) {
   if constexpr (std::is_same_v<A, float>) {
     cat.linear_forward.add("bf16_truncate", bf16_inputs<true>,
                            {"x and W truncated to bf16 by a kernel, then cuBLAS", "", "", ""});
-    cat.linear_forward.add("bf16_rne", bf16_inputs<false>,
-                           {"x and W rounded to nearest bf16 by a kernel, then cuBLAS", "", "", ""});
+    cat.linear_forward.add(
+        "bf16_rne", bf16_inputs<false>,
+        {"x and W rounded to nearest bf16 by a kernel, then cuBLAS", "", "", ""});
   }
 }
 

@@ -12,8 +12,8 @@
 #include <numeric>
 
 #include "experiments/config.h"
-#include "experiments/trace.h"
 #include "experiments/train.h"
+#include "io/trace.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/fixtures.h"
 

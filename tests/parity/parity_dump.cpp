@@ -6,7 +6,7 @@
 
 #include "datasets/dataset.h"
 #include "experiments/config.h"
-#include "experiments/trace.h"
+#include "io/trace.h"
 #include "model/optimizer.h"
 
 namespace divlab {

@@ -17,9 +17,11 @@ HAVE_MATPLOTLIB = os.environ.get("DIVLAB_HAVE_MATPLOTLIB", "ON") == "ON"
 STEPS = 600
 
 
-def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None):
+def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None,
+                    role=None):
     """A trace with the fields analyze reads, written by h5py (not by divlab). With `batch`, the
-    config also says the tokens per step (batch x 64), which makes dose series."""
+    config also says the tokens per step (batch x 64), which makes dose series; with `role`
+    (control or candidate) the trace records its kernel's role, as divlab's traces do."""
     toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
             + (f"batch = {batch}\n[model]\nseq_len = 64\n" if batch else "")
             + f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
@@ -28,6 +30,8 @@ def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=1
         f.attrs["config_toml"] = toml
         f["metrics/loss"] = loss
         f["metrics/max_row_contributions"] = np.full(len(loss), dose, dtype=np.int64)
+        if role and variant != "reference":
+            f.attrs["kernel_roles"] = f"embed_rmsnorm_backward={variant} {role}\n"
 
 
 def curve(rng, noise=0.02):
@@ -121,6 +125,32 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertLess(float(tiny["p_welch"]), 1e-6, tiny)  # significant, yet not material
         self.assertEqual(tiny["verdict"], "no-divergence", tiny)
         self.assertEqual(material["verdict"], "diverged", material)
+
+    def test_roles_come_from_the_trace_not_the_analysing_catalogue(self):
+        # A control only another build knows (a GPU-only or plug-in variant) is a control because
+        # its traces say so; the CPU catalogue's fp32_reordered is a candidate when they say that.
+        rng = np.random.default_rng()
+        d = tmpdir()
+        os.makedirs(os.path.join(d, "cells"))
+        roles = {"reference": None, "gpu_only_sum": "control", "fp32_reordered": "candidate"}
+        i = 0
+        for s in range(3):
+            base = curve(rng)
+            for v, role in roles.items():
+                own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
+                synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), "zipf:1.1", v, s,
+                                base + own, role=role)
+                i += 1
+        self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
+        control = {row["variant"].split("=")[1]: row["control"] for row in verdicts(d)}
+        self.assertEqual(control, {"gpu_only_sum": "1", "fp32_reordered": "0"})
+        # Without recorded roles (older traces) the CPU catalogue decides.
+        for name in sorted(os.listdir(os.path.join(d, "cells"))):
+            with h5py.File(os.path.join(d, "cells", name), "a") as f:
+                f.attrs.pop("kernel_roles", None)
+        self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
+        control = {row["variant"].split("=")[1]: row["control"] for row in verdicts(d)}
+        self.assertEqual(control, {"gpu_only_sum": "0", "fp32_reordered": "1"})
 
     def dose_grid(self, law):
         """Five batches (256 to 65 536 tokens per step), 4 seeds; each seed's hottest row

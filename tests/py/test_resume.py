@@ -78,7 +78,7 @@ class Resume(unittest.TestCase):
             self.assertEqual(a["metrics/loss"][:].tobytes(), b["metrics/loss"][:].tobytes())
 
 
-# Each window a kill can fall into, hit on purpose (experiments/fault.h): NAME:N kills the
+# Each window a kill can fall into, hit on purpose (common/fault.h): NAME:N kills the
 # writer the N-th time it reaches NAME.
 KILL_RUN = [*SMALL, "train.steps=40", "checkpoint.every=9", "eval.every=10", "trace.flush_steps=1"]
 WINDOWS = ["trace.before_publish:1", "trace.between_flushes:1", "trace.between_flushes:23",

@@ -20,8 +20,8 @@ inline std::string temp_dir(const std::string& tag) {
 
 inline std::vector<std::string> fixture_lines(int n_lines, uint64_t seed) {
   std::mt19937_64 gen(seed);
-  const std::vector<std::string> syllables = {"ka", "lo", "mi", "tur", "en", "sa", "vo", "ré",
-                                              "qu", "ix", "na", "ïs", "do", "be", "ström"};
+  const std::vector<std::string> syllables = {"ka", "lo", "mi", "tur", "en", "sa", "vo",   "ré",
+                                              "qu", "ix", "na", "ïs",  "do", "be", "ström"};
   std::vector<std::string> lexicon;
   for (int w = 0; w < 600; ++w) {
     std::string word;

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "experiments/trace.h"
+#include "io/trace.h"
 
 namespace divlab {
 

@@ -1,9 +1,8 @@
-#include "experiments/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <algorithm>
 
-#include "experiments/config.h"
-#include "experiments/fault.h"
+#include "common/fault.h"
 
 namespace divlab {
 

@@ -1,4 +1,4 @@
-#include "experiments/trace.h"
+#include "io/trace.h"
 
 #include <H5Cpp.h>
 #include <fcntl.h>
@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "experiments/config.h"
-#include "experiments/fault.h"
+#include "common/errors.h"
+#include "common/fault.h"
 
 namespace divlab {
 
@@ -388,6 +388,10 @@ H5::Attribute open_attr(H5::H5File& f, const std::string& object, const std::str
   return f.openDataSet(object).openAttribute(name);
 }
 }  // namespace
+
+bool TraceReader::has_attr(const std::string& object, const std::string& name) const {
+  return H5Aexists_by_name(impl_->file.getId(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+}
 
 std::string TraceReader::string_attr(const std::string& object, const std::string& name) const {
   try {

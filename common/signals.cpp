@@ -1,4 +1,4 @@
-#include "experiments/signals.h"
+#include "common/signals.h"
 
 #include <sys/prctl.h>
 #include <unistd.h>

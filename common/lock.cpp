@@ -1,4 +1,4 @@
-#include "experiments/lock.h"
+#include "common/lock.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "experiments/config.h"
+#include "common/errors.h"
 
 namespace divlab {
 

@@ -1,4 +1,4 @@
-#include "experiments/fault.h"
+#include "common/fault.h"
 
 #include <csignal>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "experiments/files.h"
+#include "common/files.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "experiments/errors.h"
+#include "common/errors.h"
 
 namespace divlab {
 

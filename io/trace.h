@@ -105,6 +105,7 @@ class TraceReader {
   explicit TraceReader(const std::string& path);  // throws InputError if not a readable trace
   ~TraceReader();
   bool exists(const std::string& path) const;
+  bool has_attr(const std::string& object, const std::string& name) const;
   std::string string_attr(const std::string& object, const std::string& name) const;
   double number_attr(const std::string& object, const std::string& name) const;
   std::vector<double> floats(const std::string& dataset) const;

@@ -1,4 +1,4 @@
-#include "experiments/toml_reader.h"
+#include "io/toml_reader.h"
 
 #include <toml++/toml.h>
 
@@ -6,8 +6,8 @@
 #include <charconv>
 #include <sstream>
 
+#include "common/errors.h"
 #include "common/utf8.h"
-#include "experiments/errors.h"
 
 namespace divlab {
 namespace {

@@ -1,0 +1,34 @@
+// What `divlab analyze` writes from its verdicts: verdicts.csv (one column list drives its header
+// and rows, one column per distinguishing grid key), seeds.csv, dose_response.csv, summary.h5
+// (what analysis/plots.py draws), report.md and the terminal table.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "analysis/dose.h"
+#include "analysis/verdicts.h"
+
+namespace divlab {
+
+struct ReportContext {
+  std::string dir;                      // the analysed folder: everything is written there
+  double alpha = 0.05;                  // the tests' level, stated in the report
+  std::vector<std::string> unfinished;  // traces left out, with their status
+  std::string plots;                    // "ok", or why there are none
+  std::set<std::string> provenance;     // who wrote the traces: "divlab COMMIT on HOST (BACKEND)"
+};
+
+// verdicts.csv, seeds.csv, dose_response.csv and summary.h5 (written whole, then renamed).
+void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
+                  const std::vector<DoseResponse>& responses);
+// report.md: headline, provenance, the story figure, the table, rows without a verdict, the dose
+// series and the plots.
+void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
+                  const std::vector<DoseResponse>& responses);
+// The verdict table, rows without a verdict, the dose series, and where everything went.
+void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
+                    const std::vector<DoseResponse>& responses);
+
+}  // namespace divlab

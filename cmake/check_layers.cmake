@@ -1,0 +1,41 @@
+# Fails (and so fails the build) when a source file includes a header from a layer above its own.
+# Usage: cmake -DROOT=<source dir> -P cmake/check_layers.cmake
+# Each layer is a top-level folder; ALLOWED lists what it may include. Test sources (test_*.cpp,
+# anywhere) may also include tests/. Folders not listed (tests, bench, fuzz, examples) are not
+# layered: they sit on top.
+cmake_minimum_required(VERSION 3.25)
+set(ALLOWED_common "common")
+set(ALLOWED_kernels "common;kernels")
+set(ALLOWED_model "common;kernels;model")
+set(ALLOWED_datasets "common;kernels;datasets")
+set(ALLOWED_io "common;io")
+set(ALLOWED_analysis "common;io;analysis")
+set(ALLOWED_experiments "common;kernels;model;datasets;io;analysis;experiments")
+set(LAYERS common kernels model datasets io analysis experiments)
+
+if(NOT ROOT)
+  message(FATAL_ERROR "check_layers: pass -DROOT=<source dir>")
+endif()
+set(violations "")
+foreach(layer IN LISTS LAYERS)
+  file(GLOB_RECURSE sources RELATIVE ${ROOT} ${ROOT}/${layer}/*.h ${ROOT}/${layer}/*.cpp
+       ${ROOT}/${layer}/*.cu ${ROOT}/${layer}/*.cuh ${ROOT}/${layer}/*.in)
+  foreach(source IN LISTS sources)
+    set(allowed ${ALLOWED_${layer}})
+    get_filename_component(name ${source} NAME)
+    if(name MATCHES "^test_")
+      list(APPEND allowed tests)
+    endif()
+    file(STRINGS ${ROOT}/${source} includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"/]+/")
+    foreach(line IN LISTS includes)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"/]+)/.*" "\\1" target "${line}")
+      if(NOT target IN_LIST allowed)
+        string(STRIP "${line}" line)
+        string(APPEND violations "\n  ${source}: ${line} (${layer}/ may include ${allowed})")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations)
+  message(FATAL_ERROR "includes that point up the layers (docs/architecture.md):${violations}")
+endif()

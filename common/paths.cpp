@@ -1,0 +1,33 @@
+#include "common/paths.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+namespace divlab {
+
+namespace {
+
+std::string find_resource_dir() {
+  if (const char* home = std::getenv("DIVLAB_HOME"); home && *home) return home;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto share = exe.parent_path().parent_path() / "share" / "divlab";
+    if (std::filesystem::is_directory(share / "configs", ec)) return share.lexically_normal();
+  }
+  return DIVLAB_SOURCE_DIR;
+}
+
+}  // namespace
+
+std::string resource_dir() {
+  static const std::string dir = find_resource_dir();  // the process's answer, fixed once
+  return dir;
+}
+
+std::string resource_path(const std::string& relative) {
+  return resource_dir() + "/" + relative;
+}
+
+}  // namespace divlab
