@@ -13,6 +13,7 @@
 #include "analysis/report.h"
 #include "common/errors.h"
 #include "common/paths.h"
+#include "common/process.h"
 #include "io/toml_reader.h"
 #include "io/trace.h"
 
@@ -99,11 +100,11 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
 // analysis/plots.py draws the PNGs; returns "ok" or why not.
 std::string run_plots(const std::string& dir) {
   const char* py = std::getenv("DIVLAB_PYTHON");
-  const std::string cmd = std::string(py && *py ? py : DIVLAB_DEFAULT_PYTHON) + " " +
-                          resource_path("analysis/plots.py") + " '" + dir + "' > '" + dir +
-                          "/plots.log' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  return rc == 0 ? "ok" : "failed, see " + dir + "/plots.log";
+  SpawnOptions so;
+  so.log = dir + "/plots.log";
+  const int status = run_process(
+      {py && *py ? py : DIVLAB_DEFAULT_PYTHON, resource_path("analysis/plots.py"), dir}, so);
+  return status == 0 ? "ok" : "failed, see " + dir + "/plots.log";
 }
 
 }  // namespace
@@ -126,7 +127,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   ReportContext ctx;
   ctx.dir = opt.dir, ctx.alpha = opt.alpha, ctx.unfinished = unfinished;
   for (const auto& c : cells) ctx.provenance.insert(c.provenance);
-  const std::vector<Verdict> verdicts = compute_verdicts(std::move(cells), opt.alpha);
+  std::vector<Verdict> verdicts = compute_verdicts(std::move(cells), opt.alpha);
   const auto responses = dose_responses(verdicts);
   write_tables(opt.dir, verdicts, responses);  // summary.h5 first: the plots read it
   ctx.plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "datasets/text.h"
 #include "experiments/config.h"
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench: %s\n", e.what());
     return 2;
   }
-  std::system(("rm -rf " + cache).c_str());
+  std::filesystem::remove_all(cache);
   std::printf("brown corpus, BPE vocab %d\n%-40s %10s\n", vocab, "measure", "value");
   std::printf("%-40s %10lld\n", "tokens", (long long)tokens);
   std::printf("%-40s %9.2fs\n", "first load (read + train BPE + encode)", seconds[0]);

@@ -13,6 +13,7 @@
 
 #include "common/files.h"
 #include "common/paths.h"
+#include "common/process.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
@@ -184,10 +185,7 @@ Case build(const std::string& op, const Shape& s, const std::vector<TokenId>& to
   } else if (op == "gelu_forward") {
     c.x.values = {act(NC, C)};
     c.x.outputs = {zeros(NC)}, c.cols = {C};
-  } else if (op == "gelu_backward") {
-    c.x.values = {act(NC, C), act(NC, C)};
-    c.x.outputs = {zeros(NC)}, c.cols = {C};
-  } else if (op == "add") {
+  } else if (op == "gelu_backward" || op == "add") {  // two [N, C] inputs, one [N, C] output
     c.x.values = {act(NC, C), act(NC, C)};
     c.x.outputs = {zeros(NC)}, c.cols = {C};
   } else if (op == "cross_entropy") {
@@ -404,16 +402,27 @@ std::string format_check(const CheckReport& r) {
 namespace {
 // Runs the same check (same seed) under compute-sanitizer memcheck; returns its summary.
 std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
-  if (std::system("command -v compute-sanitizer > /dev/null 2>&1") != 0)
-    return "not run (compute-sanitizer not on PATH)";
+  if (!on_path("compute-sanitizer")) return "not run (compute-sanitizer not on PATH)";
   char self[4096] = {0};
   if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return "not run (no /proc/self/exe)";
-  std::string cmd = "compute-sanitizer --tool memcheck --error-exitcode 99 '" + std::string(self) +
-                    "' check " + opt.target + " --backend cuda --no-sanitizer --seed " +
-                    std::to_string(seed);
-  for (const auto& p : opt.plugins) cmd += " --plugins '" + p + "'";
-  const std::string log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";
-  const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
+  std::vector<std::string> argv = {"compute-sanitizer",
+                                   "--tool",
+                                   "memcheck",
+                                   "--error-exitcode",
+                                   "99",
+                                   self,
+                                   "check",
+                                   opt.target,
+                                   "--backend",
+                                   "cuda",
+                                   "--no-sanitizer",
+                                   "--seed",
+                                   std::to_string(seed)};
+  for (const auto& p : opt.plugins) argv.insert(argv.end(), {"--plugins", p});
+  SpawnOptions so;
+  so.log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";
+  const std::string& log = so.log;
+  const int rc = run_process(argv, so);
   std::ifstream in(log);
   std::string line, summary = "no summary";
   while (std::getline(in, line))
@@ -435,7 +444,7 @@ std::string train_output(const CheckOptions& opt, const std::string& op,
     return "";
   }
   if (opt.jobs < 0) throw InputError("check --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
-  const std::string out = opt.out.empty() ? "runs/check-" + op + "-" + variant : opt.out;
+  std::string out = opt.out.empty() ? "runs/check-" + op + "-" + variant : opt.out;
   const auto slash = out.find_last_of('/');
   const std::string parent = slash == std::string::npos ? "." : out.substr(0, slash + 1);
   if (access(parent.c_str(), W_OK) != 0)

@@ -117,7 +117,7 @@ std::string type_name(Type t) {
   return "?";
 }
 
-std::string trim(std::string s) {
+std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }

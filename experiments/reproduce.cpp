@@ -139,6 +139,7 @@ int run_reproduce(const ReproduceOptions& in) {
     columns[v.variant] = v.control;
   }
   std::vector<const Row*> ordered;
+  ordered.reserve(rows.size());
   for (const auto& [group, row] : rows) ordered.push_back(&row);
   std::sort(ordered.begin(), ordered.end(),
             [](const Row* a, const Row* b) { return a->order < b->order; });

@@ -3,13 +3,13 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,13 +21,12 @@
 
 #include "common/files.h"
 #include "common/lock.h"
+#include "common/process.h"
 #include "common/signals.h"
 #include "experiments/config.h"
 #include "experiments/grid.h"
 #include "experiments/train.h"
 #include "io/trace.h"
-
-extern char** environ;
 
 namespace divlab {
 
@@ -63,7 +62,7 @@ std::string finished_status(const std::string& trace) {
   if (access(trace.c_str(), R_OK) != 0 || lock_holder(trace + ".lock") != 0) return "";
   try {
     const TraceReader r(trace);
-    const std::string s = r.string_attr("/", "status");
+    std::string s = r.string_attr("/", "status");
     if (s == "nan") return s;
     if (s != "completed") return "";
     const auto steps = r.ints("/metrics/step").size();
@@ -146,7 +145,7 @@ struct Record {
 // (a re-run of the sweep runs it again); one that has not ended within the grace period is
 // killed. No cell outlives the sweep.
 std::string clock_text(double seconds) {
-  const long s = long(seconds + 0.5);
+  const long s = std::lround(seconds);
   char buf[32];
   if (s >= 3600)
     std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
@@ -237,34 +236,14 @@ pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads
   for (const auto& o : g.cells[cell]) args.push_back(o);
   args.push_back("train.threads=" + std::to_string(threads));
   args.insert(args.end(), {"--out", cell_trace_path(dir, cell)});
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // The cell dies with the sweep (signals.h): it learns its parent from the environment.
-  std::vector<std::string> env_entries;
-  const std::string parent_prefix = std::string(kParentPidVariable) + "=";
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::string(*e).rfind(parent_prefix, 0) != 0) env_entries.emplace_back(*e);
-  env_entries.push_back(parent_prefix + std::to_string(getpid()));
-  std::vector<char*> envp;
-  for (auto& e : env_entries) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const std::string log = cell_log_path(dir, cell);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  // Its own process group: a terminal's Ctrl-C reaches the sweep alone, which stops its cells
-  // in order instead of racing them.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp.data()) != 0) pid = -1;
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
+  // The cell dies with the sweep (signals.h): it learns its parent from the environment. Its
+  // own process group: a terminal's Ctrl-C reaches the sweep alone, which stops its cells in
+  // order instead of racing them.
+  SpawnOptions so;
+  so.log = cell_log_path(dir, cell);
+  so.own_process_group = true;
+  so.setenv = {std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
+  return spawn_process(args, so);
 }
 
 std::string shell_quoted(const std::string& s) {

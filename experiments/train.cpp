@@ -79,7 +79,8 @@ std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
 std::string kernel_roles(const RunConfig& cfg) {
   return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
     std::string out;
-    for (const auto& [op, variant] : cfg.kernels) {
+    for (const auto& choice : cfg.kernels) {
+      const std::string &op = choice.first, &variant = choice.second;
       if (variant == "reference") continue;
       bool benign = false;
       cat.for_each_op([&](const auto& ops, auto) {
@@ -508,7 +509,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   check_output_path(opt.out, opt.force);
   // One writer per trace: a second run (--force included) is refused while this one lives.
   WriterLock lock(opt.out + ".lock", "--out '" + opt.out + "'");
-  const TrainResult r = run(cfg, opt, nullptr);
+  TrainResult r = run(cfg, opt, nullptr);
   lock.done();
   return r;
 }
@@ -575,7 +576,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");
   TrainOptions opt;
   opt.out = path, opt.force = true, opt.progress = progress;
-  const TrainResult r = run(cfg, opt, &resume);
+  TrainResult r = run(cfg, opt, &resume);
   lock.done();
   return r;
 }

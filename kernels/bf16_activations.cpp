@@ -154,11 +154,14 @@ template <template <int, int> class Op, int X, int... S>
 constexpr auto trampolines(std::integer_sequence<int, S...>) {
   return std::array{Op<X, S>::fn...};
 }
+// `op` is pasted into names, never an expression: no parentheses.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_TRAMPOLINE(op)             \
   template <int X, int S>                 \
   struct op##_at {                        \
     static constexpr auto fn = &op<X, S>; \
   };
+// NOLINTEND(bugprone-macro-parentheses)
 DIVLAB_TRAMPOLINE(rmsnorm_forward)
 DIVLAB_TRAMPOLINE(rmsnorm_backward)
 DIVLAB_TRAMPOLINE(linear_forward)

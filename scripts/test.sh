@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, run the whole CPU test suite; then, in the
+# README command 2: install what is missing, build, check format and lint (scripts/lint.sh), run
+# the whole CPU test suite; then, in the
 # clang + ASan + UBSan build (preset fuzz), fuzz the config parser and the trace reader for a
 # bounded time (DIVLAB_FUZZ_SECONDS, default 60 each) and run the C++ tests under the sanitizers.
 # (The whole suite, Python-driven tests included, under ASan: the asan preset, ~20 min on 2
@@ -8,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh cpu
+# Format (clang-format) and lint (clang-tidy: .clang-tidy), ~3 min on 2 cores.
+scripts/lint.sh > /dev/null || { tail -40 build/cpu/lint.log; echo "lint failed"; exit 1; }
 ctest --preset cpu -j "$(nproc)" --timeout 900
 # The cuda preset compiles wherever the CUDA toolkit is (CI's machine has one and no GPU); there
 # the gpu-labelled tests must report themselves skipped, not failed.

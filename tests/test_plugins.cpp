@@ -43,6 +43,7 @@ double hot_row_error(const KernelSet<float, A>& k) {
                            w.data(), rstd.data(), tok.data(), B, T, C, V);
   auto to_d = [](const auto& v) {
     std::vector<double> d;
+    d.reserve(v.size());
     for (auto x : v) d.push_back(to_double(x));
     return d;
   };

@@ -53,9 +53,10 @@ class Install(unittest.TestCase):
                          os.path.join(os.path.realpath(moved), "share", "divlab"))
 
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib missing: no plots")
-    def test_analyze_draws_with_the_installed_plot_script(self):
+    def test_analyze_draws_with_the_installed_plot_script_in_any_folder(self):
         rng = np.random.default_rng()
-        out = os.path.join(self.d, "analysis")
+        # A folder name a shell would need quoting for: the plots start without a shell.
+        out = os.path.join(self.d, "it's a $folder")
         os.makedirs(os.path.join(out, "cells"))
         i = 0
         for s in range(2):

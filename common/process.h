@@ -1,0 +1,29 @@
+// Starting child processes: one way for the whole project, from an argument vector and never
+// through a shell, so no argument needs quoting (a folder named "it's" is just a name).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace divlab {
+
+struct SpawnOptions {
+  std::string log;                  // stdout and stderr to this file (truncated); empty: ours
+  bool own_process_group = false;   // a terminal's Ctrl-C then reaches the parent alone
+  std::vector<std::string> setenv;  // "NAME=value", replacing NAME in the inherited environment
+};
+
+// Starts argv[0] (a path, or looked up on PATH when it holds no '/'); the child's pid, or -1
+// when it could not be started.
+pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {});
+
+// Runs argv to its end: its wait status (WIFEXITED / WEXITSTATUS apply), or -1 when it could
+// not be started.
+int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {});
+
+// Whether `program` names an executable file on PATH.
+bool on_path(const std::string& program);
+
+}  // namespace divlab
