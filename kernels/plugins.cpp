@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
@@ -38,6 +39,24 @@ std::vector<Loaded>& loaded() {
 std::string str(const char* s) {
   return s ? s : "";
 }
+
+// The plug-in ABI's function types are the internal op signatures at float, one for one: a
+// plug-in's pointer is cast to its op's internal type by the op's name (add_variant), so a
+// signature changed on one side only must fail to build, not corrupt memory at run time.
+using Fp32Ops = OpSignatures<float>;
+static_assert(std::is_same_v<divlab_token, TokenId>);
+static_assert(std::is_same_v<divlab_embedding_forward, Fp32Ops::EmbeddingForward>);
+static_assert(std::is_same_v<divlab_rmsnorm_forward, Fp32Ops::RmsnormForward>);
+static_assert(std::is_same_v<divlab_rmsnorm_backward, Fp32Ops::RmsnormBackward>);
+static_assert(std::is_same_v<divlab_linear_forward, Fp32Ops::LinearForward>);
+static_assert(std::is_same_v<divlab_linear_backward, Fp32Ops::LinearBackward>);
+static_assert(std::is_same_v<divlab_attention_forward, Fp32Ops::AttentionForward>);
+static_assert(std::is_same_v<divlab_attention_backward, Fp32Ops::AttentionBackward>);
+static_assert(std::is_same_v<divlab_gelu_forward, Fp32Ops::GeluForward>);
+static_assert(std::is_same_v<divlab_gelu_backward, Fp32Ops::GeluBackward>);
+static_assert(std::is_same_v<divlab_add, Fp32Ops::Add>);
+static_assert(std::is_same_v<divlab_cross_entropy, Fp32Ops::CrossEntropy>);
+static_assert(std::is_same_v<divlab_embed_rmsnorm_backward, Fp32Ops::EmbedRmsnormBackward>);
 
 bool valid_name(const std::string& n) {
   return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {

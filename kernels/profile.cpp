@@ -46,22 +46,9 @@ const char* Timed<T, A, Member, R (*)(Args...)>::name = "";
 
 template <class T, class A>
 void wrap_all(KernelSet<T, A>& timed) {
-  DIVLAB_TIME_OP(embedding_forward);
-  DIVLAB_TIME_OP(rmsnorm_forward);
-  DIVLAB_TIME_OP(rmsnorm_backward);
-  DIVLAB_TIME_OP(linear_forward);
-  DIVLAB_TIME_OP(linear_backward);
-  DIVLAB_TIME_OP(attention_forward);
-  DIVLAB_TIME_OP(attention_backward);
-  DIVLAB_TIME_OP(gelu_forward);
-  DIVLAB_TIME_OP(gelu_backward);
-  DIVLAB_TIME_OP(add);
-  DIVLAB_TIME_OP(cross_entropy);
-  DIVLAB_TIME_OP(embed_rmsnorm_backward);
-  DIVLAB_TIME_OP(cast);
-  DIVLAB_TIME_OP(sum_squares);
-  DIVLAB_TIME_OP(sgd_step);
-  DIVLAB_TIME_OP(adamw_step);
+#define DIVLAB_TIME_LISTED_OP(name, Signature) DIVLAB_TIME_OP(name);
+  DIVLAB_OPS(DIVLAB_TIME_LISTED_OP)
+#undef DIVLAB_TIME_LISTED_OP
 }
 #undef DIVLAB_TIME_OP
 }  // namespace

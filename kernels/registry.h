@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/memory.h"
+#include "kernels/op_list.h"
 #include "kernels/ops.h"
 
 namespace divlab {
@@ -79,25 +80,18 @@ template <class T, class A = T>
 struct KernelSet {
   using Value = T;
   using S = OpSignatures<T, A>;
-  typename S::EmbeddingForward embedding_forward = nullptr;
-  typename S::RmsnormForward rmsnorm_forward = nullptr;
-  typename S::RmsnormBackward rmsnorm_backward = nullptr;
-  typename S::LinearForward linear_forward = nullptr;
-  typename S::LinearBackward linear_backward = nullptr;
-  typename S::AttentionForward attention_forward = nullptr;
-  typename S::AttentionBackward attention_backward = nullptr;
-  typename S::GeluForward gelu_forward = nullptr;
-  typename S::GeluBackward gelu_backward = nullptr;
-  typename S::Add add = nullptr;
-  typename S::CrossEntropy cross_entropy = nullptr;
-  typename S::EmbedRmsnormBackward embed_rmsnorm_backward = nullptr;
-  typename S::Cast cast = nullptr;
-  typename S::SumSquares sum_squares = nullptr;
-  typename S::SgdStep sgd_step = nullptr;
-  typename S::AdamwStep adamw_step = nullptr;
+// Op names and signatures are pasted into declarations, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_KERNEL_MEMBER(name, Signature) typename S::Signature name = nullptr;
+  DIVLAB_OPS(DIVLAB_KERNEL_MEMBER)
+#undef DIVLAB_KERNEL_MEMBER
+  // NOLINTEND(bugprone-macro-parentheses)
   // Where the tensors these kernels take must live.
   const MemoryOps* memory = &host_memory();
 };
+
+// Nothing but the listed ops and the memory pointer: a member added by hand fails here.
+static_assert(sizeof(KernelSet<float>) == (kOpCount + 1) * sizeof(void*));
 
 // A kernel selection that names an op or variant that does not exist.
 struct UnknownKernel : std::runtime_error {
@@ -108,22 +102,12 @@ template <class T, class A = T>
 struct Catalogue {
   using Value = T;
   using S = OpSignatures<T, A>;
-  OpVariants<typename S::EmbeddingForward> embedding_forward{"embedding_forward"};
-  OpVariants<typename S::RmsnormForward> rmsnorm_forward{"rmsnorm_forward"};
-  OpVariants<typename S::RmsnormBackward> rmsnorm_backward{"rmsnorm_backward"};
-  OpVariants<typename S::LinearForward> linear_forward{"linear_forward"};
-  OpVariants<typename S::LinearBackward> linear_backward{"linear_backward"};
-  OpVariants<typename S::AttentionForward> attention_forward{"attention_forward"};
-  OpVariants<typename S::AttentionBackward> attention_backward{"attention_backward"};
-  OpVariants<typename S::GeluForward> gelu_forward{"gelu_forward"};
-  OpVariants<typename S::GeluBackward> gelu_backward{"gelu_backward"};
-  OpVariants<typename S::Add> add{"add"};
-  OpVariants<typename S::CrossEntropy> cross_entropy{"cross_entropy"};
-  OpVariants<typename S::EmbedRmsnormBackward> embed_rmsnorm_backward{"embed_rmsnorm_backward"};
-  OpVariants<typename S::Cast> cast{"cast"};
-  OpVariants<typename S::SumSquares> sum_squares{"sum_squares"};
-  OpVariants<typename S::SgdStep> sgd_step{"sgd_step"};
-  OpVariants<typename S::AdamwStep> adamw_step{"adamw_step"};
+// Op names and signatures are pasted into declarations, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_OP_VARIANTS(name, Signature) OpVariants<typename S::Signature> name{#name};
+  DIVLAB_OPS(DIVLAB_OP_VARIANTS)
+#undef DIVLAB_OP_VARIANTS
+  // NOLINTEND(bugprone-macro-parentheses)
   const MemoryOps* memory = &host_memory();  // the backend's memory
 
   // Calls f(OpVariants&, KernelSet member pointer) for every op, in a fixed order.
@@ -143,22 +127,12 @@ struct Catalogue {
  private:
   template <class Self, class F>
   static void visit(Self& self, F& f) {
-    f(self.embedding_forward, &KernelSet<T, A>::embedding_forward);
-    f(self.rmsnorm_forward, &KernelSet<T, A>::rmsnorm_forward);
-    f(self.rmsnorm_backward, &KernelSet<T, A>::rmsnorm_backward);
-    f(self.linear_forward, &KernelSet<T, A>::linear_forward);
-    f(self.linear_backward, &KernelSet<T, A>::linear_backward);
-    f(self.attention_forward, &KernelSet<T, A>::attention_forward);
-    f(self.attention_backward, &KernelSet<T, A>::attention_backward);
-    f(self.gelu_forward, &KernelSet<T, A>::gelu_forward);
-    f(self.gelu_backward, &KernelSet<T, A>::gelu_backward);
-    f(self.add, &KernelSet<T, A>::add);
-    f(self.cross_entropy, &KernelSet<T, A>::cross_entropy);
-    f(self.embed_rmsnorm_backward, &KernelSet<T, A>::embed_rmsnorm_backward);
-    f(self.cast, &KernelSet<T, A>::cast);
-    f(self.sum_squares, &KernelSet<T, A>::sum_squares);
-    f(self.sgd_step, &KernelSet<T, A>::sgd_step);
-    f(self.adamw_step, &KernelSet<T, A>::adamw_step);
+// Op names and signatures are pasted into declarations, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_VISIT_OP(name, Signature) f(self.name, &KernelSet<T, A>::name);
+    DIVLAB_OPS(DIVLAB_VISIT_OP)
+#undef DIVLAB_VISIT_OP
+    // NOLINTEND(bugprone-macro-parentheses)
   }
 };
 

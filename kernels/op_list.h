@@ -1,0 +1,40 @@
+// Every op, declared once: X(name, Signature), Signature an alias in OpSignatures (ops.h).
+// KernelSet's members, the catalogue's variant lists, their visitor and the profiler's wrappers
+// are generated from this list, so they cannot disagree; adding an op means its signature in
+// ops.h, its directory, and one line here.
+#pragma once
+
+#define DIVLAB_OPS(X)                             \
+  X(embedding_forward, EmbeddingForward)          \
+  X(rmsnorm_forward, RmsnormForward)              \
+  X(rmsnorm_backward, RmsnormBackward)            \
+  X(linear_forward, LinearForward)                \
+  X(linear_backward, LinearBackward)              \
+  X(attention_forward, AttentionForward)          \
+  X(attention_backward, AttentionBackward)        \
+  X(gelu_forward, GeluForward)                    \
+  X(gelu_backward, GeluBackward)                  \
+  X(add, Add)                                     \
+  X(cross_entropy, CrossEntropy)                  \
+  X(embed_rmsnorm_backward, EmbedRmsnormBackward) \
+  X(cast, Cast)                                   \
+  X(sum_squares, SumSquares)                      \
+  X(sgd_step, SgdStep)                            \
+  X(adamw_step, AdamwStep)
+
+namespace divlab {
+
+// One enumerator per op, in list order.
+enum class Op : int {
+#define DIVLAB_OP_ENUMERATOR(name, Signature) name,
+  DIVLAB_OPS(DIVLAB_OP_ENUMERATOR)
+#undef DIVLAB_OP_ENUMERATOR
+      count
+};
+constexpr int kOpCount = static_cast<int>(Op::count);
+// Still written by hand (issue #18's next step): the plug-in ABI's typedefs (tied to these
+// signatures by static_asserts in plugins.cpp), check's inputs, the bf16 adapters, the CUDA
+// catalogue. Adding an op here is meant to be a deliberate act that visits them.
+static_assert(kOpCount == 16, "an op was added: extend the hand-written tables named above");
+
+}  // namespace divlab
