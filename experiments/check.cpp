@@ -215,22 +215,27 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const Shape
   using U = typename KS::Value;
   const int B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
   const int64_t NC = int64_t(N) * C;
+  OpContextSource contexts(*k.memory);
+  const OpContext ctx = contexts.next();
   return run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
-    if (op == "embedding_forward") kk.embedding_forward(out[0], ids, in[0], in[1], B, T, C);
-    if (op == "rmsnorm_forward") kk.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, U(kEps));
+    if (op == "embedding_forward") kk.embedding_forward(ctx, out[0], ids, in[0], in[1], B, T, C);
+    if (op == "rmsnorm_forward")
+      kk.rmsnorm_forward(ctx, out[0], out[1], in[0], in[1], N, C, U(kEps));
     if (op == "rmsnorm_backward")
-      kk.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C);
-    if (op == "linear_forward") kk.linear_forward(out[0], in[0], in[1], N, C, V);
-    if (op == "linear_backward") kk.linear_backward(out[0], out[1], in[0], in[1], in[2], N, C, V);
-    if (op == "attention_forward") kk.attention_forward(out[0], out[1], in[0], B, T, C, NH);
-    if (op == "attention_backward") kk.attention_backward(out[0], in[0], in[1], in[2], B, T, C, NH);
-    if (op == "gelu_forward") kk.gelu_forward(out[0], in[0], NC);
-    if (op == "gelu_backward") kk.gelu_backward(out[0], in[0], in[1], NC);
-    if (op == "add") kk.add(out[0], in[0], in[1], NC);
-    if (op == "cross_entropy") kk.cross_entropy(out[0], out[1], in[0], ids, N, V, U(1.0 / N));
+      kk.rmsnorm_backward(ctx, out[0], out[1], in[0], in[1], in[2], in[3], N, C);
+    if (op == "linear_forward") kk.linear_forward(ctx, out[0], in[0], in[1], N, C, V);
+    if (op == "linear_backward")
+      kk.linear_backward(ctx, out[0], out[1], in[0], in[1], in[2], N, C, V);
+    if (op == "attention_forward") kk.attention_forward(ctx, out[0], out[1], in[0], B, T, C, NH);
+    if (op == "attention_backward")
+      kk.attention_backward(ctx, out[0], in[0], in[1], in[2], B, T, C, NH);
+    if (op == "gelu_forward") kk.gelu_forward(ctx, out[0], in[0], NC);
+    if (op == "gelu_backward") kk.gelu_backward(ctx, out[0], in[0], in[1], NC);
+    if (op == "add") kk.add(ctx, out[0], in[0], in[1], NC);
+    if (op == "cross_entropy") kk.cross_entropy(ctx, out[0], out[1], in[0], ids, N, V, U(1.0 / N));
     if (op == "embed_rmsnorm_backward")
-      kk.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
-                                T, C, V);
+      kk.embed_rmsnorm_backward(ctx, out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids,
+                                B, T, C, V);
   });
 }
 

@@ -18,6 +18,7 @@
 
 #include "common/host.h"
 #include "common/lock.h"
+#include "common/rng.h"
 #include "common/signals.h"
 #include "common/version.h"
 #include "datasets/dataset.h"
@@ -25,7 +26,6 @@
 #include "io/checkpoint.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
-#include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/profile.h"
 #include "kernels/shadow.h"
 #include "model/optimizer.h"
@@ -185,9 +185,17 @@ void print_shadow_timing(const Timing& t, bool background) {
 // Replays a step whose loss or gradients were not finite, checking every op's output, and
 // returns where the first non-finite value appeared (trace attributes). The weights are those
 // the step started from: the optimizer does not apply non-finite gradients.
+// The seed of step `step`'s op calls (each call derives its own from it): a function of the run's
+// seed and the step alone, so a resumed run, or a step replayed to find a NaN, repeats every
+// kernel's random bits.
+uint64_t step_op_seed(uint64_t run_seed, int64_t step) {
+  return Rng(run_seed, kStreamKernel, uint64_t(step)).next();
+}
+
 template <class Model>
 std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, const TokenId* in,
-                                                               const TokenId* tgt, int64_t step) {
+                                                               const TokenId* tgt, int64_t step,
+                                                               uint64_t op_seed) {
   std::vector<std::pair<std::string, std::string>> where = {{"nan_step", std::to_string(step)}};
   bool found = false;
   std::vector<unsigned char> host;
@@ -208,6 +216,7 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, con
                                {"nan_layer", o.layer < 0 ? "-" : std::to_string(o.layer)},
                                {"nan_tensor", o.tensor}});
   };
+  model.reseed(op_seed);
   model.forward(in, tgt, true);
   model.backward();
   model.after_op = nullptr;
@@ -358,7 +367,6 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     optim.first_moment().assign(c.first_moment);
     if (cfg.optim.kind == "adamw") optim.second_moment().assign(c.second_moment);
     token_counts = c.token_counts;
-    stochastic_rounding_calls() = c.kernel_calls;
     for (const auto& [series, values] : resume->history) {
       for (double v : values) trace.append(series, v);
       if (series == "/metrics/wall_s" && !values.empty()) wall_offset = values.back();
@@ -392,6 +400,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
     const bool shadow_step = tap && step % cfg.shadow_every == 0;
     if (shadow_step) tap->arm();
+    model.reseed(step_op_seed(cfg.seed, step));
     const T loss = model.forward(in.data(), tgt.data(), true);
     model.backward();
     if (shadow_step) tap->submit(in.data(), N, m.vocab, step);
@@ -441,16 +450,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
       result.status = "nan";
       data.batch(step, B, Tn, in.data(), tgt.data());
-      nan_where = attribute_nan(model, in.data(), tgt.data(), step);
+      nan_where = attribute_nan(model, in.data(), tgt.data(), step, step_op_seed(cfg.seed, step));
       break;
     }
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
         step + 1 < cfg.steps) {
-      write_checkpoint(
-          trace,
-          {step + 1, widen(model.params()), widen(optim.first_moment()),
-           widen(optim.second_moment()), token_counts, stochastic_rounding_calls().load()},
-          checkpoint_slot(step + 1, cfg.checkpoint_every));
+      write_checkpoint(trace,
+                       {step + 1, widen(model.params()), widen(optim.first_moment()),
+                        widen(optim.second_moment()), token_counts},
+                       checkpoint_slot(step + 1, cfg.checkpoint_every));
     }
     if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
       result.status = "interrupted";

@@ -21,7 +21,6 @@ void lay_out_checkpoints(TraceWriter& w, int64_t params, bool second_moment, int
     w.array(g + "/first_moment", K::Float64, params);
     w.array(g + "/second_moment", K::Float64, second_moment ? params : 1);
     w.array(g + "/token_counts", K::Int64, vocab);
-    w.array(g + "/kernel_calls", K::Int64, 1);
   }
 }
 
@@ -35,7 +34,6 @@ void write_checkpoint(TraceWriter& w, const Checkpoint& c, int slot) {
   w.write_array(g + "/second_moment",
                 c.second_moment.empty() ? std::vector<double>{0.0} : c.second_moment);
   w.write_array(g + "/token_counts", c.token_counts);
-  w.write_array(g + "/kernel_calls", std::vector<int64_t>{int64_t(c.kernel_calls)});
   w.flush();
   fault_point("checkpoint.filled");
   w.write_array(g + "/next_step", std::vector<int64_t>{c.next_step});
@@ -58,7 +56,6 @@ std::optional<Checkpoint> read_checkpoint(const TraceReader& r) {
   c.first_moment = r.floats(g + "/first_moment");
   c.second_moment = r.floats(g + "/second_moment");
   c.token_counts = r.ints(g + "/token_counts");
-  c.kernel_calls = uint64_t(r.ints(g + "/kernel_calls").at(0));
   return c;
 }
 

@@ -21,7 +21,6 @@ struct Checkpoint {
   int64_t next_step = 0;  // the first step not yet taken
   std::vector<double> params, first_moment, second_moment;
   std::vector<int64_t> token_counts;
-  uint64_t kernel_calls = 0;  // stochastic-rounding variants' call counter
 };
 
 // Creates both slots (before SWMR starts).

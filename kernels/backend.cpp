@@ -78,11 +78,12 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device) {
 #endif
 }
 
-std::pair<Catalogue<float, bf16>*, Bf16Set> device_bf16_catalogue(const std::string& device) {
-  if (device == "cpu") return {&mutable_cpu_bf16_catalogue(), Bf16Set::Cpu};
+std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue(
+    const std::string& device) {
+  if (device == "cpu") return {&mutable_cpu_bf16_catalogue(), &host_bf16_conversions()};
   if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
 #ifdef DIVLAB_HAVE_CUDA
-  return {&cuda::mutable_bf16_catalogue(), Bf16Set::Cuda};
+  return {&cuda::mutable_bf16_catalogue(), &cuda::bf16_conversions()};
 #else
   throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
 #endif

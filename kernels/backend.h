@@ -33,8 +33,9 @@ bool cuda_built();
 // to add variants to. Throws BackendError for cuda in a build without it.
 std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
 // The bf16-mode catalogue of `device`, which adopts plug-in variants through adapters
-// (kernels/bf16_activations.h), and the adapters' set.
-std::pair<Catalogue<float, bf16>*, Bf16Set> device_bf16_catalogue(const std::string& device);
+// (kernels/bf16_activations.h), and the conversions its adapters use.
+std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue(
+    const std::string& device);
 
 // The catalogue for `backend` and `precision`, storing T (and activations in A). Touches no
 // device, so configurations can be checked anywhere. Throws BackendError for a combination this

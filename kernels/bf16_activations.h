@@ -4,7 +4,8 @@
 // variant of the fp32 CPU catalogue, adapted: each runs on widened fp32 copies of its bf16
 // inputs, and its activation outputs are rounded to nearest even bf16. The same adapters bring
 // fp32 plug-in variants (the plug-in ABI is fp32) into the GPU's bf16 mode, whose own kernels
-// read and write bf16 natively (kernels/bf16_activations.cpp says how).
+// read and write bf16 natively. Each adapted entry is the op's adapter bound to its fp32 kernel
+// (Kernel::state), so adapters nest under taps and profilers like any kernel.
 #pragma once
 
 #include <string>
@@ -18,23 +19,24 @@ namespace divlab {
 const Catalogue<float, bf16>& cpu_bf16_catalogue();
 Catalogue<float, bf16>& mutable_cpu_bf16_catalogue();  // for plug-in variants
 
-// Which backend's adapters (each has its own trampolines and conversions).
-enum class Bf16Set { Cpu = 0, Cuda = 1 };
-// How a backend converts between fp32 scratch and bf16 activations, in its own memory.
+// How a backend converts between fp32 scratch and bf16 activations, in its own memory, on the
+// calling op's stream.
 struct Bf16Conversions {
   const MemoryOps* memory = nullptr;
-  void (*widen)(float* out, const bf16* in, int64_t n) = nullptr;
-  void (*round)(bf16* out, const float* in, int64_t n) = nullptr;  // to nearest even
+  void (*widen)(void* stream, float* out, const bf16* in, int64_t n) = nullptr;
+  void (*round)(void* stream, bf16* out, const float* in, int64_t n) = nullptr;  // nearest even
 };
-void set_bf16_conversions(Bf16Set set, const Bf16Conversions& c);
+const Bf16Conversions& host_bf16_conversions();
 
-// Adds variant `name` of `op` from `from` to `to`, adapted with `set`'s conversions (ops without
-// activation arguments take the function as is); nothing if `to` has it already. Throws
-// std::logic_error for an unknown variant or when an op's 32 trampolines are taken.
+// Adds variant `name` of `op` from `from` to `to`, adapted with `conv` (ops without activation
+// arguments take the kernel as is); nothing if `to` has it already. Each adapted entry owns its
+// binding (the fp32 kernel and the conversions), so any number of variants can be adapted.
+// Throws std::logic_error for an unknown op or variant.
 void adopt_fp32_variant(Catalogue<float, bf16>& to, const Catalogue<float>& from,
-                        const std::string& op, const std::string& name, Bf16Set set);
-// Removes an adopted variant and frees its trampoline.
+                        const std::string& op, const std::string& name,
+                        const Bf16Conversions& conv);
+// Removes an adopted variant (its binding goes with it).
 void drop_adopted_variant(Catalogue<float, bf16>& to, const std::string& op,
-                          const std::string& name, Bf16Set set);
+                          const std::string& name);
 
 }  // namespace divlab

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace divlab {
@@ -26,12 +27,30 @@ void* host_fence() {
   return nullptr;
 }
 void host_wait_fence(void*) {}
+std::unique_ptr<Workspace> host_workspace() {
+  return std::make_unique<HostWorkspace>();
+}
 }  // namespace
 
+void* HostWorkspace::get(int slot, size_t bytes) {
+  if (slot < 0) throw std::logic_error("workspace: negative slot");
+  if (size_t(slot) >= regions_.size()) regions_.resize(size_t(slot) + 1);
+  auto& r = regions_[size_t(slot)];
+  if (r.size() < bytes) r.resize(bytes);
+  return r.data();
+}
+
+OpContextSource::OpContextSource(const MemoryOps& memory, void* stream)
+    : stream_(stream), workspace_(memory.make_workspace()) {}
+OpContextSource::~OpContextSource() = default;
+OpContextSource::OpContextSource(OpContextSource&&) noexcept = default;
+OpContextSource& OpContextSource::operator=(OpContextSource&&) noexcept = default;
+
 const MemoryOps& host_memory() {
-  static const MemoryOps ops{"cpu",     true,      host_allocate,    host_release,   host_zero,
-                             host_copy, host_copy, host_synchronize, host_allocate,  host_release,
-                             host_copy, host_copy, host_fence,       host_wait_fence};
+  static const MemoryOps ops{
+      "cpu",     true,      host_allocate,    host_release,    host_zero,
+      host_copy, host_copy, host_synchronize, host_allocate,   host_release,
+      host_copy, host_copy, host_fence,       host_wait_fence, host_workspace};
   return ops;
 }
 

@@ -7,9 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
+
+#include "kernels/op_context.h"
 
 namespace divlab {
 
@@ -39,6 +42,8 @@ struct MemoryOps {
   // thread; wait_fence also releases it.
   void* (*fence)();
   void (*wait_fence)(void* fence);
+  // Scratch memory for one caller's op contexts (kernels/op_context.h), in this memory.
+  std::unique_ptr<Workspace> (*make_workspace)();
 };
 
 // Plain host memory (malloc, memset, memcpy).

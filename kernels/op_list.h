@@ -32,6 +32,15 @@ enum class Op : int {
       count
 };
 constexpr int kOpCount = static_cast<int>(Op::count);
+// Each op's name, as configs and catalogues spell it.
+constexpr const char* op_name(Op op) {
+  constexpr const char* names[] = {
+#define DIVLAB_OP_NAME(name, Signature) #name,
+      DIVLAB_OPS(DIVLAB_OP_NAME)
+#undef DIVLAB_OP_NAME
+  };
+  return names[static_cast<int>(op)];
+}
 // Still written by hand (issue #18's next step): the plug-in ABI's typedefs (tied to these
 // signatures by static_asserts in plugins.cpp), check's inputs, the bf16 adapters, the CUDA
 // catalogue. Adding an op here is meant to be a deliberate act that visits them.

@@ -7,11 +7,15 @@
 //   linear W     [out, in] (PyTorch's nn.Linear layout), y = x W^T, no bias
 //   qkv          [N, 3C] as q | k | v, each split into NH heads of C / NH channels
 //   att          [B, NH, T, T] softmax probabilities saved for the backward
+// Every op takes the caller's OpContext first (stream, per-call seed, workspace:
+// kernels/op_context.h).
 // Gradient conventions: a backward ADDS into parameter gradients (they are zeroed once per step)
 // and into `dresid` residual-stream gradients; it OVERWRITES plain activation gradients (`dx`).
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/op_context.h"
 
 namespace divlab {
 
@@ -25,57 +29,60 @@ using TokenId = int32_t;
 template <class T, class A = T>
 struct OpSignatures {
   // x[n] = wte[tokens[n]] + wpe[n % T]
-  using EmbeddingForward = void (*)(T* x, const TokenId* tokens, const T* wte, const T* wpe, int B,
-                                    int T_, int C);
+  using EmbeddingForward = void (*)(const OpContext& ctx, T* x, const TokenId* tokens, const T* wte,
+                                    const T* wpe, int B, int T_, int C);
   // y = x / sqrt(mean(x^2) + eps) * w; rstd[n] saved for the backward.
-  using RmsnormForward = void (*)(A* y, T* rstd, const T* x, const T* w, int N, int C, T eps);
+  using RmsnormForward = void (*)(const OpContext& ctx, A* y, T* rstd, const T* x, const T* w,
+                                  int N, int C, T eps);
   // dresid += d(rmsnorm)/dx^T dy; dw += sum_n dy * x * rstd
-  using RmsnormBackward = void (*)(T* dresid, T* dw, const A* dy, const T* x, const T* w,
-                                   const T* rstd, int N, int C);
+  using RmsnormBackward = void (*)(const OpContext& ctx, T* dresid, T* dw, const A* dy, const T* x,
+                                   const T* w, const T* rstd, int N, int C);
   // y[N, out] = x[N, in] W[out, in]^T. W is the weight in activation storage (see Cast).
-  using LinearForward = void (*)(A* y, const A* x, const A* W, int N, int in, int out);
+  using LinearForward = void (*)(const OpContext& ctx, A* y, const A* x, const A* W, int N, int in,
+                                 int out);
   // dx = dy W (overwrite); dW += dy^T x (into the T gradient)
-  using LinearBackward = void (*)(A* dx, T* dW, const A* dy, const A* x, const A* W, int N, int in,
-                                  int out);
+  using LinearBackward = void (*)(const OpContext& ctx, A* dx, T* dW, const A* dy, const A* x,
+                                  const A* W, int N, int in, int out);
   // Causal multi-head attention: out[N, C] from qkv[N, 3C]; att[B, NH, T, T] saved.
-  using AttentionForward = void (*)(A* out, A* att, const A* qkv, int B, int T_, int C, int NH);
+  using AttentionForward = void (*)(const OpContext& ctx, A* out, A* att, const A* qkv, int B,
+                                    int T_, int C, int NH);
   // dqkv = d(attention)/dqkv^T dout (overwrite)
-  using AttentionBackward = void (*)(A* dqkv, const A* dout, const A* qkv, const A* att, int B,
-                                     int T_, int C, int NH);
+  using AttentionBackward = void (*)(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv,
+                                     const A* att, int B, int T_, int C, int NH);
   // Tanh-approximated GELU, elementwise over n values.
-  using GeluForward = void (*)(A* y, const A* x, int64_t n);
+  using GeluForward = void (*)(const OpContext& ctx, A* y, const A* x, int64_t n);
   // dx = gelu'(x) * dy (overwrite)
-  using GeluBackward = void (*)(A* dx, const A* dy, const A* x, int64_t n);
+  using GeluBackward = void (*)(const OpContext& ctx, A* dx, const A* dy, const A* x, int64_t n);
   // y = a + b elementwise (the residual connection: a is the stream, b a block's output).
-  using Add = void (*)(T* y, const T* a, const A* b, int64_t n);
+  using Add = void (*)(const OpContext& ctx, T* y, const T* a, const A* b, int64_t n);
   // Fused softmax + cross-entropy. losses[n] = -log softmax(logits[n])[targets[n]].
   // If dlogits is non-null: dlogits = (softmax - onehot) * dloss (dloss = 1/N for a mean loss).
-  using CrossEntropy = void (*)(T* losses, A* dlogits, const A* logits, const TokenId* targets,
-                                int N, int V, T dloss);
+  using CrossEntropy = void (*)(const OpContext& ctx, T* losses, A* dlogits, const A* logits,
+                                const TokenId* targets, int N, int V, T dloss);
   // The fused op the candidate kernels replace: backward of the first block's RMSNorm, the
   // residual gradient, and the embedding scatter, in one kernel.
   //   dx0[n]     = dresid[n] + rmsnorm_backward(dy_norm[n])      (per row)
   //   dw_norm   += sum_n dy_norm[n] * x0[n] * rstd[n]
   //   dwte[tok] += dx0[n]  for every n with tokens[n] == tok   (the frequent-row accumulation)
   //   dwpe[t]   += sum_b dx0[b, t]
-  using EmbedRmsnormBackward = void (*)(T* dwte, T* dwpe, T* dw_norm, const A* dy_norm,
-                                        const T* dresid, const T* x0, const T* w_norm,
-                                        const T* rstd, const TokenId* tokens, int B, int T_, int C,
-                                        int V);
+  using EmbedRmsnormBackward = void (*)(const OpContext& ctx, T* dwte, T* dwpe, T* dw_norm,
+                                        const A* dy_norm, const T* dresid, const T* x0,
+                                        const T* w_norm, const T* rstd, const TokenId* tokens,
+                                        int B, int T_, int C, int V);
   // y = x in activation storage (bf16: rounded to nearest even; a copy where A = T): the
   // weights before a forward, the residual gradient before the GEMMs that read it.
-  using Cast = void (*)(A* y, const T* x, int64_t n);
+  using Cast = void (*)(const OpContext& ctx, A* y, const T* x, int64_t n);
   // *out = sum of g^2 over n values, accumulated in double in a fixed order (for the global grad
   // norm). `out` lives in the backend's memory, so a step's norms come back in one download.
-  using SumSquares = void (*)(double* out, const T* g, int64_t n);
+  using SumSquares = void (*)(const OpContext& ctx, double* out, const T* g, int64_t n);
   // SGD with momentum (PyTorch semantics: buf = mu * buf + g; nesterov uses g + mu * buf) and
   // coupled L2 weight decay (g += wd * p). g is multiplied by grad_scale first (clipping).
-  using SgdStep = void (*)(T* p, T* momentum_buf, const T* g, int64_t n, T lr, T momentum,
-                           bool nesterov, T weight_decay, T grad_scale);
+  using SgdStep = void (*)(const OpContext& ctx, T* p, T* momentum_buf, const T* g, int64_t n, T lr,
+                           T momentum, bool nesterov, T weight_decay, T grad_scale);
   // AdamW (Loshchilov & Hutter): p *= 1 - lr * wd, then the bias-corrected Adam update.
   // `step` counts from 1.
-  using AdamwStep = void (*)(T* p, T* m, T* v, const T* g, int64_t n, T lr, T beta1, T beta2, T eps,
-                             T weight_decay, T grad_scale, int64_t step);
+  using AdamwStep = void (*)(const OpContext& ctx, T* p, T* m, T* v, const T* g, int64_t n, T lr,
+                             T beta1, T beta2, T eps, T weight_decay, T grad_scale, int64_t step);
 };
 
 }  // namespace divlab

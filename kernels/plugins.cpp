@@ -29,7 +29,7 @@ struct Loaded {
   // (catalogue, op, variant) of every entry this library added
   std::vector<std::tuple<Catalogue<float>*, std::string, std::string>> added;
   // ... and the same entries adapted into the bf16 modes (bf16 activations around the fp32 ABI)
-  std::vector<std::tuple<Catalogue<float, bf16>*, Bf16Set, std::string, std::string>> adopted;
+  std::vector<std::tuple<Catalogue<float, bf16>*, std::string, std::string>> adopted;
 };
 std::vector<Loaded>& loaded() {
   static std::vector<Loaded> l;
@@ -40,23 +40,26 @@ std::string str(const char* s) {
   return s ? s : "";
 }
 
-// The plug-in ABI's function types are the internal op signatures at float, one for one: a
-// plug-in's pointer is cast to its op's internal type by the op's name (add_variant), so a
-// signature changed on one side only must fail to build, not corrupt memory at run time.
+// The plug-in ABI 1 function types are the internal op signatures at float without their
+// context, one for one: a plug-in's pointer is cast to its op's context-free type by the op's
+// name (add_variant) and called through Kernel::context_free, so a signature changed on one
+// side only must fail to build, not corrupt memory at run time.
 using Fp32Ops = OpSignatures<float>;
 static_assert(std::is_same_v<divlab_token, TokenId>);
-static_assert(std::is_same_v<divlab_embedding_forward, Fp32Ops::EmbeddingForward>);
-static_assert(std::is_same_v<divlab_rmsnorm_forward, Fp32Ops::RmsnormForward>);
-static_assert(std::is_same_v<divlab_rmsnorm_backward, Fp32Ops::RmsnormBackward>);
-static_assert(std::is_same_v<divlab_linear_forward, Fp32Ops::LinearForward>);
-static_assert(std::is_same_v<divlab_linear_backward, Fp32Ops::LinearBackward>);
-static_assert(std::is_same_v<divlab_attention_forward, Fp32Ops::AttentionForward>);
-static_assert(std::is_same_v<divlab_attention_backward, Fp32Ops::AttentionBackward>);
-static_assert(std::is_same_v<divlab_gelu_forward, Fp32Ops::GeluForward>);
-static_assert(std::is_same_v<divlab_gelu_backward, Fp32Ops::GeluBackward>);
-static_assert(std::is_same_v<divlab_add, Fp32Ops::Add>);
-static_assert(std::is_same_v<divlab_cross_entropy, Fp32Ops::CrossEntropy>);
-static_assert(std::is_same_v<divlab_embed_rmsnorm_backward, Fp32Ops::EmbedRmsnormBackward>);
+static_assert(std::is_same_v<divlab_embedding_forward, WithoutContext<Fp32Ops::EmbeddingForward>>);
+static_assert(std::is_same_v<divlab_rmsnorm_forward, WithoutContext<Fp32Ops::RmsnormForward>>);
+static_assert(std::is_same_v<divlab_rmsnorm_backward, WithoutContext<Fp32Ops::RmsnormBackward>>);
+static_assert(std::is_same_v<divlab_linear_forward, WithoutContext<Fp32Ops::LinearForward>>);
+static_assert(std::is_same_v<divlab_linear_backward, WithoutContext<Fp32Ops::LinearBackward>>);
+static_assert(std::is_same_v<divlab_attention_forward, WithoutContext<Fp32Ops::AttentionForward>>);
+static_assert(
+    std::is_same_v<divlab_attention_backward, WithoutContext<Fp32Ops::AttentionBackward>>);
+static_assert(std::is_same_v<divlab_gelu_forward, WithoutContext<Fp32Ops::GeluForward>>);
+static_assert(std::is_same_v<divlab_gelu_backward, WithoutContext<Fp32Ops::GeluBackward>>);
+static_assert(std::is_same_v<divlab_add, WithoutContext<Fp32Ops::Add>>);
+static_assert(std::is_same_v<divlab_cross_entropy, WithoutContext<Fp32Ops::CrossEntropy>>);
+static_assert(
+    std::is_same_v<divlab_embed_rmsnorm_backward, WithoutContext<Fp32Ops::EmbedRmsnormBackward>>);
 
 bool valid_name(const std::string& n) {
   return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
@@ -81,7 +84,7 @@ bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* wh
       return;
     }
     using Fn = typename std::decay_t<decltype(ops)>::Function;
-    ops.add(name, reinterpret_cast<Fn>(v.fn),
+    ops.add(name, reinterpret_cast<typename Kernel<Fn>::ContextFree>(v.fn),
             {str(v.summary) + " [plug-in]", str(v.wrong), str(v.exposed_by), str(v.masked_by)});
   });
   if (!done) *why = "unknown op '" + op + "'";
@@ -89,7 +92,7 @@ bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* wh
 }
 
 void remove_added(const Loaded& l) {
-  for (const auto& [cat, set, op, name] : l.adopted) drop_adopted_variant(*cat, op, name, set);
+  for (const auto& [cat, op, name] : l.adopted) drop_adopted_variant(*cat, op, name);
   for (const auto& added : l.added) {
     const std::string &op = std::get<1>(added), &name = std::get<2>(added);
     std::get<0>(added)->for_each_op([&](auto& ops, auto) {
@@ -181,13 +184,9 @@ void load_one(const std::string& path) {
         l.added.emplace_back(cat, str(v.op), name);
       }
       // The bf16 mode of the same device runs it on widened copies of its bf16 inputs.
-      const auto [bf16_cat, set] = device_bf16_catalogue(str(v.device));
-      try {
-        adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, set);
-      } catch (const std::logic_error& e) {  // its op's adapters are all taken
-        fail(where + ": " + e.what());
-      }
-      l.adopted.emplace_back(bf16_cat, set, str(v.op), name);
+      const auto [bf16_cat, conv] = device_bf16_catalogue(str(v.device));
+      adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, *conv);
+      l.adopted.emplace_back(bf16_cat, str(v.op), name);
     }
   } catch (...) {
     remove_added(l);

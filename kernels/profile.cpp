@@ -1,68 +1,48 @@
 #include "kernels/profile.h"
 
 #include <chrono>
-#include <stdexcept>
 
 #include "kernels/common/lowp.h"
 
 namespace divlab {
 
 namespace {
-template <class T, class A>
-OpProfiler<T, A>* g_profiler = nullptr;
-
-// The wrapper for one op: Member names the KernelSet slot, Fn is its function-pointer type.
-template <class T, class A, auto Member, class Fn>
+// The wrapper for one op: Member names the KernelSet slot, Fn its function type. Bound to its
+// profiler (Kernel::state), it times the profiled kernel between two synchronisations.
+template <class T, class A, Op op, auto Member, class Fn>
 struct Timed;
-template <class T, class A, auto Member, class R, class... Args>
-struct Timed<T, A, Member, R (*)(Args...)> {
-  static const char* name;
-  static R call(Args... args) {
-    OpProfiler<T, A>& p = *g_profiler<T, A>;
+template <class T, class A, Op op, auto Member, class... Args>
+struct Timed<T, A, op, Member, void (*)(const OpContext&, Args...)> {
+  static void call(const OpContext& ctx, Args... args) {
+    auto& p = *static_cast<OpProfiler<T, A>*>(ctx.state);
     const MemoryOps& mem = *p.inner().memory;
     mem.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    struct Record {  // records on every exit path, including a returned value
+    struct Record {  // records on every exit path
       OpProfiler<T, A>& p;
       const MemoryOps& mem;
       std::chrono::steady_clock::time_point t0;
       ~Record() {
         mem.synchronize();
-        p.add(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        p.add(op_name(op),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     } record{p, mem, t0};
-    return (p.inner().*Member)(args...);
+    (p.inner().*Member)(ctx, args...);
   }
 };
-template <class T, class A, auto Member, class R, class... Args>
-const char* Timed<T, A, Member, R (*)(Args...)>::name = "";
-
-#define DIVLAB_TIME_OP(op)                                                      \
-  do {                                                                          \
-    using W = Timed<T, A, &KernelSet<T, A>::op, decltype(KernelSet<T, A>::op)>; \
-    W::name = #op;                                                              \
-    timed.op = &W::call;                                                        \
-  } while (0)
-
-template <class T, class A>
-void wrap_all(KernelSet<T, A>& timed) {
-#define DIVLAB_TIME_LISTED_OP(name, Signature) DIVLAB_TIME_OP(name);
-  DIVLAB_OPS(DIVLAB_TIME_LISTED_OP)
-#undef DIVLAB_TIME_LISTED_OP
-}
-#undef DIVLAB_TIME_OP
 }  // namespace
 
 template <class T, class A>
 OpProfiler<T, A>::OpProfiler(const KernelSet<T, A>& inner) : inner_(inner), timed_(inner) {
-  if (g_profiler<T, A>) throw std::logic_error("profile: only one profiler may be active");
-  g_profiler<T, A> = this;
-  wrap_all(timed_);
-}
-
-template <class T, class A>
-OpProfiler<T, A>::~OpProfiler() {
-  g_profiler<T, A> = nullptr;
+  using S = OpSignatures<T, A>;
+// Op names are pasted into member names, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_TIME_OP(name, Signature) \
+  timed_.name = {&Timed<T, A, Op::name, &KernelSet<T, A>::name, typename S::Signature>::call, this};
+  DIVLAB_OPS(DIVLAB_TIME_OP)
+#undef DIVLAB_TIME_OP
+  // NOLINTEND(bugprone-macro-parentheses)
 }
 
 template class OpProfiler<float>;

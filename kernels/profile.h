@@ -19,8 +19,10 @@ struct OpTime {
 template <class T, class A = T>
 class OpProfiler {
  public:
+  // Any number of profilers may coexist: each wrapper is bound to its own (Kernel::state).
   explicit OpProfiler(const KernelSet<T, A>& inner);
-  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;  // the wrappers point at this object
+  OpProfiler& operator=(const OpProfiler&) = delete;
   const KernelSet<T, A>& kernels() const { return timed_; }
   const std::map<std::string, OpTime>& times() const { return times_; }
   void reset() { times_.clear(); }

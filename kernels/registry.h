@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,7 +35,9 @@ struct OpVariants {
   struct Entry {
     std::string name;
     VariantDoc doc;
-    Fn fn;
+    Kernel<Fn> fn;
+    // Keeps the kernel's bound state alive while the entry exists (an adapter's inner kernel).
+    std::shared_ptr<void> owner;
   };
   using Function = Fn;
   explicit OpVariants(std::string op_name) : op(std::move(op_name)) {}
@@ -43,8 +46,12 @@ struct OpVariants {
   std::vector<Entry> entries;
   std::map<std::string, Partner> partners;  // variant name -> the partner it runs with
 
-  void add(std::string name, Fn fn, VariantDoc doc) {
-    entries.push_back({std::move(name), std::move(doc), fn});
+  void add(std::string name, Kernel<Fn> fn, VariantDoc doc, std::shared_ptr<void> owner = {}) {
+    entries.push_back({std::move(name), std::move(doc), fn, std::move(owner)});
+  }
+  // A kernel without the context argument (Kernel::context_free).
+  void add(std::string name, typename Kernel<Fn>::ContextFree fn, VariantDoc doc) {
+    add(std::move(name), Kernel<Fn>::context_free(fn), std::move(doc));
   }
   // `name` runs only with `variant` of `other_op` (see Partner).
   void pair(const std::string& name, std::string other_op, std::string variant) {
@@ -82,7 +89,7 @@ struct KernelSet {
   using S = OpSignatures<T, A>;
 // Op names and signatures are pasted into declarations, never expressions.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_KERNEL_MEMBER(name, Signature) typename S::Signature name = nullptr;
+#define DIVLAB_KERNEL_MEMBER(name, Signature) Kernel<typename S::Signature> name;
   DIVLAB_OPS(DIVLAB_KERNEL_MEMBER)
 #undef DIVLAB_KERNEL_MEMBER
   // NOLINTEND(bugprone-macro-parentheses)
@@ -90,8 +97,9 @@ struct KernelSet {
   const MemoryOps* memory = &host_memory();
 };
 
-// Nothing but the listed ops and the memory pointer: a member added by hand fails here.
-static_assert(sizeof(KernelSet<float>) == (kOpCount + 1) * sizeof(void*));
+// Nothing but the listed ops (a function and its state each) and the memory pointer: a member
+// added by hand fails here.
+static_assert(sizeof(KernelSet<float>) == (2 * kOpCount + 1) * sizeof(void*));
 
 // A kernel selection that names an op or variant that does not exist.
 struct UnknownKernel : std::runtime_error {

@@ -16,10 +16,6 @@ using shadow_detail::moved_list;
 using shadow_detail::Output;
 using shadow_detail::replay;
 
-// The tap currently installed (one per storage pair; the trainer owns at most one).
-template <class T, class A>
-ShadowTap<T, A>* g_tap = nullptr;
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -27,9 +23,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Copies of what the run's kernels just read (host or device memory) to the host, unconverted.
 // On a device the copy is queued behind the step's kernels, never waited for here: a wait would
 // drain the GPU's queue, and the launches after it would then run with the GPU idle.
+// Each tap function is bound to its tap (Kernel::state), so any number of taps can coexist.
 template <class T, class A>
 struct Recorder {
-  ShadowTap<T, A>& t = *g_tap<T, A>;
+  const OpContext& ctx;
+  ShadowTap<T, A>& t = *static_cast<ShadowTap<T, A>*>(ctx.state);
   template <class V>
   StagedArray copy(const V* p, int64_t n) const {
     StagedArray a = StagedArray::make<V>(n, &t.staging());
@@ -50,18 +48,20 @@ struct Recorder {
   void record(const char* op, MakeCapture make) const {
     const auto t0 = std::chrono::steady_clock::now();
     typename ShadowTap<T, A>::Capture c = make();
+    c.seed = ctx.seed;
+    c.stream = ctx.stream;
     t.store(op, std::move(c), seconds_since(t0));
   }
 };
 
 // --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
 template <class T, class A>
-void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const A* dy_norm, const T* dresid,
-                                const T* x0, const T* w_norm, const T* rstd, const TokenId* tokens,
-                                int B, int T_, int C, int V) {
-  Recorder<T, A> r;
-  r.t.run_kernels().embed_rmsnorm_backward(dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd,
-                                           tokens, B, T_, C, V);
+void tap_embed_rmsnorm_backward(const OpContext& ctx, T* dwte, T* dwpe, T* dw_norm,
+                                const A* dy_norm, const T* dresid, const T* x0, const T* w_norm,
+                                const T* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
+  Recorder<T, A> r{ctx};
+  r.t.run_kernels().embed_rmsnorm_backward(ctx, dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm,
+                                           rstd, tokens, B, T_, C, V);
   if (!r.t.wants("embed_rmsnorm_backward")) return;
   const int64_t N = int64_t(B) * T_;
   r.record("embed_rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
@@ -74,9 +74,10 @@ void tap_embed_rmsnorm_backward(T* dwte, T* dwpe, T* dw_norm, const A* dy_norm, 
 }
 
 template <class T, class A>
-void tap_rmsnorm_forward(A* y, T* rstd, const T* x, const T* w, int N, int C, T eps) {
-  Recorder<T, A> r;
-  r.t.run_kernels().rmsnorm_forward(y, rstd, x, w, N, C, eps);
+void tap_rmsnorm_forward(const OpContext& ctx, A* y, T* rstd, const T* x, const T* w, int N, int C,
+                         T eps) {
+  Recorder<T, A> r{ctx};
+  r.t.run_kernels().rmsnorm_forward(ctx, y, rstd, x, w, N, C, eps);
   if (r.t.wants("rmsnorm_forward"))
     r.record("rmsnorm_forward", [&]() -> typename ShadowTap<T, A>::Capture {
       return {r.inputs(r.copy(x, int64_t(N) * C), r.copy(w, C)), {}, {N, C}, double(eps)};
@@ -84,9 +85,9 @@ void tap_rmsnorm_forward(A* y, T* rstd, const T* x, const T* w, int N, int C, T 
 }
 
 template <class T, class A>
-void tap_rmsnorm_backward(T* dresid, T* dw, const A* dy, const T* x, const T* w, const T* rstd,
-                          int N, int C) {
-  Recorder<T, A> r;
+void tap_rmsnorm_backward(const OpContext& ctx, T* dresid, T* dw, const A* dy, const T* x,
+                          const T* w, const T* rstd, int N, int C) {
+  Recorder<T, A> r{ctx};
   // Record before the call: the run's kernel adds into dresid, which is not an input here.
   if (r.t.wants("rmsnorm_backward"))
     r.record("rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
@@ -96,13 +97,14 @@ void tap_rmsnorm_backward(T* dresid, T* dw, const A* dy, const T* x, const T* w,
               {N, C},
               0.0};
     });
-  r.t.run_kernels().rmsnorm_backward(dresid, dw, dy, x, w, rstd, N, C);
+  r.t.run_kernels().rmsnorm_backward(ctx, dresid, dw, dy, x, w, rstd, N, C);
 }
 
 template <class T, class A>
-void tap_linear_forward(A* y, const A* x, const A* W, int N, int in, int out) {
-  Recorder<T, A> r;
-  r.t.run_kernels().linear_forward(y, x, W, N, in, out);
+void tap_linear_forward(const OpContext& ctx, A* y, const A* x, const A* W, int N, int in,
+                        int out) {
+  Recorder<T, A> r{ctx};
+  r.t.run_kernels().linear_forward(ctx, y, x, W, N, in, out);
   if (r.t.wants("linear_forward"))
     r.record("linear_forward", [&]() -> typename ShadowTap<T, A>::Capture {
       return {r.inputs(r.copy(x, int64_t(N) * in), r.copy(W, int64_t(out) * in)),
@@ -113,9 +115,10 @@ void tap_linear_forward(A* y, const A* x, const A* W, int N, int in, int out) {
 }
 
 template <class T, class A>
-void tap_attention_forward(A* out, A* att, const A* qkv, int B, int T_, int C, int NH) {
-  Recorder<T, A> r;
-  r.t.run_kernels().attention_forward(out, att, qkv, B, T_, C, NH);
+void tap_attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B, int T_, int C,
+                           int NH) {
+  Recorder<T, A> r{ctx};
+  r.t.run_kernels().attention_forward(ctx, out, att, qkv, B, T_, C, NH);
   if (r.t.wants("attention_forward"))
     r.record("attention_forward", [&]() -> typename ShadowTap<T, A>::Capture {
       return {r.inputs(r.copy(qkv, int64_t(B) * T_ * 3 * C)), {}, {B, T_, C, NH}, 0.0};
@@ -123,10 +126,10 @@ void tap_attention_forward(A* out, A* att, const A* qkv, int B, int T_, int C, i
 }
 
 template <class T, class A>
-void tap_cross_entropy(T* losses, A* dlogits, const A* logits, const TokenId* targets, int N, int V,
-                       T dloss) {
-  Recorder<T, A> r;
-  r.t.run_kernels().cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
+void tap_cross_entropy(const OpContext& ctx, T* losses, A* dlogits, const A* logits,
+                       const TokenId* targets, int N, int V, T dloss) {
+  Recorder<T, A> r{ctx};
+  r.t.run_kernels().cross_entropy(ctx, losses, dlogits, logits, targets, N, V, dloss);
   if (r.t.wants("cross_entropy"))
     r.record("cross_entropy", [&]() -> typename ShadowTap<T, A>::Capture {
       return {r.inputs(r.copy(logits, int64_t(N) * V)), r.ids(targets, N), {N, V}, double(dloss)};
@@ -237,19 +240,19 @@ ShadowTap<T, A>::ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector
       tapped_(run_kernels),
       staging_(*run_kernels.memory),
       host_arrays_(host_memory()),
+      replay_context_(*run_kernels.memory),
       variants_(variants),
       specs_(specs) {
-  if (g_tap<T, A>) throw std::logic_error("shadow: only one tap may be active");
-  g_tap<T, A> = this;
   for (const auto& s : specs) {
     ++wanted_[s.op];
     if (s.op == "embed_rmsnorm_backward")
-      tapped_.embed_rmsnorm_backward = tap_embed_rmsnorm_backward<T, A>;
-    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = tap_rmsnorm_forward<T, A>;
-    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = tap_rmsnorm_backward<T, A>;
-    if (s.op == "linear_forward") tapped_.linear_forward = tap_linear_forward<T, A>;
-    if (s.op == "attention_forward") tapped_.attention_forward = tap_attention_forward<T, A>;
-    if (s.op == "cross_entropy") tapped_.cross_entropy = tap_cross_entropy<T, A>;
+      tapped_.embed_rmsnorm_backward = {tap_embed_rmsnorm_backward<T, A>, this};
+    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = {tap_rmsnorm_forward<T, A>, this};
+    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = {tap_rmsnorm_backward<T, A>, this};
+    if (s.op == "linear_forward") tapped_.linear_forward = {tap_linear_forward<T, A>, this};
+    if (s.op == "attention_forward")
+      tapped_.attention_forward = {tap_attention_forward<T, A>, this};
+    if (s.op == "cross_entropy") tapped_.cross_entropy = {tap_cross_entropy<T, A>, this};
   }
   if (background < 0 ? !run_.memory->host_accessible : background > 0)
     worker_ = std::thread([this] { work(); });
@@ -263,7 +266,6 @@ ShadowTap<T, A>::~ShadowTap() {
   }
   changed_.notify_all();
   if (worker_.joinable()) worker_.join();
-  g_tap<T, A> = nullptr;
 }
 
 template <class T, class A>
@@ -278,6 +280,7 @@ template <class T, class A, class Job, class Spec>
 std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vector<Spec>& specs,
                                                   StagingPool* pool) {
   const KernelSet<double> reference = cpu_catalogue<double>().select({});
+  OpContextSource host(host_memory());
   // One fp64 replay per recorded call, shared by every variant of that op.
   std::map<std::string, std::vector<std::vector<Output>>> ref_outputs;
   std::vector<ShadowMetrics> out;
@@ -286,7 +289,7 @@ std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vec
     auto& refs = ref_outputs[specs[i].op];
     if (refs.empty())
       for (const auto& call : calls)
-        refs.push_back(replay<T, A>(specs[i].op, call, reference, pool));
+        refs.push_back(replay<T, A>(specs[i].op, call, reference, host, pool));
     out.push_back(
         shadow_detail::compare_outputs(job.candidate[i], refs, job.id_count, job.batch.data()));
   }
@@ -310,7 +313,7 @@ void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t
     const KernelSet<T, A> variant = variants_.select({{s.op, s.variant}});
     auto& outputs = job->candidate.emplace_back();
     for (const auto& call : it->second)
-      outputs.push_back(replay<T, A>(s.op, call, variant, &staging_));
+      outputs.push_back(replay<T, A>(s.op, call, variant, replay_context_, &staging_));
   }
   job->captured = std::move(captured_);
   captured_.clear();

@@ -138,12 +138,16 @@ struct StagedArray {
 template <class T, class A = T>
 class ShadowTap {
  public:
-  // The variants come from `variants` (the run's backend): on the GPU the candidates run as GPU
-  // kernels on uploaded copies of the recorded inputs; the fp64 reference always runs on the CPU.
-  // `background`: compare on a worker thread (the default where the run's memory is on a device).
+  // Any number of taps may coexist (each tap function is bound to its tap); the tap must outlive
+  // every use of kernels(). The variants come from `variants` (the run's backend): on the GPU the
+  // candidates run as GPU kernels on uploaded copies of the recorded inputs; the fp64 reference
+  // always runs on the CPU. `background`: compare on a worker thread (the default where the run's
+  // memory is on a device).
   ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector<ShadowSpec>& specs,
             const Catalogue<T, A>& variants, int background = -1);
   ~ShadowTap();
+  ShadowTap(const ShadowTap&) = delete;  // the tapped kernels point at this object
+  ShadowTap& operator=(const ShadowTap&) = delete;
   // The kernels the model should call: the run's own, with taps on the shadowed ops.
   const KernelSet<T, A>& kernels() const { return tapped_; }
   // Record the calls of the shadowed ops until submit().
@@ -183,6 +187,10 @@ class ShadowTap {
     Staged<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
     std::vector<int> dims;
     double scalar = 0;  // eps (rmsnorm_forward) or dloss (cross_entropy)
+    // The call's seed and stream: a candidate replays with the seed the run's call had, on the
+    // stream its inputs were written on.
+    uint64_t seed = 0;
+    void* stream = nullptr;
   };
   // Used by the tap functions: the run's kernels, and whether `op` should be recorded now.
   const KernelSet<T, A>& run_kernels() const { return run_; }
@@ -204,6 +212,7 @@ class ShadowTap {
   // host memory for the fp64 reference's arrays, which never cross to a device.
   StagingPool staging_;
   StagingPool host_arrays_;
+  OpContextSource replay_context_;  // the candidates' workspace
   const Catalogue<T, A>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;

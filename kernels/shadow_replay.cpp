@@ -83,7 +83,11 @@ struct ReplayMemory {
 
 template <class T, class A, class U, class UA>
 std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
-                           const KernelSet<U, UA>& k, StagingPool* pool) {
+                           const KernelSet<U, UA>& k, OpContextSource& contexts,
+                           StagingPool* pool) {
+  OpContext ctx = contexts.next();
+  ctx.seed = c.seed;
+  ctx.stream = c.stream;
   const auto& in = c.inputs;
   const auto& d = c.dims;
   const ReplayMemory m{*k.memory, pool};
@@ -93,8 +97,9 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
     auto dy = m.in<UA>(in[0]);
     auto dres = m.in<U>(in[1]), x0 = m.in<U>(in[2]), w = m.in<U>(in[3]), rstd = m.in<U>(in[4]);
     auto ids = m.ids(c.ids);
-    k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x0.data(),
-                             w.data(), rstd.data(), ReplayMemory::ids_ptr(ids, c.ids), B, T_, C, V);
+    k.embed_rmsnorm_backward(ctx, dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(),
+                             x0.data(), w.data(), rstd.data(), ReplayMemory::ids_ptr(ids, c.ids), B,
+                             T_, C, V);
     return moved_list<Output>(Output{m.take(dwte), V, C, RowKey::TokenId},
                               Output{m.take(dwpe), T_, C, RowKey::None},
                               Output{m.take(dw), 1, C, RowKey::None});
@@ -104,7 +109,7 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
     auto x = m.in<U>(in[0]), w = m.in<U>(in[1]);
     auto y = m.out<UA>(int64_t(N) * C);
     auto rstd = m.out<U>(N);
-    k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
+    k.rmsnorm_forward(ctx, y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
     return moved_list<Output>(Output{m.take(y), N, C, RowKey::Position});
   }
   if (op == "rmsnorm_backward") {
@@ -112,7 +117,7 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
     auto dy = m.in<UA>(in[0]);
     auto x = m.in<U>(in[1]), w = m.in<U>(in[2]), rstd = m.in<U>(in[3]);
     auto dx = m.out<U>(int64_t(N) * C), dw = m.out<U>(C);
-    k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+    k.rmsnorm_backward(ctx, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
     return moved_list<Output>(Output{m.take(dx), N, C, RowKey::Position},
                               Output{m.take(dw), 1, C, RowKey::None});
   }
@@ -120,14 +125,14 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
     const int N = d[0], i = d[1], o = d[2];
     auto x = m.in<UA>(in[0]), W = m.in<UA>(in[1]);
     auto y = m.out<UA>(int64_t(N) * o);
-    k.linear_forward(y.data(), x.data(), W.data(), N, i, o);
+    k.linear_forward(ctx, y.data(), x.data(), W.data(), N, i, o);
     return moved_list<Output>(Output{m.take(y), N, o, RowKey::Position});
   }
   if (op == "attention_forward") {
     const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
     auto qkv = m.in<UA>(in[0]);
     auto out = m.out<UA>(int64_t(B) * T_ * C), att = m.out<UA>(int64_t(B) * NH * T_ * T_);
-    k.attention_forward(out.data(), att.data(), qkv.data(), B, T_, C, NH);
+    k.attention_forward(ctx, out.data(), att.data(), qkv.data(), B, T_, C, NH);
     return moved_list<Output>(Output{m.take(out), int64_t(B) * T_, C, RowKey::Position});
   }
   if (op == "cross_entropy") {
@@ -136,7 +141,7 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
     auto losses = m.out<U>(N);
     auto dlogits = m.out<UA>(int64_t(N) * V);
     auto targets = m.ids(c.ids);
-    k.cross_entropy(losses.data(), dlogits.data(), logits.data(),
+    k.cross_entropy(ctx, losses.data(), dlogits.data(), logits.data(),
                     ReplayMemory::ids_ptr(targets, c.ids), N, V, U(c.scalar));
     return moved_list<Output>(Output{m.take(losses), N, 1, RowKey::Position},
                               Output{m.take(dlogits), N, V, RowKey::Position});
@@ -224,9 +229,10 @@ ShadowMetrics compare_outputs(const std::vector<std::vector<Output>>& candidate,
   return t.metrics();
 }
 
-#define DIVLAB_REPLAY(T, A, U, UA)                  \
-  template std::vector<Output> replay<T, A, U, UA>( \
-      const std::string&, const ShadowTap<T, A>::Capture&, const KernelSet<U, UA>&, StagingPool*)
+#define DIVLAB_REPLAY(T, A, U, UA)                                                  \
+  template std::vector<Output> replay<T, A, U, UA>(                                 \
+      const std::string&, const ShadowTap<T, A>::Capture&, const KernelSet<U, UA>&, \
+      OpContextSource&, StagingPool*)
 DIVLAB_REPLAY(float, float, float, float);
 DIVLAB_REPLAY(float, float, double, double);
 DIVLAB_REPLAY(double, double, double, double);

@@ -33,12 +33,13 @@ struct Output {
 };
 
 // The recorded call `c` (of a run storing T and A) of `op`, run with kernel set `k` (storing U
-// and UA: the run's own types for candidates, double for the fp64 reference). Inputs and
+// and UA: the run's own types for candidates, double for the fp64 reference) in a context from
+// `contexts` carrying the call's own seed and stream. Inputs and
 // outputs live in k's memory; outputs come back in staging blocks from `pool` (on a device:
 // filled by queued downloads, readable once a fence behind them has passed).
 template <class T, class A, class U, class UA>
 std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
-                           const KernelSet<U, UA>& k, StagingPool* pool);
+                           const KernelSet<U, UA>& k, OpContextSource& contexts, StagingPool* pool);
 
 // One spec's metrics over every recorded call: candidate outputs against the reference's, rows
 // bucketed by their token's count in the step (`id_count`, `batch`).

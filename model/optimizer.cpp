@@ -28,8 +28,8 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
   const KernelSet<T, A>& k = model.kernels();
   StepStats stats;
   for (size_t i = 0; i < layout_.size(); ++i)
-    k.sum_squares(sum_squares_.data() + i, model.grads().data() + layout_[i].offset,
-                  layout_[i].size);
+    k.sum_squares(model.next_op_context(), sum_squares_.data() + i,
+                  model.grads().data() + layout_[i].offset, layout_[i].size);
   double total = 0;
   for (double ss : sum_squares_.to_vector()) {
     stats.param_grad_norms.push_back(std::sqrt(ss));
@@ -48,11 +48,11 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
     const T* g = model.grads().data() + p.offset;
     const T wd = p.is_norm ? T(0) : T(cfg_.weight_decay);
     if (cfg_.kind == "adamw") {
-      k.adamw_step(w, m_.data() + p.offset, v_.data() + p.offset, g, p.size, lr, T(cfg_.beta1),
-                   T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
+      k.adamw_step(model.next_op_context(), w, m_.data() + p.offset, v_.data() + p.offset, g,
+                   p.size, lr, T(cfg_.beta1), T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
     } else {
-      k.sgd_step(w, m_.data() + p.offset, g, p.size, lr, T(cfg_.momentum), cfg_.nesterov, wd,
-                 scale);
+      k.sgd_step(model.next_op_context(), w, m_.data() + p.offset, g, p.size, lr, T(cfg_.momentum),
+                 cfg_.nesterov, wd, scale);
     }
   }
   return stats;

@@ -42,7 +42,12 @@ int64_t param_count(const ModelConfig& cfg) {
 
 template <class T, class A>
 Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& kernels, int batch)
-    : cfg_(cfg), k_(kernels), B_(batch), N_(batch * cfg.seq_len), layout_(param_layout(cfg)) {
+    : cfg_(cfg),
+      k_(kernels),
+      contexts_(*kernels.memory),
+      B_(batch),
+      N_(batch * cfg.seq_len),
+      layout_(param_layout(cfg)) {
   if (cfg.d_model % cfg.n_heads != 0)
     throw std::invalid_argument("d_model must be divisible by n_heads");
   auto offset_of = [&](const std::string& name) {
@@ -107,7 +112,8 @@ const A* Transformer<T, A>::linear_weights() const {
 
 template <class T, class A>
 void Transformer<T, A>::cast_weights() {
-  if constexpr (!std::is_same_v<T, A>) k_.cast(weights_.data(), params_.data(), params_.size());
+  if constexpr (!std::is_same_v<T, A>)
+    k_.cast(contexts_.next(), weights_.data(), params_.data(), params_.size());
 }
 
 template <class T, class A>
@@ -115,7 +121,7 @@ const A* Transformer<T, A>::residual_grad_for_gemm() {
   if constexpr (std::is_same_v<T, A>) {
     return dres_.data();
   } else {
-    k_.cast(dres_act_.data(), dres_.data(), dres_.size());
+    k_.cast(contexts_.next(), dres_act_.data(), dres_.data(), dres_.size());
     return dres_act_.data();
   }
 }
@@ -143,39 +149,43 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
   const A* W = linear_weights();
   tokens_.upload(inputs, N);
   targets_.upload(targets, N);
-  k_.embedding_forward(resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_, Tn, C);
+  k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_,
+                       Tn, C);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
     const T* x = resid_[l].data();
-    k_.rmsnorm_forward(a.ln1.data(), a.rstd1.data(), x, P + w.ln1, N, C, eps);
+    k_.rmsnorm_forward(contexts_.next(), a.ln1.data(), a.rstd1.data(), x, P + w.ln1, N, C, eps);
     observe("forward", "rmsnorm_forward", l, "ln1", a.ln1.data(), int64_t(N) * C);
-    k_.linear_forward(a.qkv.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
+    k_.linear_forward(contexts_.next(), a.qkv.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
     observe("forward", "linear_forward", l, "attn.qkv", a.qkv.data(), int64_t(N) * 3 * C);
-    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C, NH);
+    k_.attention_forward(contexts_.next(), a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C,
+                         NH);
     observe("forward", "attention_forward", l, "attn.out", a.atty.data(), int64_t(N) * C);
-    k_.linear_forward(tmp_.data(), a.atty.data(), W + w.proj, N, C, C);
+    k_.linear_forward(contexts_.next(), tmp_.data(), a.atty.data(), W + w.proj, N, C, C);
     observe("forward", "linear_forward", l, "attn.proj", tmp_.data(), int64_t(N) * C);
-    k_.add(a.xmid.data(), x, tmp_.data(), int64_t(N) * C);
+    k_.add(contexts_.next(), a.xmid.data(), x, tmp_.data(), int64_t(N) * C);
     observe("forward", "add", l, "resid.mid", a.xmid.data(), int64_t(N) * C);
-    k_.rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N, C, eps);
+    k_.rmsnorm_forward(contexts_.next(), a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N,
+                       C, eps);
     observe("forward", "rmsnorm_forward", l, "ln2", a.ln2.data(), int64_t(N) * C);
-    k_.linear_forward(a.h.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
+    k_.linear_forward(contexts_.next(), a.h.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
     observe("forward", "linear_forward", l, "mlp.fc", a.h.data(), int64_t(N) * 4 * C);
-    k_.gelu_forward(a.g.data(), a.h.data(), int64_t(N) * 4 * C);
+    k_.gelu_forward(contexts_.next(), a.g.data(), a.h.data(), int64_t(N) * 4 * C);
     observe("forward", "gelu_forward", l, "mlp.gelu", a.g.data(), int64_t(N) * 4 * C);
-    k_.linear_forward(tmp_.data(), a.g.data(), W + w.fc2, N, 4 * C, C);
+    k_.linear_forward(contexts_.next(), tmp_.data(), a.g.data(), W + w.fc2, N, 4 * C, C);
     observe("forward", "linear_forward", l, "mlp.proj", tmp_.data(), int64_t(N) * C);
-    k_.add(resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
+    k_.add(contexts_.next(), resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
     observe("forward", "add", l, "resid.out", resid_[l + 1].data(), int64_t(N) * C);
   }
-  k_.rmsnorm_forward(lnf_out_.data(), rstdf_.data(), resid_.back().data(), P + lnf_, N, C, eps);
+  k_.rmsnorm_forward(contexts_.next(), lnf_out_.data(), rstdf_.data(), resid_.back().data(),
+                     P + lnf_, N, C, eps);
   observe("forward", "rmsnorm_forward", -1, "ln_f", lnf_out_.data(), int64_t(N) * C);
-  k_.linear_forward(logits_.data(), lnf_out_.data(), W + head_, N, C, V);
+  k_.linear_forward(contexts_.next(), logits_.data(), lnf_out_.data(), W + head_, N, C, V);
   observe("forward", "linear_forward", -1, "lm_head (logits)", logits_.data(), int64_t(N) * V);
-  k_.cross_entropy(losses_.data(), for_backward ? dlogits_.data() : nullptr, logits_.data(),
-                   targets_.data(), N, V, T(1) / T(N));
+  k_.cross_entropy(contexts_.next(), losses_.data(), for_backward ? dlogits_.data() : nullptr,
+                   logits_.data(), targets_.data(), N, V, T(1) / T(N));
   observe("forward", "cross_entropy", -1, "losses", losses_.data(), N);
   if (for_backward)
     observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), int64_t(N) * V);
@@ -195,49 +205,53 @@ void Transformer<T, A>::backward() {
   grads_.zero();
   dres_.zero();
 
-  k_.linear_backward(dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(), W + head_, N, C, V);
+  k_.linear_backward(contexts_.next(), dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(),
+                     W + head_, N, C, V);
   observe("backward", "linear_backward", -1, "grad lm_head.weight", G + head_, int64_t(V) * C);
   observe("backward", "linear_backward", -1, "grad ln_f", dln_.data(), int64_t(N) * C);
-  k_.rmsnorm_backward(dres_.data(), G + lnf_, dln_.data(), resid_.back().data(), P + lnf_,
-                      rstdf_.data(), N, C);
+  k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + lnf_, dln_.data(), resid_.back().data(),
+                      P + lnf_, rstdf_.data(), N, C);
   observe("backward", "rmsnorm_backward", -1, "grad resid (final)", dres_.data(), int64_t(N) * C);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
     // dres holds d loss / d resid_[l + 1] = d / d(xmid + mlp(ln2(xmid))).
-    k_.linear_backward(dg_.data(), G + w.fc2, residual_grad_for_gemm(), a.g.data(), W + w.fc2, N,
-                       4 * C, C);
+    k_.linear_backward(contexts_.next(), dg_.data(), G + w.fc2, residual_grad_for_gemm(),
+                       a.g.data(), W + w.fc2, N, 4 * C, C);
     observe("backward", "linear_backward", l, "grad mlp.proj.weight", G + w.fc2,
             int64_t(4) * C * C);
     observe("backward", "linear_backward", l, "grad mlp.gelu", dg_.data(), int64_t(N) * 4 * C);
-    k_.gelu_backward(dh_.data(), dg_.data(), a.h.data(), int64_t(N) * 4 * C);
+    k_.gelu_backward(contexts_.next(), dh_.data(), dg_.data(), a.h.data(), int64_t(N) * 4 * C);
     observe("backward", "gelu_backward", l, "grad mlp.fc", dh_.data(), int64_t(N) * 4 * C);
-    k_.linear_backward(dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
+    k_.linear_backward(contexts_.next(), dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), W + w.fc,
+                       N, C, 4 * C);
     observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(4) * C * C);
     observe("backward", "linear_backward", l, "grad ln2", dln_.data(), int64_t(N) * C);
-    k_.rmsnorm_backward(dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(), P + w.ln2,
-                        a.rstd2.data(), N, C);
+    k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(),
+                        P + w.ln2, a.rstd2.data(), N, C);
     observe("backward", "rmsnorm_backward", l, "grad resid.mid", dres_.data(), int64_t(N) * C);
     // dres now holds d loss / d xmid = d / d(resid_[l] + attn(ln1(resid_[l]))).
-    k_.linear_backward(datty_.data(), G + w.proj, residual_grad_for_gemm(), a.atty.data(),
-                       W + w.proj, N, C, C);
+    k_.linear_backward(contexts_.next(), datty_.data(), G + w.proj, residual_grad_for_gemm(),
+                       a.atty.data(), W + w.proj, N, C, C);
     observe("backward", "linear_backward", l, "grad attn.proj.weight", G + w.proj, int64_t(C) * C);
     observe("backward", "linear_backward", l, "grad attn.out", datty_.data(), int64_t(N) * C);
-    k_.attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, Tn, C, NH);
+    k_.attention_backward(contexts_.next(), dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(),
+                          B_, Tn, C, NH);
     observe("backward", "attention_backward", l, "grad attn.qkv", dqkv_.data(), int64_t(N) * 3 * C);
-    k_.linear_backward(dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
+    k_.linear_backward(contexts_.next(), dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(),
+                       W + w.qkv, N, C, 3 * C);
     observe("backward", "linear_backward", l, "grad attn.qkv.weight", G + w.qkv,
             int64_t(3) * C * C);
     observe("backward", "linear_backward", l, "grad ln1", dln_.data(), int64_t(N) * C);
     if (l > 0) {
-      k_.rmsnorm_backward(dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(), P + w.ln1,
-                          a.rstd1.data(), N, C);
+      k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(),
+                          P + w.ln1, a.rstd1.data(), N, C);
       observe("backward", "rmsnorm_backward", l, "grad resid.in", dres_.data(), int64_t(N) * C);
     } else {
       // The bottom of the network: one fused kernel, the one candidates replace.
-      k_.embed_rmsnorm_backward(G + wte_, G + wpe_, G + w.ln1, dln_.data(), dres_.data(),
-                                resid_[0].data(), P + w.ln1, a.rstd1.data(), tokens_.data(), B_, Tn,
-                                C, V);
+      k_.embed_rmsnorm_backward(contexts_.next(), G + wte_, G + wpe_, G + w.ln1, dln_.data(),
+                                dres_.data(), resid_[0].data(), P + w.ln1, a.rstd1.data(),
+                                tokens_.data(), B_, Tn, C, V);
       observe("backward", "embed_rmsnorm_backward", 0, "grad wte.weight", G + wte_, int64_t(V) * C);
       observe("backward", "embed_rmsnorm_backward", 0, "grad wpe.weight", G + wpe_,
               int64_t(Tn) * C);

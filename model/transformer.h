@@ -69,6 +69,15 @@ class Transformer {
   const Buffer<A>& logits() const { return logits_; }
   const KernelSet<T, A>& kernels() const { return k_; }
   void set_kernels(const KernelSet<T, A>& k) { k_ = k; }
+  // The seed of the op calls from here on: each call gets its own seed derived from it and the
+  // call's index (kernels/op_context.h). The trainer sets one per step from the run's seed and
+  // the step, so a resumed run's kernels draw the same random bits as an uninterrupted one.
+  void reseed(uint64_t seed) { contexts_.reseed(seed); }
+  // The context of one more op call in this model's sequence (the optimizer's calls are the
+  // model's: same stream, same workspace, seeds continuing the step's).
+  OpContext next_op_context() { return contexts_.next(); }
+  // The stream the ops launch on (a cudaStream_t; null: the default stream).
+  void set_stream(void* stream) { contexts_.set_stream(stream); }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.
@@ -107,6 +116,7 @@ class Transformer {
 
   ModelConfig cfg_;
   KernelSet<T, A> k_;
+  OpContextSource contexts_;  // this model's op contexts: its stream, workspace and seeds
   int B_, N_;
   std::vector<ParamInfo> layout_;
   std::vector<Layer> layers_;

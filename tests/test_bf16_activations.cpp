@@ -47,26 +47,33 @@ TEST(Bf16Activations, OpsStayWithinBf16RoundingOfFp64) {
   check(
       "rmsnorm_forward",
       {{randn<double>(N * C, gen, 3.0), randn<double>(C, gen)}, {}, {zeros(N * C), zeros(N)}},
-      OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, 1e-5); });
+      OP_CALL {
+        k.rmsnorm_forward(test_context(*k.memory), out[0], out[1], in[0], in[1], N, C, 1e-5);
+      });
   check(
       "linear_backward",
       {{act(randn<double>(N * V, gen)), act(randn<double>(N * C, gen)),
         act(randn<double>(V * C, gen))},
        {},
        {zeros(N * C), randn<double>(V * C, gen)}},
-      OP_CALL { k.linear_backward(out[0], out[1], in[0], in[1], in[2], N, C, V); });
+      OP_CALL {
+        k.linear_backward(test_context(*k.memory), out[0], out[1], in[0], in[1], in[2], N, C, V);
+      });
   check(
       "attention_forward",
-      {{act(randn<double>(N * 3 * C, gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}},
-      OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+      {{act(randn<double>(N * 3 * C, gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, OP_CALL {
+        k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], B, Tn, C, NH);
+      });
   check(
       "add", {{randn<double>(N * C, gen), act(randn<double>(N * C, gen))}, {}, {zeros(N * C)}},
-      OP_CALL { k.add(out[0], in[0], in[1], int64_t(N) * C); });
+      OP_CALL { k.add(test_context(*k.memory), out[0], in[0], in[1], int64_t(N) * C); });
   std::vector<TokenId> targets(N);
   for (auto& t : targets) t = TokenId(gen() % V);
   check(
       "cross_entropy", {{act(randn<double>(N * V, gen, 3.0))}, targets, {zeros(N), zeros(N * V)}},
-      OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, 1.0 / N); });
+      OP_CALL {
+        k.cross_entropy(test_context(*k.memory), out[0], out[1], in[0], ids, N, V, 1.0 / N);
+      });
 }
 
 // An activation output is the fp32 kernel's result rounded once, to nearest even: exactly, and
@@ -76,7 +83,7 @@ TEST(Bf16Activations, OutputsAreTheFp32ResultRoundedOnce) {
   const OpInputs x{
       {act(randn<double>(N * C, gen)), act(randn<double>(V * C, gen))}, {}, {zeros(N * V)}};
   auto call = OP_CALL {
-    k.linear_forward(out[0], in[0], in[1], N, C, V);
+    k.linear_forward(test_context(*k.memory), out[0], in[0], in[1], N, C, V);
   };
   const auto fp32 = run(cpu_catalogue<float>().select({}), x, call);
   const auto bf = run(cpu_bf16_catalogue().select({}), x, call);

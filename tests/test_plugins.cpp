@@ -39,8 +39,8 @@ double hot_row_error(const KernelSet<float, A>& k) {
     dy.push_back(stored_as<A>(v + 1.0));  // same-sign contributions per channel
   std::vector<TokenId> tok(N, 3);
   std::vector<float> dwte(V * C, 0), dwpe(T * C, 0), dw(C, 0);
-  k.embed_rmsnorm_backward(dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(), x.data(),
-                           w.data(), rstd.data(), tok.data(), B, T, C, V);
+  k.embed_rmsnorm_backward(test_context(*k.memory), dwte.data(), dwpe.data(), dw.data(), dy.data(),
+                           dres.data(), x.data(), w.data(), rstd.data(), tok.data(), B, T, C, V);
   auto to_d = [](const auto& v) {
     std::vector<double> d;
     d.reserve(v.size());
@@ -50,8 +50,8 @@ double hot_row_error(const KernelSet<float, A>& k) {
   std::vector<double> rwte(V * C, 0), rwpe(T * C, 0), rw(C, 0);
   const auto dyd = to_d(dy), dresd = to_d(dres), xd = to_d(x), wd = to_d(w), rd = to_d(rstd);
   cpu_catalogue<double>().select({}).embed_rmsnorm_backward(
-      rwte.data(), rwpe.data(), rw.data(), dyd.data(), dresd.data(), xd.data(), wd.data(),
-      rd.data(), tok.data(), B, T, C, V);
+      test_context(), rwte.data(), rwpe.data(), rw.data(), dyd.data(), dresd.data(), xd.data(),
+      wd.data(), rd.data(), tok.data(), B, T, C, V);
   EXPECT_CLOSE(dwpe, rwpe, 1e-5, "dwpe");
   EXPECT_CLOSE(dw, rw, 1e-5, "dw_norm");
   return compare(dwte, rwte).error;

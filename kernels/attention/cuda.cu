@@ -66,60 +66,61 @@ struct HeadLayout {
 
 // fp32 scores: att itself where A is float, else scratch.
 template <class A>
-float* score_buffer(A* att, size_t n, Scratch slot) {
+float* score_buffer(const OpContext& ctx, A* att, size_t n, Scratch slot) {
   if constexpr (std::is_same_v<A, float>)
     return att;
   else
-    return scratch_as<float>(slot, n);
+    return scratch_as<float>(ctx, slot, n);
 }
 
 template <int lookahead, bool subtract_max, class A>
-void attention_forward(A* out, A* att, const A* qkv, int B, int T_, int C, int NH) {
+void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B, int T_, int C,
+                       int NH) {
   const int hs = C / NH;
   const HeadLayout L(T_, C, NH);
   const A *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
   const int64_t rows = int64_t(B) * NH * T_;
-  float* scores = score_buffer(att, size_t(rows) * T_, Scratch::F);
+  float* scores = score_buffer(ctx, att, size_t(rows) * T_, Scratch::F);
   // scores^T[s, t] (column-major) = scale sum_d k[s, d] q[t, d]: row-major scores[t, s]
-  gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, 3 * C, L.qkv, q,
+  gemm_heads(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f / sqrtf(float(hs)), k, 3 * C, L.qkv, q,
              3 * C, L.qkv, 0.0f, scores, T_, L.square, B, NH);
   causal_softmax_kernel<lookahead, subtract_max>
-      <<<blocks_for(rows, 8), 256>>>(att, scores, T_, rows);
+      <<<blocks_for(rows, 8), 256, 0, stream_of(ctx)>>>(att, scores, T_, rows);
   DIVLAB_LAUNCHED("causal_softmax");
   // y^T[d, t] = sum_s v[s, d] att[t, s], into head h's columns of out's rows
-  gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, 3 * C, L.qkv, att, T_, L.square, 0.0f,
-             out, C, L.rows, B, NH);
+  gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, 3 * C, L.qkv, att, T_, L.square,
+             0.0f, out, C, L.rows, B, NH);
 }
 
 template <class A>
-void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* att, int B, int T_, int C,
-                        int NH) {
+void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* qkv, const A* att,
+                        int B, int T_, int C, int NH) {
   const int hs = C / NH;
   const HeadLayout L(T_, C, NH);
   const A *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
   A *dq = dqkv, *dk = dqkv + C, *dv = dqkv + 2 * C;
   const size_t square = size_t(B) * NH * T_ * T_;
-  float* datt = scratch_as<float>(Scratch::F, square);
+  float* datt = scratch_as<float>(ctx, Scratch::F, square);
   A* dpre;  // the scores' gradient, a GEMM operand: in place where A is float
   if constexpr (std::is_same_v<A, float>)
     dpre = datt;
   else
-    dpre = scratch_as<A>(Scratch::E, square);
+    dpre = scratch_as<A>(ctx, Scratch::E, square);
   // datt[t, s] = sum_d dy[t, d] v[s, d]
-  gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, v, 3 * C, L.qkv, dout, C, L.rows, 0.0f,
-             datt, T_, L.square, B, NH);
+  gemm_heads(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, v, 3 * C, L.qkv, dout, C, L.rows,
+             0.0f, datt, T_, L.square, B, NH);
   // dv[s, d] = sum_t att[t, s] dy[t, d]
-  gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dout, C, L.rows, att, T_, L.square, 0.0f,
-             dv, 3 * C, L.qkv, B, NH);
+  gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dout, C, L.rows, att, T_, L.square,
+             0.0f, dv, 3 * C, L.qkv, B, NH);
   const int64_t rows = int64_t(B) * NH * T_;
-  softmax_backward_kernel<<<blocks_for(rows, 8), 256>>>(dpre, datt, att, T_, rows,
-                                                        1.0f / sqrtf(float(hs)));
+  softmax_backward_kernel<<<blocks_for(rows, 8), 256, 0, stream_of(ctx)>>>(
+      dpre, datt, att, T_, rows, 1.0f / sqrtf(float(hs)));
   DIVLAB_LAUNCHED("softmax_backward");
   // dq[t, d] = sum_s dpre[t, s] k[s, d];  dk[s, d] = sum_t dpre[t, s] q[t, d]
-  gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, k, 3 * C, L.qkv, dpre, T_, L.square, 0.0f,
-             dq, 3 * C, L.qkv, B, NH);
-  gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, 3 * C, L.qkv, dpre, T_, L.square, 0.0f,
-             dk, 3 * C, L.qkv, B, NH);
+  gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, k, 3 * C, L.qkv, dpre, T_, L.square,
+             0.0f, dq, 3 * C, L.qkv, B, NH);
+  gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, 3 * C, L.qkv, dpre, T_, L.square,
+             0.0f, dk, 3 * C, L.qkv, B, NH);
 }
 
 // The fused cuDNN pair (kernels/attention/cudnn_sdpa.h): the bf16-mode reference wherever the
@@ -129,17 +130,18 @@ void attention_backward(A* dqkv, const A* dout, const A* qkv, const A* att, int 
 // statistics from qkv, as flash attention's backward recomputes P. The backward engine is the
 // ordered-dQ one cuDNN declares deterministic (no float atomics), and is checked bit for bit
 // run to run (kernels/cuda/test_cudnn_sdpa.cpp).
-void fused_forward(bf16* out, const bf16* qkv, int B, int T_, int C, int NH) {
-  float* stats = scratch_as<float>(Scratch::AttentionStats, size_t(B) * NH * T_);
-  cudnn_sdpa_forward(as_nv(out), stats, as_nv(qkv), B, T_, C, NH);
+void fused_forward(const OpContext& ctx, bf16* out, const bf16* qkv, int B, int T_, int C, int NH) {
+  float* stats = scratch_as<float>(ctx, Scratch::AttentionStats, size_t(B) * NH * T_);
+  cudnn_sdpa_forward(ctx, as_nv(out), stats, as_nv(qkv), B, T_, C, NH);
 }
 
-void fused_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, int B, int T_, int C, int NH) {
+void fused_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv, int B,
+                    int T_, int C, int NH) {
   __nv_bfloat16* out =
-      scratch_as<__nv_bfloat16>(Scratch::Attention16, size_t(B) * T_ * C);  // recomputed
-  float* stats = scratch_as<float>(Scratch::AttentionStats, size_t(B) * NH * T_);
-  cudnn_sdpa_forward(out, stats, as_nv(qkv), B, T_, C, NH);
-  cudnn_sdpa_backward(as_nv(dqkv), as_nv(qkv), out, stats, as_nv(dout), B, T_, C, NH);
+      scratch_as<__nv_bfloat16>(ctx, Scratch::Attention16, size_t(B) * T_ * C);  // recomputed
+  float* stats = scratch_as<float>(ctx, Scratch::AttentionStats, size_t(B) * NH * T_);
+  cudnn_sdpa_forward(ctx, out, stats, as_nv(qkv), B, T_, C, NH);
+  cudnn_sdpa_backward(ctx, as_nv(dqkv), as_nv(qkv), out, stats, as_nv(dout), B, T_, C, NH);
 }
 
 // Both halves decide from the shape alone, with the backward's (stricter) rule, so a forward
@@ -148,19 +150,20 @@ bool fused(int T_, int C, int NH) {
   return cudnn_sdpa_unsupported(T_, C, NH, true).empty();
 }
 
-void bf16_reference_forward(bf16* out, bf16* att, const bf16* qkv, int B, int T_, int C, int NH) {
+void bf16_reference_forward(const OpContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B,
+                            int T_, int C, int NH) {
   if (fused(T_, C, NH))
-    fused_forward(out, qkv, B, T_, C, NH);
+    fused_forward(ctx, out, qkv, B, T_, C, NH);
   else
-    attention_forward<0, true>(out, att, qkv, B, T_, C, NH);
+    attention_forward<0, true>(ctx, out, att, qkv, B, T_, C, NH);
 }
 
-void bf16_reference_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* att, int B,
-                             int T_, int C, int NH) {
+void bf16_reference_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                             const bf16* att, int B, int T_, int C, int NH) {
   if (fused(T_, C, NH))
-    fused_backward(dqkv, dout, qkv, B, T_, C, NH);
+    fused_backward(ctx, dqkv, dout, qkv, B, T_, C, NH);
   else
-    attention_backward(dqkv, dout, qkv, att, B, T_, C, NH);
+    attention_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
 }
 }  // namespace
 

@@ -208,8 +208,9 @@ Backward& backward_plan(int B, int T_, int C, int NH) {
   return *slot;
 }
 
-void* workspace(const Plan& plan) {
-  return plan.workspace_bytes ? scratch(Scratch::Cudnn, size_t(plan.workspace_bytes)) : nullptr;
+void* workspace(const OpContext& ctx, const Plan& plan) {
+  return plan.workspace_bytes ? scratch(ctx, Scratch::Cudnn, size_t(plan.workspace_bytes))
+                              : nullptr;
 }
 
 }  // namespace
@@ -225,8 +226,8 @@ std::string cudnn_sdpa_unsupported(int T_, int C, int NH, bool backward) {
   return "";
 }
 
-void cudnn_sdpa_forward(__nv_bfloat16* o, float* stats, const __nv_bfloat16* qkv, int B, int T_,
-                        int C, int NH) {
+void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
+                        const __nv_bfloat16* qkv, int B, int T_, int C, int NH) {
   Forward& f = forward_plan(B, T_, C, NH);
   float scale = 1.0f / std::sqrt(float(C / NH)), masked = masked_value();
   auto* in = const_cast<__nv_bfloat16*>(qkv);
@@ -238,18 +239,18 @@ void cudnn_sdpa_forward(__nv_bfloat16* o, float* stats, const __nv_bfloat16* qkv
            {f.stats, stats},
            {f.scale, &scale},
            {f.masked, &masked}},
-          workspace(f.plan));
+          workspace(ctx, f.plan), ctx.stream);
 }
 
-void cudnn_sdpa_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* qkv, const __nv_bfloat16* o,
-                         const float* stats, const __nv_bfloat16* dout, int B, int T_, int C,
-                         int NH) {
+void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
+                         const __nv_bfloat16* o, const float* stats, const __nv_bfloat16* dout,
+                         int B, int T_, int C, int NH) {
   Backward& b = backward_plan(B, T_, C, NH);
   const size_t rows = size_t(B) * NH * T_;
-  float* sum = scratch_as<float>(Scratch::CudnnRows, rows);
+  float* sum = scratch_as<float>(ctx, Scratch::CudnnRows, rows);
   float* accum = nullptr;
   if (b.dq_accum >= 0) {
-    accum = scratch_as<float>(Scratch::CudnnAccum, size_t(B) * T_ * C);
+    accum = scratch_as<float>(ctx, Scratch::CudnnAccum, size_t(B) * T_ * C);
     DIVLAB_CUDA_CHECK(cudaMemsetAsync(accum, 0, size_t(B) * T_ * C * sizeof(float)));
   }
   float scale = 1.0f / std::sqrt(float(C / NH)), one = 1.0f, masked = masked_value();
@@ -268,7 +269,7 @@ void cudnn_sdpa_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* qkv, const __
                                              {b.one, &one},
                                              {b.masked, &masked}};
   if (accum) bind.push_back({b.dq_accum, accum});
-  execute(b.plan, bind, workspace(b.plan));
+  execute(b.plan, bind, workspace(ctx, b.plan), ctx.stream);
 }
 
 bool cudnn_sdpa_backward_deterministic(int B, int T_, int C, int NH, std::string* engine) {

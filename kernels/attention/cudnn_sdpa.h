@@ -14,6 +14,8 @@
 
 #include <string>
 
+#include "kernels/op_context.h"
+
 namespace divlab::cuda {
 
 // Why cuDNN's SDPA cannot run this shape ("" when it can): head size a multiple of 8 and at
@@ -22,13 +24,13 @@ namespace divlab::cuda {
 std::string cudnn_sdpa_unsupported(int T_, int C, int NH, bool backward);
 
 // o[N, C], stats[B, NH, T] (log-sum-exp of each scaled, masked score row) from qkv[N, 3C].
-void cudnn_sdpa_forward(__nv_bfloat16* o, float* stats, const __nv_bfloat16* qkv, int B, int T_,
-                        int C, int NH);
+void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
+                        const __nv_bfloat16* qkv, int B, int T_, int C, int NH);
 
 // dqkv[N, 3C] (overwritten) from qkv, the forward's o and stats, and dout[N, C].
-void cudnn_sdpa_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* qkv, const __nv_bfloat16* o,
-                         const float* stats, const __nv_bfloat16* dout, int B, int T_, int C,
-                         int NH);
+void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
+                         const __nv_bfloat16* o, const float* stats, const __nv_bfloat16* dout,
+                         int B, int T_, int C, int NH);
 
 // Whether the backward plan for this shape runs on an engine cuDNN calls deterministic (no
 // float atomics in dQ); builds the plan if needed. The engine's name goes to *engine.

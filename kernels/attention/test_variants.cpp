@@ -8,8 +8,8 @@ namespace {
 std::vector<float> forward(const std::string& variant, const std::vector<float>& qkv, int T, int C,
                            int NH) {
   std::vector<float> out(T * C), att(NH * T * T);
-  cpu_catalogue<float>().attention_forward.find(variant)->fn(out.data(), att.data(), qkv.data(), 1,
-                                                             T, C, NH);
+  cpu_catalogue<float>().attention_forward.find(variant)->fn(test_context(), out.data(), att.data(),
+                                                             qkv.data(), 1, T, C, NH);
   return out;
 }
 }  // namespace

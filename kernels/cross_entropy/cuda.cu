@@ -33,9 +33,10 @@ __global__ void cross_entropy_kernel(float* losses, A* dlogits, const A* logits,
 }
 
 template <bool subtract_max, class A>
-void cross_entropy(float* losses, A* dlogits, const A* logits, const TokenId* targets, int N, int V,
-                   float dloss) {
-  cross_entropy_kernel<subtract_max><<<N, 512>>>(losses, dlogits, logits, targets, V, dloss);
+void cross_entropy(const OpContext& ctx, float* losses, A* dlogits, const A* logits,
+                   const TokenId* targets, int N, int V, float dloss) {
+  cross_entropy_kernel<subtract_max>
+      <<<N, 512, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss);
   DIVLAB_LAUNCHED("cross_entropy");
 }
 }  // namespace

@@ -47,11 +47,13 @@ const Catalogue<float>& catalogue() {
 }
 
 Catalogue<float, bf16>& mutable_bf16_catalogue() {
-  static Catalogue<float, bf16> cat = [] {
-    set_bf16_conversions(Bf16Set::Cuda, {&device_memory(), widen_bf16, round_to_bf16});
-    return build<bf16>();
-  }();
+  static Catalogue<float, bf16> cat = build<bf16>();
   return cat;
+}
+
+const Bf16Conversions& bf16_conversions() {
+  static const Bf16Conversions c{&device_memory(), widen_bf16, round_to_bf16};
+  return c;
 }
 
 const Catalogue<float, bf16>& bf16_catalogue() {

@@ -222,8 +222,8 @@ Plan Graph::plan(const std::string& what) const {
                   " graph (" + last_error + ")");
 }
 
-void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings,
-             void* workspace) {
+void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace,
+             void* stream) {
   std::vector<int64_t> uids;
   std::vector<void*> pointers;
   for (const auto& [uid, p] : bindings) uids.push_back(uid), pointers.push_back(p);
@@ -233,6 +233,7 @@ void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& binding
            pointers.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   pack.finalize();
+  DIVLAB_CUDNN_CHECK(cudnnSetStream(cudnn(), static_cast<cudaStream_t>(stream)));
   DIVLAB_CUDNN_CHECK(cudnnBackendExecute(cudnn(), plan.plan->get(), pack.get()));
   if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -88,6 +88,8 @@ class Graph {
 
 // Runs `plan` with the given (uid, device or host-scalar pointer) bindings and a workspace of at
 // least plan.workspace_bytes.
-void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace);
+// Runs `plan` on `stream` (a cudaStream_t; null: the legacy default stream).
+void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace,
+             void* stream);
 
 }  // namespace divlab::cuda

@@ -16,11 +16,12 @@ __global__ void head_pointers_kernel(const void** a, const char* A, HeadStrides 
 }
 }  // namespace
 
-void head_pointers(const void** a, const char* A, HeadStrides sa, const void** b, const char* B,
-                   HeadStrides sb, void** c, char* C, HeadStrides sc, int nbatch, int nheads) {
+void head_pointers(const OpContext& ctx, const void** a, const char* A, HeadStrides sa,
+                   const void** b, const char* B, HeadStrides sb, void** c, char* C, HeadStrides sc,
+                   int nbatch, int nheads) {
   const int count = nbatch * nheads;
-  head_pointers_kernel<<<blocks_for(count, 128), 128>>>(a, A, sa, b, B, sb, c, C, sc, nheads,
-                                                        count);
+  head_pointers_kernel<<<blocks_for(count, 128), 128, 0, stream_of(ctx)>>>(a, A, sa, b, B, sb, c, C,
+                                                                           sc, nheads, count);
   DIVLAB_LAUNCHED("gemm_heads pointers");
 }
 

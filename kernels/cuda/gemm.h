@@ -13,9 +13,10 @@
 namespace divlab::cuda {
 
 template <class In, class Out>
-inline void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                 const In* A, int lda, const In* B, int ldb, float beta, Out* C, int ldc) {
-  DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, cuda_type<In>(), lda, B,
+inline void gemm(const OpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                 int k, float alpha, const In* A, int lda, const In* B, int ldb, float beta, Out* C,
+                 int ldc) {
+  DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(ctx), ta, tb, m, n, k, &alpha, A, cuda_type<In>(), lda, B,
                                    cuda_type<In>(), ldb, &beta, C, cuda_type<Out>(), ldc,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -31,15 +32,17 @@ struct HeadStrides {
 // B x NH independent GEMMs on operands addressed by HeadStrides, in one cuBLAS batched call; the
 // pointer arrays are built on the device, in stream order with the GEMM.
 // Strides are in elements; the pointers go to the kernel as bytes (any storage type).
-void head_pointers(const void** a, const char* A, HeadStrides sa, const void** b, const char* B,
-                   HeadStrides sb, void** c, char* C, HeadStrides sc, int nbatch, int nheads);
+void head_pointers(const OpContext& ctx, const void** a, const char* A, HeadStrides sa,
+                   const void** b, const char* B, HeadStrides sb, void** c, char* C, HeadStrides sc,
+                   int nbatch, int nheads);
 
 template <class In, class Out>
-inline void gemm_heads(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                       const In* A, int lda, HeadStrides sa, const In* B, int ldb, HeadStrides sb,
-                       float beta, Out* C, int ldc, HeadStrides sc, int nbatch, int nheads) {
+inline void gemm_heads(const OpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m,
+                       int n, int k, float alpha, const In* A, int lda, HeadStrides sa, const In* B,
+                       int ldb, HeadStrides sb, float beta, Out* C, int ldc, HeadStrides sc,
+                       int nbatch, int nheads) {
   const int count = nbatch * nheads;
-  void* arrays = scratch(Scratch::Pointers, 3 * size_t(count) * sizeof(void*));
+  void* arrays = scratch(ctx, Scratch::Pointers, 3 * size_t(count) * sizeof(void*));
   const void** a = static_cast<const void**>(arrays);
   const void** b = a + count;
   void** c = static_cast<void**>(arrays) + 2 * count;
@@ -47,10 +50,10 @@ inline void gemm_heads(cublasOperation_t ta, cublasOperation_t tb, int m, int n,
     return HeadStrides{s.batch * (long long)sizeof(In), s.head * (long long)sizeof(In)};
   };
   const HeadStrides sc_bytes{sc.batch * (long long)sizeof(Out), sc.head * (long long)sizeof(Out)};
-  head_pointers(a, reinterpret_cast<const char*>(A), in_bytes(sa), b,
+  head_pointers(ctx, a, reinterpret_cast<const char*>(A), in_bytes(sa), b,
                 reinterpret_cast<const char*>(B), in_bytes(sb), c, reinterpret_cast<char*>(C),
                 sc_bytes, nbatch, nheads);
-  DIVLAB_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(), ta, tb, m, n, k, &alpha, a, cuda_type<In>(),
+  DIVLAB_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(ctx), ta, tb, m, n, k, &alpha, a, cuda_type<In>(),
                                           lda, b, cuda_type<In>(), ldb, &beta, c, cuda_type<Out>(),
                                           ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());

@@ -3,6 +3,7 @@
 // reference (kernels/<op>/cuda.cu); this header only wires them together.
 #pragma once
 
+#include "kernels/bf16_activations.h"
 #include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
@@ -18,9 +19,11 @@ Catalogue<float>& mutable_catalogue();             // for plug-in variants (fp32
 const Catalogue<float, bf16>& bf16_catalogue();    // bf16 mode
 Catalogue<float, bf16>& mutable_bf16_catalogue();  // for plug-in variants (adapted)
 
-// Device conversions between fp32 scratch and bf16 activations (the plug-in adapters').
-void widen_bf16(float* out, const bf16* in, int64_t n);
-void round_to_bf16(bf16* out, const float* in, int64_t n);
+// Device conversions between fp32 scratch and bf16 activations (the plug-in adapters'), on
+// `stream`.
+void widen_bf16(void* stream, float* out, const bf16* in, int64_t n);
+void round_to_bf16(void* stream, bf16* out, const float* in, int64_t n);
+const Bf16Conversions& bf16_conversions();
 
 template <class A>
 void register_embedding(Catalogue<float, A>& cat);
@@ -43,7 +46,8 @@ void register_optimizer(Catalogue<float, A>& cat);
 //   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd
 // (prod feeds the norm weight's gradient). `accumulate` adds into dx instead of overwriting.
 template <class A>
-void rmsnorm_backward_rows(float* dx, float* prod, const A* dy, const float* x, const float* w,
-                           const float* rstd, int N, int C, bool accumulate, const float* dresid);
+void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A* dy,
+                           const float* x, const float* w, const float* rstd, int N, int C,
+                           bool accumulate, const float* dresid);
 
 }  // namespace divlab::cuda

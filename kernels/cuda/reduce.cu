@@ -26,12 +26,12 @@ __global__ void column_add_partials(float* out, const float* partial, int cols) 
 }
 }  // namespace
 
-void column_sums_add(float* out, const float* in, int rows, int cols) {
-  float* partial = scratch_as<float>(Scratch::Reduce, size_t(kColumnChunks) * cols);
+void column_sums_add(const OpContext& ctx, float* out, const float* in, int rows, int cols) {
+  float* partial = scratch_as<float>(ctx, Scratch::Reduce, size_t(kColumnChunks) * cols);
   const dim3 grid(blocks_for(cols, 128), kColumnChunks);
-  column_partial_sums<<<grid, 128>>>(partial, in, rows, cols);
+  column_partial_sums<<<grid, 128, 0, stream_of(ctx)>>>(partial, in, rows, cols);
   DIVLAB_LAUNCHED("column_partial_sums");
-  column_add_partials<<<blocks_for(cols, 128), 128>>>(out, partial, cols);
+  column_add_partials<<<blocks_for(cols, 128), 128, 0, stream_of(ctx)>>>(out, partial, cols);
   DIVLAB_LAUNCHED("column_add_partials");
 }
 

@@ -6,6 +6,8 @@
 
 #include <cfloat>
 
+#include "kernels/op_context.h"
+
 namespace divlab::cuda {
 
 template <class T>
@@ -44,6 +46,6 @@ __device__ inline T block_max(T v, T* shared) {
 
 // out[c] += sum over rows r of in[r, c] for a [rows, cols] row-major matrix, in a fixed order
 // (row chunks summed in chunk order). Used for weight gradients of norms and position embeddings.
-void column_sums_add(float* out, const float* in, int rows, int cols);
+void column_sums_add(const OpContext& ctx, float* out, const float* in, int rows, int cols);
 
 }  // namespace divlab::cuda

@@ -1,6 +1,8 @@
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -176,13 +178,8 @@ void device_wait_fence(void* fence) {
   DIVLAB_CUDA_CHECK(status);
 }
 
-struct ScratchRegion {
-  void* p = nullptr;
-  size_t bytes = 0;
-};
-std::vector<ScratchRegion>& regions() {
-  static std::vector<ScratchRegion> r(size_t(Scratch::Count));
-  return r;
+std::unique_ptr<Workspace> device_workspace() {
+  return std::make_unique<DeviceWorkspace>();
 }
 }  // namespace
 
@@ -200,7 +197,8 @@ const MemoryOps& device_memory() {
                              device_upload_async,
                              device_download_async,
                              device_fence,
-                             device_wait_fence};
+                             device_wait_fence,
+                             device_workspace};
   return ops;
 }
 
@@ -216,15 +214,35 @@ cublasHandle_t cublas() {
   return handle;
 }
 
-void* scratch(Scratch slot, size_t bytes) {
-  ScratchRegion& r = regions()[size_t(slot)];
+DeviceWorkspace::~DeviceWorkspace() {
+  for (const Region& r : regions_)
+    if (r.p) cudaFree(r.p);  // never throws: a destructor; cudaFree waits for the kernels using it
+}
+
+void* DeviceWorkspace::get(int slot, size_t bytes) {
+  if (slot < 0) throw std::logic_error("workspace: negative slot");
+  if (size_t(slot) >= regions_.size()) regions_.resize(size_t(slot) + 1);
+  Region& r = regions_[size_t(slot)];
   if (r.bytes < bytes) {
+    // cudaFree waits for every kernel, on every stream, that may still read the old region.
     if (r.p) DIVLAB_CUDA_CHECK(cudaFree(r.p));
     r.p = nullptr, r.bytes = 0;
     DIVLAB_CUDA_CHECK(cudaMalloc(&r.p, bytes));
     r.bytes = bytes;
   }
   return r.p;
+}
+
+cublasHandle_t cublas(const OpContext& ctx) {
+  const cublasHandle_t h = cublas();
+  DIVLAB_CUBLAS_CHECK(cublasSetStream(h, stream_of(ctx)));
+  return h;
+}
+
+void* scratch(const OpContext& ctx, Scratch slot, size_t bytes) {
+  if (!ctx.workspace)
+    throw std::logic_error("cuda: an op was called without a workspace (OpContext::workspace)");
+  return ctx.workspace->get(int(slot), bytes);
 }
 
 }  // namespace divlab::cuda

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/memory.h"
 
@@ -63,8 +64,16 @@ void check_fits(size_t bytes, const std::string& what);
 const MemoryOps& device_memory();
 
 cublasHandle_t cublas();
+// The handle, bound to the op's stream.
+cublasHandle_t cublas(const OpContext& ctx);
 
-// Grow-only device scratch, one region per slot, valid until the next call with the same slot.
+// The stream an op launches on (OpContext::stream; null: the legacy default stream).
+inline cudaStream_t stream_of(const OpContext& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
+
+// Grow-only device scratch in the caller's workspace (OpContext::workspace), one region per
+// slot, valid until the next request for the same slot in the same workspace.
 // clang-format off
 enum class Scratch {
   A, B, C, D, E, F, Reduce, Pointers,                          // the ops' work space
@@ -72,11 +81,25 @@ enum class Scratch {
   Count
 };
 // clang-format on
-void* scratch(Scratch slot, size_t bytes);
+void* scratch(const OpContext& ctx, Scratch slot, size_t bytes);
 template <class T>
-T* scratch_as(Scratch slot, size_t n) {
-  return static_cast<T*>(scratch(slot, n * sizeof(T)));
+T* scratch_as(const OpContext& ctx, Scratch slot, size_t n) {
+  return static_cast<T*>(scratch(ctx, slot, n * sizeof(T)));
 }
+
+// Device memory regions for one caller's op contexts (MemoryOps::make_workspace).
+class DeviceWorkspace final : public Workspace {
+ public:
+  ~DeviceWorkspace() override;
+  void* get(int slot, size_t bytes) override;
+
+ private:
+  struct Region {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Region> regions_;
+};
 
 inline unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);

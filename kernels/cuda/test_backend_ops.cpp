@@ -78,32 +78,42 @@ TYPED_TEST(GpuOps, PointwiseAndRowOpsMatchFp64) {
   expect_matches_fp64(
       "embedding_forward",
       {{normal(V * C, f.gen), normal(Tn * C, f.gen)}, f.tokens, {zeros(N * C)}}, k, kTolGpuFp32,
-      OP_CALL { k.embedding_forward(out[0], ids, in[0], in[1], B, Tn, C); });
+      OP_CALL {
+        k.embedding_forward(test_context(*k.memory), out[0], ids, in[0], in[1], B, Tn, C);
+      });
   expect_matches_fp64(
       "rmsnorm_forward",
       {{normal(N * C, f.gen, 3.0), normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}}, k, kTol,
-      OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, Value<decltype(k)>(1e-5)); });
+      OP_CALL {
+        k.rmsnorm_forward(test_context(*k.memory), out[0], out[1], in[0], in[1], N, C,
+                          Value<decltype(k)>(1e-5));
+      });
   expect_matches_fp64(
       "rmsnorm_backward",
       {{act(normal(N * C, f.gen)), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
        {},
        {normal(N * C, f.gen), normal(C, f.gen)}},
-      k, kTol, OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
+      k, kTol, OP_CALL {
+        k.rmsnorm_backward(test_context(*k.memory), out[0], out[1], in[0], in[1], in[2], in[3], N,
+                           C);
+      });
   expect_matches_fp64(
       "gelu_forward", {{act(normal(N * C, f.gen, 4.0))}, {}, {zeros(N * C)}}, k, kTol,
-      OP_CALL { k.gelu_forward(out[0], in[0], int64_t(N) * C); });
+      OP_CALL { k.gelu_forward(test_context(*k.memory), out[0], in[0], int64_t(N) * C); });
   expect_matches_fp64(
       "gelu_backward",
       {{act(normal(N * C, f.gen)), act(normal(N * C, f.gen, 4.0))}, {}, {zeros(N * C)}}, k, kTol,
-      OP_CALL { k.gelu_backward(out[0], in[0], in[1], int64_t(N) * C); });
+      OP_CALL { k.gelu_backward(test_context(*k.memory), out[0], in[0], in[1], int64_t(N) * C); });
   expect_matches_fp64(
       "add", {{normal(N * C, f.gen), act(normal(N * C, f.gen))}, {}, {zeros(N * C)}}, k, kTol,
-      OP_CALL { k.add(out[0], in[0], in[1], int64_t(N) * C); });
+      OP_CALL { k.add(test_context(*k.memory), out[0], in[0], in[1], int64_t(N) * C); });
   std::vector<TokenId> targets = zipf_ids(N, V, f.gen);
   expect_matches_fp64(
       "cross_entropy", {{act(normal(N * V, f.gen, 5.0))}, targets, {zeros(N), zeros(N * V)}}, k,
-      kTol,
-      OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, Value<decltype(k)>(1.0 / N)); });
+      kTol, OP_CALL {
+        k.cross_entropy(test_context(*k.memory), out[0], out[1], in[0], ids, N, V,
+                        Value<decltype(k)>(1.0 / N));
+      });
   expect_matches_fp64(
       "embed_rmsnorm_backward",
       {{act(normal(N * C, f.gen)), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
@@ -111,13 +121,14 @@ TYPED_TEST(GpuOps, PointwiseAndRowOpsMatchFp64) {
        f.tokens,
        {normal(V * C, f.gen), normal(Tn * C, f.gen), normal(C, f.gen)}},
       k, kTolGpuFp32, OP_CALL {
-        k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
-                                 Tn, C, V);
+        k.embed_rmsnorm_backward(test_context(*k.memory), out[0], out[1], out[2], in[0], in[1],
+                                 in[2], in[3], in[4], ids, B, Tn, C, V);
       });
   // The activation copy: exact in fp32 mode, round to nearest even in bf16 mode.
   const std::vector<double> xs = normal(N * C, f.gen);
   const auto cast = run_checked<float>(
-      k, OpInputs{{xs}, {}, {zeros(N * C)}}, OP_CALL { k.cast(out[0], in[0], int64_t(N) * C); });
+      k, OpInputs{{xs}, {}, {zeros(N * C)}},
+      OP_CALL { k.cast(test_context(*k.memory), out[0], in[0], int64_t(N) * C); });
   for (size_t i = 0; i < xs.size(); ++i)
     ASSERT_EQ(cast[0][i], this->act({double(float(xs[i]))})[0]) << "cast, element " << i;
 }
@@ -131,28 +142,37 @@ TYPED_TEST(GpuOps, GemmOpsMatchFp64) {
   expect_matches_fp64(
       "linear_forward",
       {{act(normal(N * in_f, f.gen)), act(normal(out_f * in_f, f.gen))}, {}, {zeros(N * out_f)}}, k,
-      tol, OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
+      tol,
+      OP_CALL { k.linear_forward(test_context(*k.memory), out[0], in[0], in[1], N, in_f, out_f); });
   expect_matches_fp64(
       "linear_backward",
       {{act(normal(N * out_f, f.gen)), act(normal(N * in_f, f.gen)),
         act(normal(out_f * in_f, f.gen))},
        {},
        {zeros(N * in_f), normal(out_f * in_f, f.gen)}},
-      k, tol, OP_CALL { k.linear_backward(out[0], out[1], in[0], in[1], in[2], N, in_f, out_f); });
+      k, tol, OP_CALL {
+        k.linear_backward(test_context(*k.memory), out[0], out[1], in[0], in[1], in[2], N, in_f,
+                          out_f);
+      });
   expect_matches_fp64(
       "attention_forward",
       {{act(normal(N * 3 * C, f.gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, k, tol,
-      OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+      OP_CALL {
+        k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], B, Tn, C, NH);
+      });
   // The backward's saved probabilities come from the CPU reference forward, so both backends
   // differentiate at the same point.
   OpInputs fwd{{act(normal(N * 3 * C, f.gen))}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
   const auto saved = run_checked<double>(
-      cpu_catalogue<double>().select({}), fwd,
-      OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+      cpu_catalogue<double>().select({}), fwd, OP_CALL {
+        k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], B, Tn, C, NH);
+      });
   expect_matches_fp64(
       "attention_backward",
       {{act(normal(N * C, f.gen)), fwd.values[0], act(saved[1])}, {}, {zeros(N * 3 * C)}}, k, tol,
-      OP_CALL { k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH); });
+      OP_CALL {
+        k.attention_backward(test_context(*k.memory), out[0], in[0], in[1], in[2], B, Tn, C, NH);
+      });
 }
 
 TYPED_TEST(GpuOps, OptimizerOpsMatchFp64) {
@@ -163,7 +183,8 @@ TYPED_TEST(GpuOps, OptimizerOpsMatchFp64) {
       "sgd_step", {{normal(n, f.gen)}, {}, {normal(n, f.gen), normal(n, f.gen)}}, k, kTolGpuFp32,
       OP_CALL {
         using U = Value<decltype(k)>;
-        k.sgd_step(out[0], out[1], in[0], n, U(0.1), U(0.9), true, U(0.01), U(0.5));
+        k.sgd_step(test_context(*k.memory), out[0], out[1], in[0], n, U(0.1), U(0.9), true, U(0.01),
+                   U(0.5));
       });
   std::vector<double> v = normal(n, f.gen);
   for (auto& x : v) x = x * x;
@@ -171,15 +192,15 @@ TYPED_TEST(GpuOps, OptimizerOpsMatchFp64) {
       "adamw_step", {{normal(n, f.gen)}, {}, {normal(n, f.gen), normal(n, f.gen), v}}, k,
       kTolGpuFp32, OP_CALL {
         using U = Value<decltype(k)>;
-        k.adamw_step(out[0], out[1], out[2], in[0], n, U(1e-3), U(0.9), U(0.95), U(1e-8), U(0.1),
-                     U(1.0), 7);
+        k.adamw_step(test_context(*k.memory), out[0], out[1], out[2], in[0], n, U(1e-3), U(0.9),
+                     U(0.95), U(1e-8), U(0.1), U(1.0), 7);
       });
   // sum_squares writes one double in the backend's memory.
   const std::vector<double> g = normal(n, f.gen);
   Buffer<float> dg(*k.memory, n);
   dg.assign(g);
   Buffer<double> out(*k.memory, 1);
-  k.sum_squares(out.data(), dg.data(), n);
+  k.sum_squares(test_context(*k.memory), out.data(), dg.data(), n);
   double expect = 0;
   for (double x : g) expect += double(float(x)) * double(float(x));
   EXPECT_NEAR(out.to_vector()[0], expect, expect * 1e-12);
@@ -192,7 +213,7 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
   const int in_f = 256, out_f = 128;
   const OpInputs x{{normal(N * in_f, gen), normal(out_f * in_f, gen)}, {}, {zeros(N * out_f)}};
   auto call = OP_CALL {
-    k.linear_forward(out[0], in[0], in[1], N, in_f, out_f);
+    k.linear_forward(test_context(*k.memory), out[0], in[0], in[1], N, in_f, out_f);
   };
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(gpu_catalogue<bf16>().select({}), x, call);
@@ -213,29 +234,37 @@ TEST(GpuVariants, MatchTheirCpuNamesakes) {
       normal(N * C, f.gen, 1e-3);  // RMS near eps: where the eps variants differ
   for (const char* v : {"eps_outside_sqrt", "no_eps"})
     both(
-        "rmsnorm_forward", v, {{x, normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}},
-        OP_CALL { k.rmsnorm_forward(out[0], out[1], in[0], in[1], N, C, 1e-5f); });
+        "rmsnorm_forward", v, {{x, normal(C, f.gen)}, {}, {zeros(N * C), zeros(N)}}, OP_CALL {
+          k.rmsnorm_forward(test_context(*k.memory), out[0], out[1], in[0], in[1], N, C, 1e-5f);
+        });
   both(
       "rmsnorm_backward", "bf16_reduce",
       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen), normal(N, f.gen, 0.1)},
        {},
        {zeros(N * C), zeros(C)}},
-      OP_CALL { k.rmsnorm_backward(out[0], out[1], in[0], in[1], in[2], in[3], N, C); });
+      OP_CALL {
+        k.rmsnorm_backward(test_context(*k.memory), out[0], out[1], in[0], in[1], in[2], in[3], N,
+                           C);
+      });
   for (const char* v : {"mask_off_by_one", "no_max_subtraction"})
     both(
         "attention_forward", v,
-        {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}},
-        OP_CALL { k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH); });
+        {{normal(N * 3 * C, f.gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}}, OP_CALL {
+          k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], B, Tn, C, NH);
+        });
   const int in_f = 72, out_f = 217;  // 217 = 6 * 32 + 25: tail_skip leaves 25 features stale
   for (const char* v : {"tail_skip", "bf16_truncate", "bf16_rne"})
     both(
         "linear_forward", v,
         {{normal(N * in_f, f.gen), normal(out_f * in_f, f.gen)}, {}, {normal(N * out_f, f.gen)}},
-        OP_CALL { k.linear_forward(out[0], in[0], in[1], N, in_f, out_f); });
+        OP_CALL {
+          k.linear_forward(test_context(*k.memory), out[0], in[0], in[1], N, in_f, out_f);
+        });
   both(
       "cross_entropy", "no_max_subtraction",
-      {{normal(N * V, f.gen)}, f.tokens, {zeros(N), zeros(N * V)}},
-      OP_CALL { k.cross_entropy(out[0], out[1], in[0], ids, N, V, 1.0f / N); });
+      {{normal(N * V, f.gen)}, f.tokens, {zeros(N), zeros(N * V)}}, OP_CALL {
+        k.cross_entropy(test_context(*k.memory), out[0], out[1], in[0], ids, N, V, 1.0f / N);
+      });
   both(
       "embed_rmsnorm_backward", "fp64_accum",
       {{normal(N * C, f.gen), normal(N * C, f.gen), normal(N * C, f.gen), normal(C, f.gen),
@@ -243,8 +272,8 @@ TEST(GpuVariants, MatchTheirCpuNamesakes) {
        f.tokens,
        {zeros(V * C), zeros(Tn * C), zeros(C)}},
       OP_CALL {
-        k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B,
-                                 Tn, C, V);
+        k.embed_rmsnorm_backward(test_context(*k.memory), out[0], out[1], out[2], in[0], in[1],
+                                 in[2], in[3], in[4], ids, B, Tn, C, V);
       });
 }
 
@@ -269,8 +298,8 @@ struct Scatter {
   }
   auto call() const {
     return OP_CALL {
-      k.embed_rmsnorm_backward(out[0], out[1], out[2], in[0], in[1], in[2], in[3], in[4], ids, B, T,
-                               C, V);
+      k.embed_rmsnorm_backward(test_context(*k.memory), out[0], out[1], out[2], in[0], in[1], in[2],
+                               in[3], in[4], ids, B, T, C, V);
     };
   }
   // Normalised error of dwte against the fp64 CPU reference.
@@ -365,13 +394,13 @@ TEST(GpuDeterminism, ReferencesAreBitwiseRepeatable) {
     EXPECT_EQ(run_checked<float>(k, s.x, s.call()), run_checked<float>(k, s.x, s.call()));
     OpInputs fwd{{normal(N * 3 * C, gen)}, {}, {zeros(N * C), zeros(B * NH * Tn * Tn)}};
     auto att = OP_CALL {
-      k.attention_forward(out[0], out[1], in[0], B, Tn, C, NH);
+      k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], B, Tn, C, NH);
     };
     const auto a = run_checked<float>(k, fwd, att);
     EXPECT_EQ(a, run_checked<float>(k, fwd, att));
     OpInputs bwd{{normal(N * C, gen), fwd.values[0], a[1]}, {}, {zeros(N * 3 * C)}};
     auto back = OP_CALL {
-      k.attention_backward(out[0], in[0], in[1], in[2], B, Tn, C, NH);
+      k.attention_backward(test_context(*k.memory), out[0], in[0], in[1], in[2], B, Tn, C, NH);
     };
     EXPECT_EQ(run_checked<float>(k, bwd, back), run_checked<float>(k, bwd, back));
   };

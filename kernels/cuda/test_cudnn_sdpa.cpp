@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/attention/cudnn_sdpa.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/gpu/gpu_check.h"
 
 namespace divlab {
@@ -32,7 +33,7 @@ double forward_error(const Shape& s, std::mt19937_64& gen, bool* saved_probabili
                    {},
                    {zeros(N * s.C), zeros(size_t(s.B) * s.NH * s.T * s.T)}};
   auto call = OP_CALL {
-    k.attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.NH);
+    k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], s.B, s.T, s.C, s.NH);
   };
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(bf16_reference(), x, call);
@@ -48,12 +49,13 @@ double backward_error(const Shape& s, std::mt19937_64& gen, std::vector<double>*
                      {},
                      {zeros(N * s.C), zeros(size_t(s.B) * s.NH * s.T * s.T)}};
   const auto saved = run_checked<double>(
-      cpu_catalogue<double>().select({}), fwd,
-      OP_CALL { k.attention_forward(out[0], out[1], in[0], s.B, s.T, s.C, s.NH); });
+      cpu_catalogue<double>().select({}), fwd, OP_CALL {
+        k.attention_forward(test_context(*k.memory), out[0], out[1], in[0], s.B, s.T, s.C, s.NH);
+      });
   const OpInputs x{
       {randn<double>(N * s.C, gen), fwd.values[0], saved[1]}, {}, {zeros(N * 3 * s.C)}};
   auto call = OP_CALL {
-    k.attention_backward(out[0], in[0], in[1], in[2], s.B, s.T, s.C, s.NH);
+    k.attention_backward(test_context(*k.memory), out[0], in[0], in[1], in[2], s.B, s.T, s.C, s.NH);
   };
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(bf16_reference(), x, call);
@@ -132,8 +134,9 @@ TEST(CudnnSdpa, WritesEveryOutputElement) {
   auto* o = static_cast<__nv_bfloat16*>(poisoned(n * 2));
   auto* stats = static_cast<float*>(poisoned(rows * 4));
   auto* dqkv = static_cast<__nv_bfloat16*>(poisoned(3 * n * 2));
-  cuda::cudnn_sdpa_forward(o, stats, qkv, B, T, C, NH);
-  cuda::cudnn_sdpa_backward(dqkv, qkv, o, stats, dout, B, T, C, NH);
+  cuda::cudnn_sdpa_forward(test_context(cuda::device_memory()), o, stats, qkv, B, T, C, NH);
+  cuda::cudnn_sdpa_backward(test_context(cuda::device_memory()), dqkv, qkv, o, stats, dout, B, T, C,
+                            NH);
   auto count_nan = [](const void* d, size_t count, bool is_float) {
     std::vector<unsigned char> h(count * (is_float ? 4 : 2));
     cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost);

@@ -51,23 +51,23 @@ __global__ void cast_kernel(A* y, const float* x, int64_t n) {
 }
 
 template <class A>
-void gelu_forward(A* y, const A* x, int64_t n) {
-  gelu_forward_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
+void gelu_forward(const OpContext& ctx, A* y, const A* x, int64_t n) {
+  gelu_forward_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(y, x, n);
   DIVLAB_LAUNCHED("gelu_forward");
 }
 template <class A>
-void gelu_backward(A* dx, const A* dy, const A* x, int64_t n) {
-  gelu_backward_kernel<<<blocks_for(n, 256), 256>>>(dx, dy, x, n);
+void gelu_backward(const OpContext& ctx, A* dx, const A* dy, const A* x, int64_t n) {
+  gelu_backward_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(dx, dy, x, n);
   DIVLAB_LAUNCHED("gelu_backward");
 }
 template <class A>
-void add(float* y, const float* a, const A* b, int64_t n) {
-  add_kernel<<<blocks_for(n, 256), 256>>>(y, a, b, n);
+void add(const OpContext& ctx, float* y, const float* a, const A* b, int64_t n) {
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(y, a, b, n);
   DIVLAB_LAUNCHED("add");
 }
 template <class A>
-void cast(A* y, const float* x, int64_t n) {
-  cast_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
+void cast(const OpContext& ctx, A* y, const float* x, int64_t n) {
+  cast_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(y, x, n);
   DIVLAB_LAUNCHED("cast");
 }
 __global__ void widen_kernel(float* y, const bf16* x, int64_t n) {
@@ -76,13 +76,14 @@ __global__ void widen_kernel(float* y, const bf16* x, int64_t n) {
 }
 }  // namespace
 
-void widen_bf16(float* out, const bf16* in, int64_t n) {
+void widen_bf16(void* stream, float* out, const bf16* in, int64_t n) {
   if (n <= 0) return;
-  widen_kernel<<<blocks_for(n, 256), 256>>>(out, in, n);
+  const OpContext ctx{stream};
+  widen_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(out, in, n);
   DIVLAB_LAUNCHED("widen_bf16");
 }
-void round_to_bf16(bf16* out, const float* in, int64_t n) {
-  if (n > 0) cast(out, in, n);
+void round_to_bf16(void* stream, bf16* out, const float* in, int64_t n) {
+  if (n > 0) cast(OpContext{stream}, out, in, n);
 }
 
 template <class A>

@@ -45,12 +45,12 @@ struct Rows {
 // The parts every variant shares; returns the rows the scatter reads. dy_norm is an activation
 // gradient (A), the rest fp32.
 template <class A>
-Rows shared_rows(float* dw_norm, const A* dy_norm, const float* dresid, const float* x0,
-                 const float* w_norm, const float* rstd, int N, int C) {
-  float* dx0 = scratch_as<float>(Scratch::B, size_t(N) * C);
-  float* prod = scratch_as<float>(Scratch::C, size_t(N) * C);
-  rmsnorm_backward_rows(dx0, prod, dy_norm, x0, w_norm, rstd, N, C, false, dresid);
-  column_sums_add(dw_norm, prod, N, C);
+Rows shared_rows(const OpContext& ctx, float* dw_norm, const A* dy_norm, const float* dresid,
+                 const float* x0, const float* w_norm, const float* rstd, int N, int C) {
+  float* dx0 = scratch_as<float>(ctx, Scratch::B, size_t(N) * C);
+  float* prod = scratch_as<float>(ctx, Scratch::C, size_t(N) * C);
+  rmsnorm_backward_rows(ctx, dx0, prod, dy_norm, x0, w_norm, rstd, N, C, false, dresid);
+  column_sums_add(ctx, dw_norm, prod, N, C);
   return {dx0, prod};
 }
 
@@ -62,8 +62,9 @@ __global__ void position_grad_kernel(float* dwpe, const float* dx0, int B, int T
   for (int b = 0; b < B; ++b) s += dx0[int64_t(b) * T_ * C + i];
   dwpe[i] += s;
 }
-void position_grad(float* dwpe, const float* dx0, int B, int T_, int C) {
-  position_grad_kernel<<<blocks_for(int64_t(T_) * C, 256), 256>>>(dwpe, dx0, B, T_, C);
+void position_grad(const OpContext& ctx, float* dwpe, const float* dx0, int B, int T_, int C) {
+  position_grad_kernel<<<blocks_for(int64_t(T_) * C, 256), 256, 0, stream_of(ctx)>>>(dwpe, dx0, B,
+                                                                                     T_, C);
   DIVLAB_LAUNCHED("position_grad");
 }
 
@@ -133,39 +134,42 @@ __global__ void close_segments_kernel(float* dwte, const Acc* lead, const Acc* o
 }
 
 template <class Acc>
-void sorted_scatter(float* dwte, const float* dx0, const TokenId* tokens, int N, int C, int V) {
-  int* ids = scratch_as<int>(Scratch::D, size_t(4) * N);
+void sorted_scatter(const OpContext& ctx, float* dwte, const float* dx0, const TokenId* tokens,
+                    int N, int C, int V) {
+  int* ids = scratch_as<int>(ctx, Scratch::D, size_t(4) * N);
   int *positions = ids, *sorted_tokens = ids + N, *sorted_positions = ids + 2 * N;
-  iota_kernel<<<blocks_for(N, 256), 256>>>(positions, N);
+  iota_kernel<<<blocks_for(N, 256), 256, 0, stream_of(ctx)>>>(positions, N);
   DIVLAB_LAUNCHED("iota");
   int end_bit = 1;
   while (end_bit < 31 && (1 << end_bit) < V) ++end_bit;
   size_t temp_bytes = 0;
   DIVLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, sorted_tokens,
-                                                    positions, sorted_positions, N, 0, end_bit));
-  void* temp = scratch(Scratch::E, temp_bytes);
+                                                    positions, sorted_positions, N, 0, end_bit,
+                                                    stream_of(ctx)));
+  void* temp = scratch(ctx, Scratch::E, temp_bytes);
   // Radix sort is stable: equal tokens keep their positions in increasing order.
   DIVLAB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tokens,
-                                                    positions, sorted_positions, N, 0, end_bit));
+                                                    positions, sorted_positions, N, 0, end_bit,
+                                                    stream_of(ctx)));
   const int chunks = (N + kChunk - 1) / kChunk;
-  Acc* pieces = scratch_as<Acc>(Scratch::F, 2 * size_t(chunks) * C);
+  Acc* pieces = scratch_as<Acc>(ctx, Scratch::F, 2 * size_t(chunks) * C);
   const int threads = std::min(256, (C + 31) / 32 * 32);
-  chunk_pieces_kernel<Acc><<<chunks, threads>>>(dwte, pieces, pieces + size_t(chunks) * C, dx0,
-                                                sorted_tokens, sorted_positions, N, C);
+  chunk_pieces_kernel<Acc><<<chunks, threads, 0, stream_of(ctx)>>>(
+      dwte, pieces, pieces + size_t(chunks) * C, dx0, sorted_tokens, sorted_positions, N, C);
   DIVLAB_LAUNCHED("chunk_pieces");
-  close_segments_kernel<Acc><<<blocks_for(int64_t(chunks) * C, 256), 256>>>(
+  close_segments_kernel<Acc><<<blocks_for(int64_t(chunks) * C, 256), 256, 0, stream_of(ctx)>>>(
       dwte, pieces, pieces + size_t(chunks) * C, sorted_tokens, N, C, chunks);
   DIVLAB_LAUNCHED("close_segments");
 }
 
 template <class Acc, class A>
-void sorted_variant(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
-                    const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
-                    int B, int T_, int C, int V) {
+void sorted_variant(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
+                    const A* dy_norm, const float* dresid, const float* x0, const float* w_norm,
+                    const float* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
   const int N = B * T_;
-  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(dwpe, r.dx0, B, T_, C);
-  sorted_scatter<Acc>(dwte, r.dx0, tokens, N, C, V);
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(ctx, dwpe, r.dx0, B, T_, C);
+  sorted_scatter<Acc>(ctx, dwte, r.dx0, tokens, N, C, V);
 }
 
 // --- atomics: into dwte itself (fp32) or into a low-precision buffer --------------------------
@@ -202,30 +206,33 @@ __global__ void add_low(float* dwte, const Low* acc, int64_t n) {
 }
 
 template <class A>
-void fp32_reordered(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
-                    const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
-                    int B, int T_, int C, int V) {
+void fp32_reordered(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
+                    const A* dy_norm, const float* dresid, const float* x0, const float* w_norm,
+                    const float* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
   const int N = B * T_;
-  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(dwpe, r.dx0, B, T_, C);
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(ctx, dwpe, r.dx0, B, T_, C);
   const int64_t total = int64_t(N) * C;
-  atomic_scatter_f32<<<blocks_for(total, 256), 256>>>(dwte, r.dx0, tokens, C, total);
+  atomic_scatter_f32<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(dwte, r.dx0, tokens, C,
+                                                                         total);
   DIVLAB_LAUNCHED("atomic_scatter_f32");
 }
 
 template <class Low, class A>
-void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,
-                         const float* dresid, const float* x0, const float* w_norm,
-                         const float* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
+void low_precision_accum(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
+                         const A* dy_norm, const float* dresid, const float* x0,
+                         const float* w_norm, const float* rstd, const TokenId* tokens, int B,
+                         int T_, int C, int V) {
   const int N = B * T_;
-  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(dwpe, r.dx0, B, T_, C);
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(ctx, dwpe, r.dx0, B, T_, C);
   const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
-  Low* acc = static_cast<Low*>(scratch(Scratch::F, sizeof(Low) * size_t(table)));
-  DIVLAB_CUDA_CHECK(cudaMemset(acc, 0, sizeof(Low) * size_t(table)));
-  atomic_scatter_low<Low><<<blocks_for(total, 256), 256>>>(acc, r.dx0, tokens, C, total);
+  Low* acc = static_cast<Low*>(scratch(ctx, Scratch::F, sizeof(Low) * size_t(table)));
+  DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(Low) * size_t(table), stream_of(ctx)));
+  atomic_scatter_low<Low>
+      <<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C, total);
   DIVLAB_LAUNCHED("atomic_scatter (low precision)");
-  add_low<Low><<<blocks_for(table, 256), 256>>>(dwte, acc, table);
+  add_low<Low><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(dwte, acc, table);
   DIVLAB_LAUNCHED("add_low");
 }
 
@@ -234,11 +241,11 @@ void low_precision_accum(float* dwte, float* dwpe, float* dw_norm, const A* dy_n
 struct Truncate {
   __device__ float operator()(float s, int64_t, int64_t) const { return lowp::bf16_truncate(s); }
 };
-struct StochasticFresh {  // fresh bits per (call, position, channel), as on the CPU
-  uint64_t call;
+struct StochasticFresh {  // fresh bits per (call seed, position, channel), as on the CPU
+  uint64_t seed;
   int64_t C;
   __device__ float operator()(float s, int64_t n, int64_t c) const {
-    return lowp::bf16_stochastic(s, uint32_t(mix64(mix64(call) ^ uint64_t(n * C + c))));
+    return lowp::bf16_stochastic(s, uint32_t(mix64(seed ^ uint64_t(n * C + c))));
   }
 };
 struct StochasticReusedSeed {  // the same bits for every addition to a channel, every call
@@ -264,39 +271,39 @@ __global__ void rounded_scatter_bf16(unsigned short* acc, const float* dx0, cons
 }
 
 template <class Round, class A>
-void rounded_bf16_accum(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,
-                        const float* dresid, const float* x0, const float* w_norm,
+void rounded_bf16_accum(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
+                        const A* dy_norm, const float* dresid, const float* x0, const float* w_norm,
                         const float* rstd, const TokenId* tokens, int B, int T_, int C, int V,
                         Round round) {
   const int N = B * T_;
-  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(dwpe, r.dx0, B, T_, C);
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  position_grad(ctx, dwpe, r.dx0, B, T_, C);
   const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
-  auto* acc = static_cast<unsigned short*>(scratch(Scratch::F, 2 * size_t(table)));
-  DIVLAB_CUDA_CHECK(cudaMemset(acc, 0, 2 * size_t(table)));
-  rounded_scatter_bf16<<<blocks_for(total, 256), 256>>>(acc, r.dx0, tokens, C, total, round);
+  auto* acc = static_cast<unsigned short*>(scratch(ctx, Scratch::F, 2 * size_t(table)));
+  DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * size_t(table), stream_of(ctx)));
+  rounded_scatter_bf16<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C,
+                                                                           total, round);
   DIVLAB_LAUNCHED("rounded_scatter_bf16");
   // A bf16 is the upper half of a float: the buffer reads as __nv_bfloat16.
-  add_low<__nv_bfloat16>
-      <<<blocks_for(table, 256), 256>>>(dwte, reinterpret_cast<const __nv_bfloat16*>(acc), table);
+  add_low<__nv_bfloat16><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(
+      dwte, reinterpret_cast<const __nv_bfloat16*>(acc), table);
   DIVLAB_LAUNCHED("add_low");
 }
 
-#define DIVLAB_SCATTER_ARGS                                                                  \
-  float *dwte, float *dwpe, float *dw_norm, const A *dy_norm, const float *dresid,           \
-      const float *x0, const float *w_norm, const float *rstd, const TokenId *tokens, int B, \
-      int T_, int C, int V
+#define DIVLAB_SCATTER_ARGS                                                         \
+  const OpContext &ctx, float *dwte, float *dwpe, float *dw_norm, const A *dy_norm, \
+      const float *dresid, const float *x0, const float *w_norm, const float *rstd, \
+      const TokenId *tokens, int B, int T_, int C, int V
 #define DIVLAB_SCATTER_PASS \
-  dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd, tokens, B, T_, C, V
+  ctx, dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd, tokens, B, T_, C, V
 template <class A>
 void bf16_truncate_accum(DIVLAB_SCATTER_ARGS) {
   rounded_bf16_accum(DIVLAB_SCATTER_PASS, Truncate{});
 }
 template <class A>
 void bf16_stochastic_accum(DIVLAB_SCATTER_ARGS) {
-  // The call counter is the CPU variant's: checkpoints save it, so a resumed run draws on.
-  rounded_bf16_accum(DIVLAB_SCATTER_PASS,
-                     StochasticFresh{stochastic_rounding_calls().fetch_add(1), C});
+  // The call's own seed (OpContext::seed): a resumed run's same call draws the same bits.
+  rounded_bf16_accum(DIVLAB_SCATTER_PASS, StochasticFresh{ctx.seed, C});
 }
 template <class A>
 void bf16_stochastic_reused_seed(DIVLAB_SCATTER_ARGS) {
@@ -329,16 +336,17 @@ __global__ void racy_position_grad_kernel(float* dwpe, const float* dx0, int B, 
 }
 
 template <class A>
-void racy_scatter(float* dwte, float* dwpe, float* dw_norm, const A* dy_norm, const float* dresid,
-                  const float* x0, const float* w_norm, const float* rstd, const TokenId* tokens,
-                  int B, int T_, int C, int V) {
+void racy_scatter(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,
+                  const float* dresid, const float* x0, const float* w_norm, const float* rstd,
+                  const TokenId* tokens, int B, int T_, int C, int V) {
   const int N = B * T_;
-  const Rows r = shared_rows(dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes)>>>(dwpe, r.dx0, B, T_,
-                                                                               C);
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
+  racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes), 0, stream_of(ctx)>>>(
+      dwpe, r.dx0, B, T_, C);
   DIVLAB_LAUNCHED("racy_position_grad");
   const int64_t total = int64_t(N) * C;
-  racy_scatter_kernel<<<blocks_for(total, 256), 256>>>(dwte, r.dx0, tokens, C, total);
+  racy_scatter_kernel<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(dwte, r.dx0, tokens, C,
+                                                                          total);
   DIVLAB_LAUNCHED("racy_scatter");
 }
 }  // namespace

@@ -30,8 +30,6 @@ void position_grad(T* dwpe, const T* dx0, int B, int T_, int C);
 
 template <class T>
 void register_embed_rmsnorm_backward(Catalogue<T>& cat);
-// Calls of bf16_stochastic_accum so far: its random bits depend on it, so checkpoints save it.
-std::atomic<uint64_t>& stochastic_rounding_calls();
 // The candidate variants (variants.cpp): the seed bug, its relatives, and two benign controls.
 template <class T>
 void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat);

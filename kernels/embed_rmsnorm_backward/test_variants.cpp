@@ -40,8 +40,8 @@ struct Scatter {
     std::vector<float> dwte(int64_t(V) * C, 0.f), dwpe(int64_t(T) * C, 0.f), dw(C, 0.f);
     std::vector<float> zeros(int64_t(N) * C, 0.f), x0(int64_t(N) * C, 1.f), w(C, 1.f), rstd(N, 1.f);
     cpu_catalogue<float>().embed_rmsnorm_backward.find(variant)->fn(
-        dwte.data(), dwpe.data(), dw.data(), zeros.data(), dresid.data(), x0.data(), w.data(),
-        rstd.data(), tokens.data(), B, T, C, V);
+        test_context(), dwte.data(), dwpe.data(), dw.data(), zeros.data(), dresid.data(), x0.data(),
+        w.data(), rstd.data(), tokens.data(), B, T, C, V);
     return dwte;
   }
   // ||row_v - exact_v|| / ||exact_v||

@@ -12,7 +12,6 @@
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 
 namespace divlab {
-std::atomic<uint64_t>& stochastic_rounding_calls();
 namespace {
 
 // Scatters dx0 into dwte (by token) and dwpe (by position) with a custom accumulation: every
@@ -67,18 +66,16 @@ void bf16_truncate_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T
                   [](float s, int64_t, int64_t) { return lowp::bf16_truncate(s); });
 }
 
-// Fresh random bits for every addition: hash of (call, position, channel). Deterministic for
-// any thread count, different on every call.
-std::atomic<uint64_t>& g_stochastic_calls = stochastic_rounding_calls();
-
+// Fresh random bits for every addition: hash of (the call's seed, position, channel). The seed
+// comes with the call (OpContext::seed, fresh for every call and repeated on a resumed run's same
+// call), so the bits are deterministic for any thread count and different on every call.
 template <class T>
-void bf16_stochastic_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
-                           const T* x0, const T* w_norm, const T* rstd, const TokenId* tokens,
-                           int B, int T_, int C, int) {
+void bf16_stochastic_accum(const OpContext& ctx, T* dwte, T* dwpe, T* dw_norm, const T* dy_norm,
+                           const T* dresid, const T* x0, const T* w_norm, const T* rstd,
+                           const TokenId* tokens, int B, int T_, int C, int) {
   DIVLAB_DX0;
-  const uint64_t call = g_stochastic_calls.fetch_add(1);
   scatter_rounded(dwte, dwpe, dx0.data(), tokens, B, T_, C, [&](float s, int64_t n, int64_t c) {
-    return lowp::bf16_stochastic(s, uint32_t(mix64(mix64(call) ^ uint64_t(n * C + c))));
+    return lowp::bf16_stochastic(s, uint32_t(mix64(ctx.seed ^ uint64_t(n * C + c))));
   });
 }
 
@@ -154,11 +151,6 @@ void fp64_accum(T* dwte, T* dwpe, T* dw_norm, const T* dy_norm, const T* dresid,
 
 #undef DIVLAB_DX0
 }  // namespace
-
-std::atomic<uint64_t>& stochastic_rounding_calls() {
-  static std::atomic<uint64_t> calls{0};
-  return calls;
-}
 
 template <class T>
 void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat) {

@@ -14,10 +14,11 @@ __global__ void embedding_forward_kernel(float* x, const TokenId* tokens, const 
   x[i] = wte[int64_t(tokens[n]) * C + c] + wpe[int64_t(n % T_) * C + c];
 }
 
-void embedding_forward(float* x, const TokenId* tokens, const float* wte, const float* wpe, int B,
-                       int T_, int C) {
+void embedding_forward(const OpContext& ctx, float* x, const TokenId* tokens, const float* wte,
+                       const float* wpe, int B, int T_, int C) {
   const int64_t total = int64_t(B) * T_ * C;
-  embedding_forward_kernel<<<blocks_for(total, 256), 256>>>(x, tokens, wte, wpe, T_, C, total);
+  embedding_forward_kernel<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(x, tokens, wte, wpe,
+                                                                               T_, C, total);
   DIVLAB_LAUNCHED("embedding_forward");
 }
 }  // namespace

@@ -11,18 +11,18 @@ namespace divlab::cuda {
 
 namespace {
 template <class A>
-void linear_forward(A* y, const A* x, const A* W, int N, int in, int out) {
+void linear_forward(const OpContext& ctx, A* y, const A* x, const A* W, int N, int in, int out) {
   // y^T[out, N] = (W as [in, out])^T * x^T[in, N]
-  gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
+  gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
 }
 
 template <class A>
-void linear_backward(A* dx, float* dW, const A* dy, const A* x, const A* W, int N, int in,
-                     int out) {
+void linear_backward(const OpContext& ctx, A* dx, float* dW, const A* dy, const A* x, const A* W,
+                     int N, int in, int out) {
   // dx^T[in, N] = (W as [in, out]) * dy^T[out, N]
-  gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, 1.0f, W, in, dy, out, 0.0f, dx, in);
+  gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, 1.0f, W, in, dy, out, 0.0f, dx, in);
   // dW^T[in, out] += x^T[in, N] * (dy^T[out, N])^T
-  gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, in);
+  gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, in);
 }
 // --- candidates (kernels/linear/variants.cpp documents them) ----------------------------------
 constexpr int kFeatureBlock = 32;
@@ -30,10 +30,10 @@ constexpr int kFeatureBlock = 32;
 // The GEMM over whole blocks of 32 output features only: y's last out % 32 columns are never
 // written.
 template <class A>
-void tail_skip(A* y, const A* x, const A* W, int N, int in, int out) {
+void tail_skip(const OpContext& ctx, A* y, const A* x, const A* W, int N, int in, int out) {
   const int covered = out / kFeatureBlock * kFeatureBlock;
   if (covered == 0) return;
-  gemm(CUBLAS_OP_T, CUBLAS_OP_N, covered, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
+  gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, covered, N, in, 1.0f, W, in, x, in, 0.0f, y, out);
 }
 
 template <bool truncate>
@@ -46,15 +46,16 @@ __global__ void round_to_bf16(float* out, const float* in, int64_t n) {
 // bf16 values are exact, so it computes the CPU variant's result. fp32 mode only: in bf16 mode
 // the operands are bf16 already (rounded to nearest), which leaves nothing to truncate.
 template <bool truncate>
-void bf16_inputs(float* y, const float* x, const float* W, int N, int in, int out) {
+void bf16_inputs(const OpContext& ctx, float* y, const float* x, const float* W, int N, int in,
+                 int out) {
   const int64_t nx = int64_t(N) * in, nw = int64_t(out) * in;
-  float* xb = scratch_as<float>(Scratch::A, size_t(nx));
-  float* Wb = scratch_as<float>(Scratch::B, size_t(nw));
-  round_to_bf16<truncate><<<blocks_for(nx, 256), 256>>>(xb, x, nx);
+  float* xb = scratch_as<float>(ctx, Scratch::A, size_t(nx));
+  float* Wb = scratch_as<float>(ctx, Scratch::B, size_t(nw));
+  round_to_bf16<truncate><<<blocks_for(nx, 256), 256, 0, stream_of(ctx)>>>(xb, x, nx);
   DIVLAB_LAUNCHED("round_to_bf16 (x)");
-  round_to_bf16<truncate><<<blocks_for(nw, 256), 256>>>(Wb, W, nw);
+  round_to_bf16<truncate><<<blocks_for(nw, 256), 256, 0, stream_of(ctx)>>>(Wb, W, nw);
   DIVLAB_LAUNCHED("round_to_bf16 (W)");
-  linear_forward<float>(y, xb, Wb, N, in, out);
+  linear_forward<float>(ctx, y, xb, Wb, N, in, out);
 }
 }  // namespace
 

@@ -10,7 +10,8 @@ namespace {
 std::vector<float> forward(const std::string& variant, const std::vector<float>& x,
                            const std::vector<float>& W, int N, int in, int out) {
   std::vector<float> y(int64_t(N) * out, std::numeric_limits<float>::quiet_NaN());
-  cpu_catalogue<float>().linear_forward.find(variant)->fn(y.data(), x.data(), W.data(), N, in, out);
+  cpu_catalogue<float>().linear_forward.find(variant)->fn(test_context(), y.data(), x.data(),
+                                                          W.data(), N, in, out);
   return y;
 }
 }  // namespace

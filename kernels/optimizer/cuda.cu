@@ -29,11 +29,11 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   if (threadIdx.x == 0) *out = s;
 }
 
-void sum_squares(double* out, const float* g, int64_t n) {
-  double* partial = scratch_as<double>(Scratch::Reduce, kSumBlocks);
-  sum_squares_partial<<<kSumBlocks, kSumThreads>>>(partial, g, n);
+void sum_squares(const OpContext& ctx, double* out, const float* g, int64_t n) {
+  double* partial = scratch_as<double>(ctx, Scratch::Reduce, kSumBlocks);
+  sum_squares_partial<<<kSumBlocks, kSumThreads, 0, stream_of(ctx)>>>(partial, g, n);
   DIVLAB_LAUNCHED("sum_squares_partial");
-  sum_partials<<<1, kSumThreads>>>(out, partial, kSumBlocks);
+  sum_partials<<<1, kSumThreads, 0, stream_of(ctx)>>>(out, partial, kSumBlocks);
   DIVLAB_LAUNCHED("sum_partials");
 }
 
@@ -49,10 +49,10 @@ __global__ void sgd_kernel(float* p, float* buf, const float* g, int64_t n, floa
   p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
 }
 
-void sgd_step(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
-              bool nesterov, float weight_decay, float grad_scale) {
-  sgd_kernel<<<blocks_for(n, 256), 256>>>(p, buf, g, n, lr, momentum, nesterov, weight_decay,
-                                          grad_scale);
+void sgd_step(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
+              float momentum, bool nesterov, float weight_decay, float grad_scale) {
+  sgd_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(p, buf, g, n, lr, momentum, nesterov,
+                                                             weight_decay, grad_scale);
   DIVLAB_LAUNCHED("sgd_step");
 }
 
@@ -68,12 +68,13 @@ __global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64
   p[i] -= lr * (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
 }
 
-void adamw_step(float* p, float* m, float* v, const float* g, int64_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
+void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float* g, int64_t n,
+                float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                int64_t step) {
   const float c1 = 1.0f - std::pow(beta1, float(step));
   const float c2 = 1.0f - std::pow(beta2, float(step));
-  adamw_kernel<<<blocks_for(n, 256), 256>>>(p, m, v, g, n, lr, beta1, beta2, eps, weight_decay,
-                                            grad_scale, c1, c2);
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(p, m, v, g, n, lr, beta1, beta2, eps,
+                                                               weight_decay, grad_scale, c1, c2);
   DIVLAB_LAUNCHED("adamw_step");
 }
 }  // namespace

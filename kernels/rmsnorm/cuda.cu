@@ -35,8 +35,9 @@ __global__ void rmsnorm_forward_kernel(A* y, float* rstd, const float* x, const 
 }
 
 template <Rstd mode, class A>
-void rmsnorm_forward(A* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
-  rmsnorm_forward_kernel<mode><<<N, kRowThreads>>>(y, rstd, x, w, C, eps);
+void rmsnorm_forward(const OpContext& ctx, A* y, float* rstd, const float* x, const float* w, int N,
+                     int C, float eps) {
+  rmsnorm_forward_kernel<mode><<<N, kRowThreads, 0, stream_of(ctx)>>>(y, rstd, x, w, C, eps);
   DIVLAB_LAUNCHED("rmsnorm_forward");
 }
 
@@ -63,11 +64,11 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
 }
 
 template <class A>
-void rmsnorm_backward(float* dresid, float* dw, const A* dy, const float* x, const float* w,
-                      const float* rstd, int N, int C) {
-  float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
-  rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
-  column_sums_add(dw, prod, N, C);
+void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
+                      const float* w, const float* rstd, int N, int C) {
+  float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  column_sums_add(ctx, dw, prod, N, C);
 }
 
 // dw reduced over rows in a bf16 accumulator, one thread per channel in row order (the GPU form
@@ -82,26 +83,28 @@ __global__ void bf16_column_sum_kernel(float* dw, const float* prod, int N, int 
 }
 
 template <class A>
-void bf16_reduce(float* dresid, float* dw, const A* dy, const float* x, const float* w,
-                 const float* rstd, int N, int C) {
-  float* prod = scratch_as<float>(Scratch::A, size_t(N) * C);
-  rmsnorm_backward_rows(dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
-  bf16_column_sum_kernel<<<blocks_for(C, 128), 128>>>(dw, prod, N, C);
+void bf16_reduce(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
+                 const float* w, const float* rstd, int N, int C) {
+  float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  bf16_column_sum_kernel<<<blocks_for(C, 128), 128, 0, stream_of(ctx)>>>(dw, prod, N, C);
   DIVLAB_LAUNCHED("bf16_column_sum");
 }
 }  // namespace
 
 template <class A>
-void rmsnorm_backward_rows(float* dx, float* prod, const A* dy, const float* x, const float* w,
-                           const float* rstd, int N, int C, bool accumulate, const float* dresid) {
-  rmsnorm_backward_rows_kernel<<<N, kRowThreads>>>(dx, prod, dy, x, w, rstd, C, accumulate, dresid);
+void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A* dy,
+                           const float* x, const float* w, const float* rstd, int N, int C,
+                           bool accumulate, const float* dresid) {
+  rmsnorm_backward_rows_kernel<<<N, kRowThreads, 0, stream_of(ctx)>>>(dx, prod, dy, x, w, rstd, C,
+                                                                      accumulate, dresid);
   DIVLAB_LAUNCHED("rmsnorm_backward_rows");
 }
 
-template void rmsnorm_backward_rows(float*, float*, const float*, const float*, const float*,
-                                    const float*, int, int, bool, const float*);
-template void rmsnorm_backward_rows(float*, float*, const bf16*, const float*, const float*,
-                                    const float*, int, int, bool, const float*);
+template void rmsnorm_backward_rows(const OpContext&, float*, float*, const float*, const float*,
+                                    const float*, const float*, int, int, bool, const float*);
+template void rmsnorm_backward_rows(const OpContext&, float*, float*, const bf16*, const float*,
+                                    const float*, const float*, int, int, bool, const float*);
 
 template <class A>
 void register_rmsnorm(Catalogue<float, A>& cat) {

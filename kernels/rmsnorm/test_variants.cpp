@@ -8,8 +8,8 @@ namespace {
 std::vector<float> forward(const std::string& variant, const std::vector<float>& x,
                            const std::vector<float>& w, int N, int C) {
   std::vector<float> y(x.size()), rstd(N);
-  cpu_catalogue<float>().rmsnorm_forward.find(variant)->fn(y.data(), rstd.data(), x.data(),
-                                                           w.data(), N, C, 1e-5f);
+  cpu_catalogue<float>().rmsnorm_forward.find(variant)->fn(test_context(), y.data(), rstd.data(),
+                                                           x.data(), w.data(), N, C, 1e-5f);
   return y;
 }
 }  // namespace
@@ -57,7 +57,8 @@ TEST(RmsnormBf16Reduce, WeightGradientErrorGrowsWithRows) {
     std::vector<float> dx(x.size(), 0.f), dw(C, 0.f), dx_ref(x.size(), 0.f), dw_ref(C, 0.f);
     cpu_catalogue<float>()
         .rmsnorm_backward.find("bf16_reduce")
-        ->fn(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+        ->fn(test_context(), dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
+             C);
     rmsnorm_backward_reference<float>(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(),
                                       rstd.data(), N, C);
     EXPECT_EQ(dx, dx_ref) << "the input gradient is untouched";

@@ -2,10 +2,12 @@
 //   fp32 mode: loss within 1e-4 relative at every one of 200 steps;
 //   bf16 mode (activations stored in bf16): within 2e-2.
 // Per-tensor gradient bands at the first step (documented in docs/cuda.md) and run-to-run
-// bitwise determinism of the GPU reference kernels over a training run.
+// bitwise determinism of the GPU reference kernels over a training run, also with two models
+// on two streams of their own.
 #include <cstdio>
 
 #include "datasets/dataset.h"
+#include "kernels/cuda/runtime.h"
 #include "model/optimizer.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -121,6 +123,43 @@ TYPED_TEST(GpuTraining, RunsAreBitwiseRepeatable) {
   const auto k = gpu_catalogue<TypeParam>().select({});
   EXPECT_EQ(train_losses(k, sgd(steps), steps, test_seed()),
             train_losses(k, sgd(steps), steps, test_seed()));
+}
+
+// Two models on two streams of their own, their steps interleaved, train bitwise as one model
+// alone on the default stream: every op launches on its caller's stream (OpContext::stream), and
+// each model's scratch is its own workspace, not a region the other stream's kernels overwrite.
+TYPED_TEST(GpuTraining, TwoModelsOnTheirOwnStreamsTrainAsOneAlone) {
+  const int steps = 20;
+  const uint64_t seed = test_seed();
+  const auto k = gpu_catalogue<TypeParam>().select({});
+  const auto alone = train_losses(k, sgd(steps), steps, seed);
+  const ModelConfig m = small_model();
+  cudaStream_t streams[2];
+  for (auto& s : streams) DIVLAB_CUDA_CHECK(cudaStreamCreate(&s));
+  {
+    Transformer<float, TypeParam> a(m, k, kBatch), b(m, k, kBatch);
+    a.init(seed), b.init(seed);
+    a.set_stream(streams[0]), b.set_stream(streams[1]);
+    Optimizer<float> oa(sgd(steps), a.layout(), *k.memory), ob(sgd(steps), b.layout(), *k.memory);
+    DatasetOptions dopt;
+    dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = seed;
+    const auto data = make_dataset("zipf:1.1", dopt);
+    std::vector<TokenId> in(kBatch * m.seq_len), tgt(in.size());
+    std::vector<double> la, lb;
+    for (int s = 0; s < steps; ++s) {
+      data->batch(s, kBatch, m.seq_len, in.data(), tgt.data());
+      la.push_back(a.forward(in.data(), tgt.data(), true));
+      lb.push_back(b.forward(in.data(), tgt.data(), true));
+      a.backward();
+      b.backward();
+      oa.step(a, s);
+      ob.step(b, s);
+    }
+    EXPECT_EQ(la, alone) << "seed " << seed;
+    EXPECT_EQ(lb, alone) << "seed " << seed;
+    DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  for (auto& s : streams) DIVLAB_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 }  // namespace divlab

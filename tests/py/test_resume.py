@@ -66,6 +66,12 @@ class Resume(unittest.TestCase):
                                         "shadow.every=5",
                                         "shadow.variants=[embed_rmsnorm_backward=bf16_accum]"])
 
+    def test_stochastic_rounding_killed_five_times(self):
+        # Its random bits come from each call's seed, derived from (run seed, step): a resumed
+        # run draws exactly the bits the uninterrupted one drew.
+        self.check_bitwise_after_kills(["train.optimizer=sgd", "train.momentum=0.9",
+                                        "kernels.embed_rmsnorm_backward=bf16_stochastic_accum"])
+
     def test_resume_can_extend_a_finished_run(self):
         d = tmpdir()
         short, long_ = os.path.join(d, "short.h5"), os.path.join(d, "long.h5")

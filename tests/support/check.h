@@ -6,12 +6,22 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kernels/memory.h"
+
 namespace divlab::testing {
+
+// The op context a test calls kernels with: a workspace in the kernels' memory (one per memory,
+// kept for the test binary's life), the default stream, per-call seeds from seed 0.
+inline OpContext test_context(const MemoryOps& memory = host_memory()) {
+  static std::map<const MemoryOps*, OpContextSource> sources;
+  return sources.try_emplace(&memory, memory).first->second.next();
+}
 
 // A fresh seed per test run (printed on failure), unless DIVLAB_TEST_SEED pins one.
 inline uint64_t test_seed() {

@@ -1,0 +1,168 @@
+// The op context: per-call state travels with the call, never through process globals. Two
+// models, two shadow taps and two profilers work side by side in one process, and a kernel's
+// random bits come from its call's seed, so they repeat exactly when the caller's seed does.
+#include <cstring>
+
+#include "kernels/profile.h"
+#include "kernels/shadow.h"
+#include "model/transformer.h"
+#include "tests/support/check.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab = 48, m.d_model = 16, m.n_layers = 2, m.n_heads = 2, m.seq_len = 16;
+  return m;
+}
+constexpr int kBatch = 8;
+
+// Skewed ids (one id on half the positions): hot embedding rows, where the bugs show.
+std::vector<TokenId> batch(uint64_t seed, int64_t n, int vocab) {
+  std::mt19937_64 gen(seed);
+  std::vector<TokenId> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = TokenId(gen() % 2 ? 5 : gen() % uint64_t(vocab));
+  return ids;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One model with its own tap (shadowing `spec`) under its own profiler.
+struct Instrumented {
+  ShadowTap<float> tap;
+  OpProfiler<float> profiler;
+  Transformer<float> model;
+  Instrumented(const std::string& spec, uint64_t init_seed)
+      : tap(cpu_catalogue<float>().select({}), parse_shadow_specs({spec}), cpu_catalogue<float>(),
+            0),
+        profiler(tap.kernels()),
+        model(small_model(), profiler.kernels(), kBatch) {
+    model.init(init_seed);
+  }
+  // One shadowed step on the batch drawn from `data_seed`; returns its metrics.
+  ShadowMetrics step(uint64_t data_seed, int64_t step) {
+    const ModelConfig m = small_model();
+    const int64_t N = int64_t(kBatch) * m.seq_len;
+    const auto in = batch(data_seed, N, m.vocab), tgt = batch(data_seed + 1, N, m.vocab);
+    tap.arm();
+    model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    tap.submit(in.data(), N, m.vocab, step);
+    auto done = tap.collect(true);
+    EXPECT_EQ(done.size(), 1u);
+    return done.at(0).metrics.at(0);
+  }
+};
+}  // namespace
+
+TEST(OpContext, TwoTapsAndTwoProfilersWorkSideBySide) {
+  const uint64_t seed = test_seed();
+  // Alone: what each instrumented model measures when it is the only one in the process.
+  ShadowMetrics alone_a, alone_b;
+  std::map<std::string, OpTime> times_a;
+  {
+    Instrumented a("embed_rmsnorm_backward=bf16_accum", seed);
+    alone_a = a.step(seed + 10, 0);
+    times_a = a.profiler.times();
+  }
+  {
+    Instrumented b("linear_forward=bf16_rne", seed + 1);
+    alone_b = b.step(seed + 20, 0);
+  }
+  // Together, their calls interleaved: each tap records only its own model's calls, and each
+  // profiler counts only its own model's.
+  Instrumented a("embed_rmsnorm_backward=bf16_accum", seed);
+  Instrumented b("linear_forward=bf16_rne", seed + 1);
+  const ModelConfig m = small_model();
+  const int64_t N = int64_t(kBatch) * m.seq_len;
+  const auto in_a = batch(seed + 10, N, m.vocab), tgt_a = batch(seed + 11, N, m.vocab);
+  const auto in_b = batch(seed + 20, N, m.vocab), tgt_b = batch(seed + 21, N, m.vocab);
+  a.tap.arm();
+  b.tap.arm();
+  a.model.forward(in_a.data(), tgt_a.data(), true);
+  b.model.forward(in_b.data(), tgt_b.data(), true);
+  b.model.backward();
+  a.model.backward();
+  a.tap.submit(in_a.data(), N, m.vocab, 0);
+  b.tap.submit(in_b.data(), N, m.vocab, 0);
+  const ShadowMetrics together_a = a.tap.collect(true).at(0).metrics.at(0);
+  const ShadowMetrics together_b = b.tap.collect(true).at(0).metrics.at(0);
+  EXPECT_EQ(together_a.rel_l2, alone_a.rel_l2) << "seed " << seed;
+  EXPECT_EQ(together_a.max_row_rel, alone_a.max_row_rel);
+  EXPECT_EQ(together_b.rel_l2, alone_b.rel_l2);
+  EXPECT_GT(together_a.rel_l2, 1e-4);  // the bug is measured, not a zero from empty captures
+  EXPECT_GT(together_b.rel_l2, 1e-4);
+  ASSERT_EQ(a.profiler.times().size(), times_a.size());
+  for (const auto& [op, t] : times_a) {
+    EXPECT_EQ(a.profiler.times().at(op).calls, t.calls) << op;
+    EXPECT_EQ(b.profiler.times().at(op).calls, t.calls) << op;  // the same model shape
+  }
+  // 2 blocks: qkv, proj, fc, fc2 per block, plus the LM head.
+  EXPECT_EQ(a.profiler.times().at("linear_forward").calls, 9);
+}
+
+TEST(OpContext, StochasticRoundingDrawsItsBitsFromTheCallSeed) {
+  const uint64_t seed = test_seed();
+  const ModelConfig m = small_model();
+  const int64_t N = int64_t(kBatch) * m.seq_len;
+  const auto in = batch(seed, N, m.vocab), tgt = batch(seed + 1, N, m.vocab);
+  const KernelSet<float> k =
+      cpu_catalogue<float>().select({{"embed_rmsnorm_backward", "bf16_stochastic_accum"}});
+  Transformer<float> model(m, k, kBatch), other(m, k, kBatch);
+  model.init(seed);
+  other.init(seed + 5);
+  const auto grads_with = [&](uint64_t op_seed) {
+    model.reseed(op_seed);
+    model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    return model.grads().to_vector();
+  };
+  const auto first = grads_with(42);
+  // Another model's calls in between draw nothing from this one's bits (no shared counter).
+  other.reseed(42);
+  other.forward(in.data(), tgt.data(), true);
+  other.backward();
+  EXPECT_TRUE(bitwise_equal(first, grads_with(42))) << "seed " << seed;
+  EXPECT_FALSE(bitwise_equal(first, grads_with(43))) << "seed " << seed;
+  // Without reseeding, the next step's calls draw fresh bits.
+  const auto next = model.grads().to_vector();
+  model.forward(in.data(), tgt.data(), true);
+  model.backward();
+  EXPECT_FALSE(bitwise_equal(next, model.grads().to_vector()));
+}
+
+TEST(OpContext, AKernelSeesItsOwnStateAndTheCallersContext) {
+  using Fn = OpSignatures<float>::GeluForward;
+  struct Seen {
+    const void* state = nullptr;
+    uint64_t seed = 0;
+    Workspace* workspace = nullptr;
+  };
+  static Seen seen;  // a plain function has nowhere else to report to
+  const Fn probe = [](const OpContext& ctx, float*, const float*, int64_t) {
+    seen = {ctx.state, ctx.seed, ctx.workspace};
+  };
+  int mine = 0;
+  const Kernel<Fn> k(probe, &mine);
+  OpContextSource source(host_memory());
+  source.reseed(7);
+  OpContext ctx = source.next();
+  ctx.state = &seen;  // a caller's stray state never reaches the kernel
+  k(ctx, nullptr, nullptr, 0);
+  EXPECT_EQ(seen.state, &mine);
+  EXPECT_EQ(seen.seed, ctx.seed);
+  EXPECT_EQ(seen.workspace, ctx.workspace);
+  EXPECT_NE(seen.workspace, nullptr);
+  // Per-call seeds: fresh for every call, repeated after the same reseed.
+  const uint64_t second = source.next().seed;
+  EXPECT_NE(second, ctx.seed);
+  source.reseed(7);
+  EXPECT_EQ(source.next().seed, ctx.seed);
+  EXPECT_EQ(source.next().seed, second);
+}
+
+}  // namespace divlab
