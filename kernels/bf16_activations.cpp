@@ -15,9 +15,12 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/parallel.h"
+#include "kernels/op_spec.h"
 
 namespace divlab {
 
@@ -45,133 +48,68 @@ Buffer<float> widened(const OpContext& ctx, const Bf16Conversions& c, const bf16
   c.widen(ctx.stream, b.data(), p, n);
   return b;
 }
-// An activation output: its current contents widened (a kernel that leaves some of it alone
-// leaves the old values, as it would in place), rounded back when the call is done.
-struct Out {
-  const OpContext& ctx;
-  const Bf16Conversions& conv;
-  bf16* p;
-  int64_t n;
+
+// One argument of an adapted call, by its bf16-mode type: passed through, or (a bf16 array)
+// widened into an fp32 copy; a written bf16 array starts from its current contents (a kernel
+// that leaves some of it alone leaves the old values, as it would in place) and is rounded back
+// to nearest even bf16 once the fp32 kernel is done.
+template <class V>
+struct Bf16Arg {
+  V convert(const OpContext&, const Bf16Conversions&, V v, const ArgSpec&) { return v; }
+  void finish(const OpContext&, const Bf16Conversions&) {}
+};
+template <>
+struct Bf16Arg<const bf16*> {
   Buffer<float> v;
-  Out(const OpContext& context, const Bf16Conversions& c, bf16* out, int64_t count)
-      : ctx(context), conv(c), p(out), n(count), v(widened(context, c, out, count)) {}
-  Out(const Out&) = delete;
-  Out& operator=(const Out&) = delete;
-  float* data() { return p ? v.data() : nullptr; }
-  ~Out() {
-    if (p) conv.round(ctx.stream, p, v.data(), n);
+  const float* convert(const OpContext& ctx, const Bf16Conversions& c, const bf16* p,
+                       const ArgSpec& spec) {
+    v = widened(ctx, c, p, spec.size());
+    return p ? v.data() : nullptr;
+  }
+  void finish(const OpContext&, const Bf16Conversions&) {}
+};
+template <>
+struct Bf16Arg<bf16*> {
+  Buffer<float> v;
+  bf16* p = nullptr;
+  int64_t n = 0;
+  float* convert(const OpContext& ctx, const Bf16Conversions& c, bf16* out, const ArgSpec& spec) {
+    p = out, n = spec.size();
+    v = widened(ctx, c, out, n);
+    return p ? v.data() : nullptr;
+  }
+  void finish(const OpContext& ctx, const Bf16Conversions& c) {
+    if (p) c.round(ctx.stream, p, v.data(), n);
   }
 };
 
-void rmsnorm_forward(const OpContext& ctx, bf16* y, float* rstd, const float* x, const float* w,
-                     int N, int C, float eps) {
-  const auto& a = adapted<S32::RmsnormForward>(ctx);
-  Out y32(ctx, a.conv, y, int64_t(N) * C);
-  a.inner(ctx, y32.data(), rstd, x, w, N, C, eps);
-}
-void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
-                      const float* x, const float* w, const float* rstd, int N, int C) {
-  const auto& a = adapted<S32::RmsnormBackward>(ctx);
-  const auto dy32 = widened(ctx, a.conv, dy, int64_t(N) * C);
-  a.inner(ctx, dresid, dw, dy32.data(), x, w, rstd, N, C);
-}
-void linear_forward(const OpContext& ctx, bf16* y, const bf16* x, const bf16* W, int N, int in,
-                    int out) {
-  const auto& a = adapted<S32::LinearForward>(ctx);
-  const auto x32 = widened(ctx, a.conv, x, int64_t(N) * in),
-             W32 = widened(ctx, a.conv, W, int64_t(out) * in);
-  Out y32(ctx, a.conv, y, int64_t(N) * out);
-  a.inner(ctx, y32.data(), x32.data(), W32.data(), N, in, out);
-}
-void linear_backward(const OpContext& ctx, bf16* dx, float* dW, const bf16* dy, const bf16* x,
-                     const bf16* W, int N, int in, int out) {
-  const auto& a = adapted<S32::LinearBackward>(ctx);
-  const auto dy32 = widened(ctx, a.conv, dy, int64_t(N) * out),
-             x32 = widened(ctx, a.conv, x, int64_t(N) * in),
-             W32 = widened(ctx, a.conv, W, int64_t(out) * in);
-  Out dx32(ctx, a.conv, dx, int64_t(N) * in);
-  a.inner(ctx, dx32.data(), dW, dy32.data(), x32.data(), W32.data(), N, in, out);
-}
-void attention_forward(const OpContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B, int T_,
-                       int C, int NH) {
-  const auto& a = adapted<S32::AttentionForward>(ctx);
-  const int64_t N = int64_t(B) * T_;
-  const auto qkv32 = widened(ctx, a.conv, qkv, N * 3 * C);
-  Out out32(ctx, a.conv, out, N * C), att32(ctx, a.conv, att, int64_t(B) * NH * T_ * T_);
-  a.inner(ctx, out32.data(), att32.data(), qkv32.data(), B, T_, C, NH);
-}
-void attention_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
-                        const bf16* att, int B, int T_, int C, int NH) {
-  const auto& a = adapted<S32::AttentionBackward>(ctx);
-  const int64_t N = int64_t(B) * T_;
-  const auto dout32 = widened(ctx, a.conv, dout, N * C),
-             qkv32 = widened(ctx, a.conv, qkv, N * 3 * C),
-             att32 = widened(ctx, a.conv, att, int64_t(B) * NH * T_ * T_);
-  Out dqkv32(ctx, a.conv, dqkv, N * 3 * C);
-  a.inner(ctx, dqkv32.data(), dout32.data(), qkv32.data(), att32.data(), B, T_, C, NH);
-}
-void gelu_forward(const OpContext& ctx, bf16* y, const bf16* x, int64_t n) {
-  const auto& a = adapted<S32::GeluForward>(ctx);
-  const auto x32 = widened(ctx, a.conv, x, n);
-  Out y32(ctx, a.conv, y, n);
-  a.inner(ctx, y32.data(), x32.data(), n);
-}
-void gelu_backward(const OpContext& ctx, bf16* dx, const bf16* dy, const bf16* x, int64_t n) {
-  const auto& a = adapted<S32::GeluBackward>(ctx);
-  const auto dy32 = widened(ctx, a.conv, dy, n), x32 = widened(ctx, a.conv, x, n);
-  Out dx32(ctx, a.conv, dx, n);
-  a.inner(ctx, dx32.data(), dy32.data(), x32.data(), n);
-}
-void add(const OpContext& ctx, float* y, const float* a_, const bf16* b, int64_t n) {
-  const auto& a = adapted<S32::Add>(ctx);
-  const auto b32 = widened(ctx, a.conv, b, n);
-  a.inner(ctx, y, a_, b32.data(), n);
-}
-void cross_entropy(const OpContext& ctx, float* losses, bf16* dlogits, const bf16* logits,
-                   const TokenId* targets, int N, int V, float dloss) {
-  const auto& a = adapted<S32::CrossEntropy>(ctx);
-  const auto logits32 = widened(ctx, a.conv, logits, int64_t(N) * V);
-  Out dlogits32(ctx, a.conv, dlogits, int64_t(N) * V);
-  a.inner(ctx, losses, dlogits32.data(), logits32.data(), targets, N, V, dloss);
-}
-void embed_rmsnorm_backward(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
-                            const bf16* dy_norm, const float* dresid, const float* x0,
-                            const float* w_norm, const float* rstd, const TokenId* tokens, int B,
-                            int T_, int C, int V) {
-  const auto& a = adapted<S32::EmbedRmsnormBackward>(ctx);
-  const auto dy32 = widened(ctx, a.conv, dy_norm, int64_t(B) * T_ * C);
-  a.inner(ctx, dwte, dwpe, dw_norm, dy32.data(), dresid, x0, w_norm, rstd, tokens, B, T_, C, V);
-}
+// The adapter of `op`: its bf16-mode signature Fn16 around the bound fp32 kernel (Fn32), every
+// bf16 array converted as its spec (kernels/op_spec.h) says.
+template <Op op, class Fn16, class Fn32>
+struct Adapter;
+template <Op op, class... Args16, class Fn32>
+struct Adapter<op, void (*)(const OpContext&, Args16...), Fn32> {
+  static void call(const OpContext& ctx, Args16... args) {
+    const auto& a = *static_cast<const Adapted<Fn32>*>(ctx.state);
+    const std::tuple<Args16...> in(args...);
+    call_converted(ctx, a, in, OpSpec<op>::args(in), std::index_sequence_for<Args16...>());
+  }
 
-// The adapter of each op with activation arguments; the other ops' signatures are the same in
-// both catalogues and their kernels are taken as they are. (By op, not by signature: gelu_backward
-// and add, or gelu_forward and cast, have the same fp32 type.)
-template <Op op>
-constexpr auto adapter_of() {
-  if constexpr (op == Op::rmsnorm_forward)
-    return &rmsnorm_forward;
-  else if constexpr (op == Op::rmsnorm_backward)
-    return &rmsnorm_backward;
-  else if constexpr (op == Op::linear_forward)
-    return &linear_forward;
-  else if constexpr (op == Op::linear_backward)
-    return &linear_backward;
-  else if constexpr (op == Op::attention_forward)
-    return &attention_forward;
-  else if constexpr (op == Op::attention_backward)
-    return &attention_backward;
-  else if constexpr (op == Op::gelu_forward)
-    return &gelu_forward;
-  else if constexpr (op == Op::gelu_backward)
-    return &gelu_backward;
-  else if constexpr (op == Op::add)
-    return &add;
-  else if constexpr (op == Op::cross_entropy)
-    return &cross_entropy;
-  else if constexpr (op == Op::embed_rmsnorm_backward)
-    return &embed_rmsnorm_backward;
-  else
-    return nullptr;
+ private:
+  template <class Spec, size_t... I>
+  static void call_converted(const OpContext& ctx, const Adapted<Fn32>& a,
+                             const std::tuple<Args16...>& in, const Spec& spec,
+                             std::index_sequence<I...>) {
+    std::tuple<Bf16Arg<Args16>...> held;
+    a.inner(ctx, std::get<I>(held).convert(ctx, a.conv, std::get<I>(in), spec[I])...);
+    (std::get<I>(held).finish(ctx, a.conv), ...);
+  }
+};
+
+// Whether op's bf16-mode signature differs from its fp32 one (it has activation arguments).
+template <Op op, class From, class To>
+constexpr bool has_activations() {
+  return !std::is_same_v<typename From::Function, typename To::Function>;
 }
 
 template <Op op, class From, class To>
@@ -180,14 +118,15 @@ void adopt(const From& from, To& to, const std::string& name, const Bf16Conversi
   const auto* e = from.find(name);
   if (!e) throw std::logic_error("bf16 activations: no variant " + name + " of " + from.op);
   using Fn32 = typename From::Function;
-  constexpr auto adapter = adapter_of<op>();
+  using Fn16 = typename To::Function;
   if constexpr (op == Op::cast) {  // fp32 -> bf16 is the bf16 mode's own kernel
     throw std::logic_error("bf16 activations: op cast cannot be adopted");
-  } else if constexpr (std::is_same_v<decltype(adapter), const std::nullptr_t>) {
+  } else if constexpr (!has_activations<op, From, To>()) {
     to.add(e->name, e->fn, e->doc, e->owner);
   } else {
+    static_assert(OpSpec<op>::known, "an op with activation arguments needs a spec to be adapted");
     auto binding = std::make_shared<Adapted<Fn32>>(Adapted<Fn32>{e->fn, conv, e->owner});
-    to.add(e->name, {adapter, binding.get()}, e->doc, binding);
+    to.add(e->name, {&Adapter<op, Fn16, Fn32>::call, binding.get()}, e->doc, binding);
   }
 }
 

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <tuple>
+#include <type_traits>
 
+#include "kernels/op_spec.h"
 #include "kernels/shadow_replay.h"
 
 namespace divlab {
@@ -20,120 +23,89 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Copies of what the run's kernels just read (host or device memory) to the host, unconverted.
-// On a device the copy is queued behind the step's kernels, never waited for here: a wait would
-// drain the GPU's queue, and the launches after it would then run with the GPU idle.
-// Each tap function is bound to its tap (Kernel::state), so any number of taps can coexist.
+// Copies of what the run's kernel is about to read (host or device memory) to the host,
+// unconverted. On a device the copy is queued on the call's stream ahead of the kernel, never
+// waited for here: a wait would drain the GPU's queue, and the launches after it would then run
+// with the GPU idle.
 template <class T, class A>
 struct Recorder {
-  const OpContext& ctx;
-  ShadowTap<T, A>& t = *static_cast<ShadowTap<T, A>*>(ctx.state);
+  ShadowTap<T, A>& t;
+  typename ShadowTap<T, A>::Capture c;
+
   template <class V>
-  StagedArray copy(const V* p, int64_t n) const {
-    StagedArray a = StagedArray::make<V>(n, &t.staging());
-    t.run_kernels().memory->download_async(a.bytes.data(), p, sizeof(V) * size_t(n));
-    return a;
-  }
-  Staged<TokenId> ids(const TokenId* p, int64_t n) const {
-    Staged<TokenId> host(static_cast<size_t>(n), StagingAllocator<TokenId>(&t.staging()));
-    t.run_kernels().memory->download_async(host.data(), p, sizeof(TokenId) * size_t(n));
-    return host;
-  }
-  template <class... Arrays>
-  static std::vector<StagedArray> inputs(Arrays&&... arrays) {
-    return moved_list<StagedArray>(std::forward<Arrays>(arrays)...);
-  }
-  // Records one call: `make` builds the capture (the copies), timed.
-  template <class MakeCapture>
-  void record(const char* op, MakeCapture make) const {
-    const auto t0 = std::chrono::steady_clock::now();
-    typename ShadowTap<T, A>::Capture c = make();
-    c.seed = ctx.seed;
-    c.stream = ctx.stream;
-    t.store(op, std::move(c), seconds_since(t0));
+  void arg(const ArgSpec& spec, V v, size_t index) {
+    if constexpr (std::is_pointer_v<V>) {
+      using E = std::remove_const_t<std::remove_pointer_t<V>>;
+      if (!v) {
+        c.null_args |= uint64_t(1) << index;
+        return;
+      }
+      const size_t n = size_t(spec.size());
+      if constexpr (std::is_same_v<E, TokenId>) {
+        if (spec.role != ArgRole::TokenIds) return;
+        c.ids = Staged<TokenId>(n, StagingAllocator<TokenId>(&t.staging()));
+        t.run_kernels().memory->download_async(c.ids.data(), v, sizeof(TokenId) * n);
+      } else {
+        if (spec.role != ArgRole::Input) return;
+        StagedArray copy = StagedArray::make<E>(int64_t(n), &t.staging());
+        t.run_kernels().memory->download_async(copy.bytes.data(), v, sizeof(E) * n);
+        c.inputs.push_back(std::move(copy));
+      }
+    } else {
+      c.values.push_back(double(v));  // sizes, eps, dloss, flags: exact in a double
+    }
   }
 };
 
-// --- Taps: call the run's own kernel, then record its inputs if asked. ----------------------
-template <class T, class A>
-void tap_embed_rmsnorm_backward(const OpContext& ctx, T* dwte, T* dwpe, T* dw_norm,
-                                const A* dy_norm, const T* dresid, const T* x0, const T* w_norm,
-                                const T* rstd, const TokenId* tokens, int B, int T_, int C, int V) {
-  Recorder<T, A> r{ctx};
-  r.t.run_kernels().embed_rmsnorm_backward(ctx, dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm,
-                                           rstd, tokens, B, T_, C, V);
-  if (!r.t.wants("embed_rmsnorm_backward")) return;
-  const int64_t N = int64_t(B) * T_;
-  r.record("embed_rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
-    return {r.inputs(r.copy(dy_norm, N * C), r.copy(dresid, N * C), r.copy(x0, N * C),
-                     r.copy(w_norm, C), r.copy(rstd, N)),
-            r.ids(tokens, N),
-            {B, T_, C, V},
-            0.0};
-  });
+// The run's kernel of `op` (a KernelSet member).
+template <class T, class A, Op op>
+constexpr auto run_member() {
+// Op names are pasted into member names, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_MEMBER_OF(name, Signature) \
+  if constexpr (op == Op::name) return &KernelSet<T, A>::name;
+  DIVLAB_OPS(DIVLAB_MEMBER_OF)
+#undef DIVLAB_MEMBER_OF
+  // NOLINTEND(bugprone-macro-parentheses)
 }
 
-template <class T, class A>
-void tap_rmsnorm_forward(const OpContext& ctx, A* y, T* rstd, const T* x, const T* w, int N, int C,
-                         T eps) {
-  Recorder<T, A> r{ctx};
-  r.t.run_kernels().rmsnorm_forward(ctx, y, rstd, x, w, N, C, eps);
-  if (r.t.wants("rmsnorm_forward"))
-    r.record("rmsnorm_forward", [&]() -> typename ShadowTap<T, A>::Capture {
-      return {r.inputs(r.copy(x, int64_t(N) * C), r.copy(w, C)), {}, {N, C}, double(eps)};
-    });
-}
+// The tap of one op, bound to its ShadowTap (Kernel::state): records the call's inputs when the
+// tap is armed and asks for the op, then calls the run's own kernel unchanged. Recording comes
+// first because the kernel may add into arrays the op also reads (none today; safe anyway).
+template <class T, class A, Op op, class Fn>
+struct Tap;
+template <class T, class A, Op op, class... Args>
+struct Tap<T, A, op, void (*)(const OpContext&, Args...)> {
+  static void call(const OpContext& ctx, Args... args) {
+    auto& t = *static_cast<ShadowTap<T, A>*>(ctx.state);
+    if (t.wants(op_name(op))) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::tuple<Args...> a(args...);
+      const auto spec = OpSpec<op>::args(a);
+      Recorder<T, A> r{t, {}};
+      size_t index = 0;
+      std::apply([&](auto... v) { ((r.arg(spec[index], v, index), ++index), ...); }, a);
+      r.c.seed = ctx.seed;
+      r.c.stream = ctx.stream;
+      t.store(op_name(op), std::move(r.c), seconds_since(t0));
+    }
+    (t.run_kernels().*run_member<T, A, op>())(ctx, args...);
+  }
+};
 
+// Installs the tap of op `name` into `k`, bound to `tap`.
 template <class T, class A>
-void tap_rmsnorm_backward(const OpContext& ctx, T* dresid, T* dw, const A* dy, const T* x,
-                          const T* w, const T* rstd, int N, int C) {
-  Recorder<T, A> r{ctx};
-  // Record before the call: the run's kernel adds into dresid, which is not an input here.
-  if (r.t.wants("rmsnorm_backward"))
-    r.record("rmsnorm_backward", [&]() -> typename ShadowTap<T, A>::Capture {
-      return {r.inputs(r.copy(dy, int64_t(N) * C), r.copy(x, int64_t(N) * C), r.copy(w, C),
-                       r.copy(rstd, N)),
-              {},
-              {N, C},
-              0.0};
-    });
-  r.t.run_kernels().rmsnorm_backward(ctx, dresid, dw, dy, x, w, rstd, N, C);
-}
-
-template <class T, class A>
-void tap_linear_forward(const OpContext& ctx, A* y, const A* x, const A* W, int N, int in,
-                        int out) {
-  Recorder<T, A> r{ctx};
-  r.t.run_kernels().linear_forward(ctx, y, x, W, N, in, out);
-  if (r.t.wants("linear_forward"))
-    r.record("linear_forward", [&]() -> typename ShadowTap<T, A>::Capture {
-      return {r.inputs(r.copy(x, int64_t(N) * in), r.copy(W, int64_t(out) * in)),
-              {},
-              {N, in, out},
-              0.0};
-    });
-}
-
-template <class T, class A>
-void tap_attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B, int T_, int C,
-                           int NH) {
-  Recorder<T, A> r{ctx};
-  r.t.run_kernels().attention_forward(ctx, out, att, qkv, B, T_, C, NH);
-  if (r.t.wants("attention_forward"))
-    r.record("attention_forward", [&]() -> typename ShadowTap<T, A>::Capture {
-      return {r.inputs(r.copy(qkv, int64_t(B) * T_ * 3 * C)), {}, {B, T_, C, NH}, 0.0};
-    });
-}
-
-template <class T, class A>
-void tap_cross_entropy(const OpContext& ctx, T* losses, A* dlogits, const A* logits,
-                       const TokenId* targets, int N, int V, T dloss) {
-  Recorder<T, A> r{ctx};
-  r.t.run_kernels().cross_entropy(ctx, losses, dlogits, logits, targets, N, V, dloss);
-  if (r.t.wants("cross_entropy"))
-    r.record("cross_entropy", [&]() -> typename ShadowTap<T, A>::Capture {
-      return {r.inputs(r.copy(logits, int64_t(N) * V)), r.ids(targets, N), {N, V}, double(dloss)};
-    });
+void install_tap(KernelSet<T, A>& k, const std::string& name, ShadowTap<T, A>* tap) {
+  using S = OpSignatures<T, A>;
+// Op names and signatures are pasted into declarations, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_INSTALL_TAP(op_name, Signature) \
+  if constexpr (OpSpec<Op::op_name>::known)    \
+    if (name == #op_name)                      \
+      k.op_name = {&Tap<T, A, Op::op_name, typename S::Signature>::call, static_cast<void*>(tap)};
+  DIVLAB_OPS(DIVLAB_INSTALL_TAP)
+#undef DIVLAB_INSTALL_TAP
+  // NOLINTEND(bugprone-macro-parentheses)
 }
 
 }  // namespace
@@ -171,8 +143,19 @@ void StagingPool::put(void* p, size_t bytes) {
 }
 
 std::vector<std::string> shadowable_ops() {
-  return {"embed_rmsnorm_backward", "rmsnorm_forward",   "rmsnorm_backward",
-          "linear_forward",         "attention_forward", "cross_entropy"};
+  // Every op with a spec (kernels/op_spec.h) that a plug-in can replace, except
+  // attention_backward: it reads the probabilities its forward saved in the forward's own format
+  // (the fused cuDNN forward saves none), so a replay could not tell a bug from stale input.
+  std::vector<std::string> ops;
+// Op names are pasted into strings and template arguments only.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_SHADOWABLE(name, Signature)                                                   \
+  if (OpSpec<Op::name>::known && Op::name != Op::cast && Op::name != Op::attention_backward) \
+    ops.push_back(#name);
+  DIVLAB_OPS(DIVLAB_SHADOWABLE)
+#undef DIVLAB_SHADOWABLE
+  // NOLINTEND(bugprone-macro-parentheses)
+  return ops;
 }
 
 template <class Cat>
@@ -245,14 +228,7 @@ ShadowTap<T, A>::ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector
       specs_(specs) {
   for (const auto& s : specs) {
     ++wanted_[s.op];
-    if (s.op == "embed_rmsnorm_backward")
-      tapped_.embed_rmsnorm_backward = {tap_embed_rmsnorm_backward<T, A>, this};
-    if (s.op == "rmsnorm_forward") tapped_.rmsnorm_forward = {tap_rmsnorm_forward<T, A>, this};
-    if (s.op == "rmsnorm_backward") tapped_.rmsnorm_backward = {tap_rmsnorm_backward<T, A>, this};
-    if (s.op == "linear_forward") tapped_.linear_forward = {tap_linear_forward<T, A>, this};
-    if (s.op == "attention_forward")
-      tapped_.attention_forward = {tap_attention_forward<T, A>, this};
-    if (s.op == "cross_entropy") tapped_.cross_entropy = {tap_cross_entropy<T, A>, this};
+    install_tap(tapped_, s.op, this);
   }
   if (background < 0 ? !run_.memory->host_accessible : background > 0)
     worker_ = std::thread([this] { work(); });

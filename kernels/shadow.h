@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,9 @@ class StagingPool {
 template <class T>
 struct StagingAllocator {
   using value_type = T;
+  // A staged array moved into another takes its pool along (captures are built, then moved).
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
   StagingPool* pool = nullptr;
   StagingAllocator() = default;  // for arrays that stay empty (a capture without token ids)
   explicit StagingAllocator(StagingPool* p) : pool(p) {}
@@ -183,10 +187,10 @@ class ShadowTap {
   // ids, sizes and scalars. On a device the copies are queued, not finished: readable only once
   // the evaluation's fence has passed.
   struct Capture {
-    std::vector<StagedArray> inputs;
-    Staged<TokenId> ids;  // token ids (embedding op) or targets (cross-entropy)
-    std::vector<int> dims;
-    double scalar = 0;  // eps (rmsnorm_forward) or dloss (cross_entropy)
+    std::vector<StagedArray> inputs;  // the Input arrays (kernels/op_spec.h), in argument order
+    Staged<TokenId> ids;              // token ids (embedding op) or targets (cross-entropy)
+    std::vector<double> values;       // every size and scalar argument, in order (exact)
+    uint64_t null_args = 0;           // bit i: argument i was null (an output not asked for)
     // The call's seed and stream: a candidate replays with the seed the run's call had, on the
     // stream its inputs were written on.
     uint64_t seed = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/common/parallel.h"
@@ -81,6 +82,92 @@ struct ReplayMemory {
 
 }  // namespace
 
+namespace {
+// One argument of a replayed call: an array in the replaying kernels' memory, or a value.
+template <class V>
+struct ReplayArg {  // a size or a scalar: nothing to hold
+  template <class Capture>
+  void bind(const ReplayMemory&, const Capture&, const ArgSpec&, V&, size_t&, bool) {}
+  void take(const ReplayMemory&, const ArgSpec&, std::vector<Output>&) {}
+};
+template <class E>
+struct ReplayArg<E*> {
+  using V = std::remove_const_t<E>;
+  ReplayArray<V> array;
+  Buffer<TokenId> ids;
+  bool bound = false;
+  template <class Capture>
+  void bind(const ReplayMemory& m, const Capture& c, const ArgSpec& spec, E*& p, size_t& input,
+            bool null) {
+    if (null) return;  // the run passed null (an output it did not ask for): so does the replay
+    if constexpr (std::is_same_v<V, TokenId>) {
+      ids = m.ids(c.ids);
+      p = ReplayMemory::ids_ptr(ids, c.ids);
+    } else {
+      array = spec.role == ArgRole::Input ? m.in<V>(c.inputs.at(input++)) : m.out<V>(spec.size());
+      p = array.data();
+      bound = true;
+    }
+  }
+  void take(const ReplayMemory& m, const ArgSpec& spec, std::vector<Output>& out) {
+    if constexpr (!std::is_same_v<V, TokenId>)
+      if (bound && (spec.role == ArgRole::Output || spec.role == ArgRole::Accumulate))
+        out.push_back(Output{m.take(array), spec.rows, spec.cols, spec.key});
+  }
+};
+
+// The kernel of `op` in a kernel set (a KernelSet member).
+template <Op op, class U, class UA>
+const auto& kernel_of(const KernelSet<U, UA>& k) {
+// Op names are pasted into member names, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_KERNEL_OF(name, Signature) \
+  if constexpr (op == Op::name) return k.name;
+  DIVLAB_OPS(DIVLAB_KERNEL_OF)
+#undef DIVLAB_KERNEL_OF
+  // NOLINTEND(bugprone-macro-parentheses)
+}
+
+// Replays one recorded call of `op` with k's kernel: the call's sizes and scalars from the
+// capture, its inputs converted to k's storage, its outputs fresh and zeroed (an accumulating
+// op adds into zero, for the reference and the candidate alike).
+template <Op op, class Capture, class U, class UA>
+std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const OpContext& ctx,
+                              const ReplayMemory& m) {
+  const auto& kernel = kernel_of<op>(k);
+  using Fn = typename std::decay_t<decltype(kernel)>::Function;
+  using Args = typename OpArgs<Fn>::Tuple;
+  Args args{};
+  size_t value = 0;
+  std::apply(
+      [&](auto&... a) {
+        const auto set = [&](auto& x) {
+          using V = std::decay_t<decltype(x)>;
+          if constexpr (!std::is_pointer_v<V>) x = static_cast<V>(c.values.at(value++));
+        };
+        (set(a), ...);
+      },
+      args);
+  const auto spec = OpSpec<op>::args(args);
+  return std::apply(
+      [&](auto&... a) {
+        std::tuple<ReplayArg<std::decay_t<decltype(a)>>...> held;
+        size_t index = 0, input = 0;
+        std::apply(
+            [&](auto&... h) {
+              ((h.bind(m, c, spec[index], a, input, c.null_args >> index & 1), ++index), ...);
+            },
+            held);
+        kernel(ctx, a...);
+        std::vector<Output> out;
+        index = 0;
+        std::apply([&](auto&... h) { ((h.take(m, spec[index], out), ++index), ...); }, held);
+        return out;
+      },
+      args);
+}
+}  // namespace
+
 template <class T, class A, class U, class UA>
 std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
                            const KernelSet<U, UA>& k, OpContextSource& contexts,
@@ -88,64 +175,15 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
   OpContext ctx = contexts.next();
   ctx.seed = c.seed;
   ctx.stream = c.stream;
-  const auto& in = c.inputs;
-  const auto& d = c.dims;
   const ReplayMemory m{*k.memory, pool};
-  if (op == "embed_rmsnorm_backward") {
-    const int B = d[0], T_ = d[1], C = d[2], V = d[3];
-    auto dwte = m.out<U>(int64_t(V) * C), dwpe = m.out<U>(int64_t(T_) * C), dw = m.out<U>(C);
-    auto dy = m.in<UA>(in[0]);
-    auto dres = m.in<U>(in[1]), x0 = m.in<U>(in[2]), w = m.in<U>(in[3]), rstd = m.in<U>(in[4]);
-    auto ids = m.ids(c.ids);
-    k.embed_rmsnorm_backward(ctx, dwte.data(), dwpe.data(), dw.data(), dy.data(), dres.data(),
-                             x0.data(), w.data(), rstd.data(), ReplayMemory::ids_ptr(ids, c.ids), B,
-                             T_, C, V);
-    return moved_list<Output>(Output{m.take(dwte), V, C, RowKey::TokenId},
-                              Output{m.take(dwpe), T_, C, RowKey::None},
-                              Output{m.take(dw), 1, C, RowKey::None});
-  }
-  if (op == "rmsnorm_forward") {
-    const int N = d[0], C = d[1];
-    auto x = m.in<U>(in[0]), w = m.in<U>(in[1]);
-    auto y = m.out<UA>(int64_t(N) * C);
-    auto rstd = m.out<U>(N);
-    k.rmsnorm_forward(ctx, y.data(), rstd.data(), x.data(), w.data(), N, C, U(c.scalar));
-    return moved_list<Output>(Output{m.take(y), N, C, RowKey::Position});
-  }
-  if (op == "rmsnorm_backward") {
-    const int N = d[0], C = d[1];
-    auto dy = m.in<UA>(in[0]);
-    auto x = m.in<U>(in[1]), w = m.in<U>(in[2]), rstd = m.in<U>(in[3]);
-    auto dx = m.out<U>(int64_t(N) * C), dw = m.out<U>(C);
-    k.rmsnorm_backward(ctx, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-    return moved_list<Output>(Output{m.take(dx), N, C, RowKey::Position},
-                              Output{m.take(dw), 1, C, RowKey::None});
-  }
-  if (op == "linear_forward") {
-    const int N = d[0], i = d[1], o = d[2];
-    auto x = m.in<UA>(in[0]), W = m.in<UA>(in[1]);
-    auto y = m.out<UA>(int64_t(N) * o);
-    k.linear_forward(ctx, y.data(), x.data(), W.data(), N, i, o);
-    return moved_list<Output>(Output{m.take(y), N, o, RowKey::Position});
-  }
-  if (op == "attention_forward") {
-    const int B = d[0], T_ = d[1], C = d[2], NH = d[3];
-    auto qkv = m.in<UA>(in[0]);
-    auto out = m.out<UA>(int64_t(B) * T_ * C), att = m.out<UA>(int64_t(B) * NH * T_ * T_);
-    k.attention_forward(ctx, out.data(), att.data(), qkv.data(), B, T_, C, NH);
-    return moved_list<Output>(Output{m.take(out), int64_t(B) * T_, C, RowKey::Position});
-  }
-  if (op == "cross_entropy") {
-    const int N = d[0], V = d[1];
-    auto logits = m.in<UA>(in[0]);
-    auto losses = m.out<U>(N);
-    auto dlogits = m.out<UA>(int64_t(N) * V);
-    auto targets = m.ids(c.ids);
-    k.cross_entropy(ctx, losses.data(), dlogits.data(), logits.data(),
-                    ReplayMemory::ids_ptr(targets, c.ids), N, V, U(c.scalar));
-    return moved_list<Output>(Output{m.take(losses), N, 1, RowKey::Position},
-                              Output{m.take(dlogits), N, V, RowKey::Position});
-  }
+// Op names are pasted into strings and template arguments only.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_REPLAY_OP(name, Signature) \
+  if constexpr (OpSpec<Op::name>::known)  \
+    if (op == #name) return replay_op<Op::name>(c, k, ctx, m);
+  DIVLAB_OPS(DIVLAB_REPLAY_OP)
+#undef DIVLAB_REPLAY_OP
+  // NOLINTEND(bugprone-macro-parentheses)
   throw std::logic_error("shadow: no replay for op " + op);
 }
 

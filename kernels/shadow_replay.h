@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/op_spec.h"
 #include "kernels/shadow.h"
 
 namespace divlab::shadow_detail {
@@ -23,8 +24,6 @@ std::vector<Item> moved_list(Items&&... items) {
   return v;
 }
 
-// How an output's rows map to the batch's tokens, for the frequency buckets.
-enum class RowKey { Position, TokenId, None };
 // One output of a replay, in the storage it was computed in (widened only where compared).
 struct Output {
   StagedArray values;

@@ -129,7 +129,7 @@ class ShadowBadInput(unittest.TestCase):
         self.check(["shadow.every=1", "shadow.variants=[embed_rmsnorm_backward=bf17]"], "bf17")
 
     def test_op_without_shadow_support(self):
-        self.check(["shadow.every=1", "shadow.variants=[gelu_forward=reference]"],
+        self.check(["shadow.every=1", "shadow.variants=[attention_backward=reference]"],
                    "shadow mode evaluates")
 
     def test_entry_without_equals(self):
