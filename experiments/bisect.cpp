@@ -91,9 +91,8 @@ class Bisector {
       if (symlink(("../../baseline/cells/" + name).c_str(), link.c_str()) != 0 && errno != EEXIST)
         throw InputError("bisect: cannot create '" + link + "': " + std::strerror(errno));
     }
-    AnalyzeOptions an;
-    an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
-    an.dir = dir, an.plots = false, an.verbose = false;
+    AnalyzeOptions an = analyze_options(dir);
+    an.plots = false, an.verbose = false;
     BisectDecision d;
     d.subset = s;
     for (const Verdict& v : analyze(an))

@@ -47,7 +47,7 @@ const std::vector<KeySpec>& schema() {
       {"train.batch", Type::Int, "8", "sequences per step B", Range::Positive},
       {"train.steps", Type::Int, "100", "optimizer steps", Range::NonNegative},
       {"train.lr", Type::Float, "0.1", "peak learning rate", Range::Positive},
-      {"train.optimizer", Type::String, "sgd", "optimizer", Range::Any, {"sgd", "adamw"}},
+      {"train.optimizer", Type::String, "sgd", "optimizer", Range::Any, names_of<OptimizerKind>()},
       {"train.seed", Type::Int, "0", "seed for init and data", Range::NonNegative},
       {"train.momentum", Type::Float, "0", "SGD momentum", Range::UnitOpen},
       {"train.nesterov", Type::Bool, "false", "SGD Nesterov momentum"},
@@ -58,12 +58,8 @@ const std::vector<KeySpec>& schema() {
       {"train.eps", Type::Float, "1e-8", "AdamW epsilon", Range::Positive},
       {"train.grad_clip", Type::Float, "0", "global grad-norm clip (0 = off)", Range::NonNegative},
       {"train.warmup_steps", Type::Int, "0", "linear LR warmup steps", Range::NonNegative},
-      {"train.schedule",
-       Type::String,
-       "constant",
-       "LR after warmup",
-       Range::Any,
-       {"constant", "cosine"}},
+      {"train.schedule", Type::String, "constant", "LR after warmup", Range::Any,
+       names_of<LrSchedule>()},
       {"train.min_lr_ratio", Type::Float, "0.1", "cosine floor as a fraction of lr",
        Range::UnitClosed},
       {"train.precision",
@@ -366,6 +362,12 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
     return int(v);
   };
   auto f64 = [&](const std::string& k) { return parse_float(k, str(k)); };
+  // A closed set: its names are the schema's choices, checked above; parsed once, here.
+  const auto choice = [&](auto tag, const std::string& k) {
+    decltype(tag) v{};
+    if (!parse_name(str(k), &v)) throw std::logic_error("config: '" + k + "' escaped its check");
+    return v;
+  };
   cfg.backend = str("backend");
   cfg.data = str("data");
   ModelConfig& m = cfg.model;
@@ -374,11 +376,12 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   m.seq_len = i32("model.seq_len"), m.norm_eps = f64("model.norm_eps");
   m.init_std = f64("model.init_std");
   OptimConfig& o = cfg.optim;
-  o.kind = str("train.optimizer"), o.lr = f64("train.lr"), o.momentum = f64("train.momentum");
+  o.kind = choice(OptimizerKind{}, "train.optimizer"), o.lr = f64("train.lr"),
+  o.momentum = f64("train.momentum");
   o.nesterov = str("train.nesterov") == "true", o.weight_decay = f64("train.weight_decay");
   o.beta1 = f64("train.beta1"), o.beta2 = f64("train.beta2"), o.eps = f64("train.eps");
   o.grad_clip = f64("train.grad_clip"), o.warmup_steps = i64("train.warmup_steps");
-  o.schedule = str("train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
+  o.schedule = choice(LrSchedule{}, "train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
   cfg.batch = i32("train.batch"), cfg.steps = i64("train.steps");
   o.total_steps = cfg.steps;
   cfg.seed = uint64_t(i64("train.seed")), cfg.precision = str("train.precision");

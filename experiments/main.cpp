@@ -346,8 +346,7 @@ int main(int argc, char** argv) {
                     "--emit-slurm: a line run before divlab (modules, environment)");
 
   auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
-  AnalyzeOptions an;
-  an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
+  AnalyzeOptions an = analyze_options("");
   analyze_cmd->add_option("dir", an.dir, "sweep output folder")->required();
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
   bool fail_on_diverged = false;

@@ -115,9 +115,8 @@ int run_reproduce(const ReproduceOptions& in) {
   const SweepSummary s = run_sweep(sw);
   std::printf("\nsweep: %d cells: %d completed, %d nan, %d failed, %d already finished\n\n",
               s.cells, s.completed, s.nan, s.failed, s.skipped);
-  AnalyzeOptions an;
-  an.is_benign = cpu_variant_is_benign;  // for traces without /kernel_roles
-  an.dir = opt.out, an.plots = opt.plots, an.verbose = false;
+  AnalyzeOptions an = analyze_options(opt.out);
+  an.plots = opt.plots, an.verbose = false;
   const auto verdicts = analyze(an);
 
   // The masking matrix: one row per group (data, optimizer, tokens per step) in grid order, one

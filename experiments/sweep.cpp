@@ -27,6 +27,7 @@
 #include "experiments/grid.h"
 #include "experiments/train.h"
 #include "io/trace.h"
+#include "kernels/registry.h"
 
 namespace divlab {
 
@@ -321,6 +322,13 @@ void emit_slurm(const Grid& g, const SweepOptions& opt,
 }
 
 }  // namespace
+
+AnalyzeOptions analyze_options(const std::string& dir) {
+  AnalyzeOptions an;
+  an.dir = dir;
+  an.is_benign = cpu_variant_is_benign;
+  return an;
+}
 
 SweepSummary run_sweep(const SweepOptions& opt) {
   accept_stop_requests();  // a signal now stops the cells in order (signals.h)

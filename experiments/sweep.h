@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "analysis/analyze.h"
+
 namespace divlab {
 
 // --emit-slurm's resources: a value given here overrides the grid's [slurm] one; unset ones
@@ -33,6 +35,10 @@ struct SweepSummary {
 // Throws InputError for a bad grid or an output directory that holds another grid's cells, and
 // StopRequested (signals.h) after stopping its cells when asked to stop.
 SweepSummary run_sweep(const SweepOptions& opt);
+
+// How every command analyses a sweep folder `dir`: kernel roles from the traces, and for traces
+// that do not record them the CPU catalogue's answer.
+AnalyzeOptions analyze_options(const std::string& dir);
 
 // DIR/cells/NNNN.h5 for cell i.
 std::string cell_trace_path(const std::string& dir, size_t cell);

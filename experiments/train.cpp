@@ -82,12 +82,7 @@ std::string kernel_roles(const RunConfig& cfg) {
     for (const auto& choice : cfg.kernels) {
       const std::string &op = choice.first, &variant = choice.second;
       if (variant == "reference") continue;
-      bool benign = false;
-      cat.for_each_op([&](const auto& ops, auto) {
-        if (ops.op != op) return;
-        if (const auto* e = ops.find(variant)) benign = e->doc.benign;
-      });
-      out += op + "=" + variant + (benign ? " control\n" : " candidate\n");
+      out += op + "=" + variant + (cat.is_benign(op, variant) ? " control\n" : " candidate\n");
     }
     return out;
   });
@@ -295,7 +290,7 @@ int64_t predicted_bytes(const RunConfig& cfg, int64_t params) {
   const int64_t scratch =
       t * (3 * N * C + square + 4 * N * C + 2 * rows + int64_t(m.vocab) * C + 64 * C + 4 * N) +
       (a < t ? a * square : 0);
-  const int64_t optimizer = (cfg.optim.kind == "adamw" ? 2 : 1) * params * t;
+  const int64_t optimizer = (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1) * params * t;
   return optimizer + scratch;
 }
 
@@ -353,7 +348,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   TraceWriter trace(opt.out, resume ? true : opt.force);
   lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device);
   if (cfg.checkpoint_every > 0)
-    lay_out_checkpoints(trace, n_params, cfg.optim.kind == "adamw", m.vocab);
+    lay_out_checkpoints(trace, n_params, cfg.optim.kind == OptimizerKind::AdamW, m.vocab);
   if (cfg.initial_weights) lay_out_weights(trace, "initial", model.layout());
   if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
   if (resume)
@@ -365,7 +360,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       throw InputError("--resume '" + opt.out + "': the checkpoint does not fit the model");
     model.params().assign(c.params);
     optim.first_moment().assign(c.first_moment);
-    if (cfg.optim.kind == "adamw") optim.second_moment().assign(c.second_moment);
+    if (cfg.optim.kind == OptimizerKind::AdamW) optim.second_moment().assign(c.second_moment);
     token_counts = c.token_counts;
     for (const auto& [series, values] : resume->history) {
       for (double v : values) trace.append(series, v);
@@ -542,7 +537,7 @@ void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
                        (it == before.end() ? std::string("unset") : it->second) + ", given " +
                        value + "); a resumed run may only change train.steps, train.threads, " +
                        "trace.flush_*, trace.final_weights, checkpoint.every and debug.*");
-    if (key == "train.steps" && now.optim.schedule == "cosine")
+    if (key == "train.steps" && now.optim.schedule == LrSchedule::Cosine)
       throw InputError("--resume '" + path + "': --set train.steps changes the cosine " +
                        "schedule, which spans train.steps, so the steps already run would have " +
                        "had other learning rates");

@@ -109,13 +109,18 @@ std::vector<std::string> op_names() {
   return names;
 }
 
-bool cpu_variant_is_benign(const std::string& op, const std::string& variant) {
+template <class T, class A>
+bool Catalogue<T, A>::is_benign(const std::string& op, const std::string& variant) const {
   bool benign = false;
-  cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+  for_each_op([&](const auto& ops, auto) {
     if (ops.op != op) return;
     if (const auto* e = ops.find(variant)) benign = e->doc.benign;
   });
   return benign;
+}
+
+bool cpu_variant_is_benign(const std::string& op, const std::string& variant) {
+  return cpu_catalogue<float>().is_benign(op, variant);
 }
 
 template struct Catalogue<float>;

@@ -131,6 +131,8 @@ struct Catalogue {
   // `choice` maps op name -> variant name; ops not named get "reference".
   // Throws UnknownKernel naming the valid ops or variants.
   KernelSet<T, A> select(const std::map<std::string, std::string>& choice) const;
+  // Whether `variant` of `op` is documented as a benign control (false if there is none).
+  bool is_benign(const std::string& op, const std::string& variant) const;
 
  private:
   template <class Self, class F>

@@ -6,7 +6,7 @@ namespace divlab {
 
 double lr_at(const OptimConfig& cfg, int64_t step) {
   if (step < cfg.warmup_steps) return cfg.lr * double(step + 1) / double(cfg.warmup_steps);
-  if (cfg.schedule == "constant") return cfg.lr;
+  if (cfg.schedule == LrSchedule::Constant) return cfg.lr;
   const double span = double(std::max<int64_t>(1, cfg.total_steps - cfg.warmup_steps));
   const double progress = std::min(1.0, double(step - cfg.warmup_steps) / span);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
@@ -19,7 +19,7 @@ Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& la
     : cfg_(cfg),
       layout_(layout),
       m_(mem, layout.back().offset + layout.back().size),
-      v_(mem, cfg.kind == "adamw" ? layout.back().offset + layout.back().size : 0),
+      v_(mem, cfg.kind == OptimizerKind::AdamW ? layout.back().offset + layout.back().size : 0),
       sum_squares_(mem, int64_t(layout.size())) {}
 
 template <class T>
@@ -47,7 +47,7 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
     T* w = model.params().data() + p.offset;
     const T* g = model.grads().data() + p.offset;
     const T wd = p.is_norm ? T(0) : T(cfg_.weight_decay);
-    if (cfg_.kind == "adamw") {
+    if (cfg_.kind == OptimizerKind::AdamW) {
       k.adamw_step(model.next_op_context(), w, m_.data() + p.offset, v_.data() + p.offset, g,
                    p.size, lr, T(cfg_.beta1), T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
     } else {

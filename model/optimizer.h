@@ -5,12 +5,27 @@
 #include <string>
 #include <vector>
 
+#include "common/named_enum.h"
 #include "model/transformer.h"
 
 namespace divlab {
 
+enum class OptimizerKind { Sgd, AdamW };
+template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr std::pair<OptimizerKind, const char*> table[] = {
+      {OptimizerKind::Sgd, "sgd"}, {OptimizerKind::AdamW, "adamw"}};
+};
+// The learning rate after warmup: constant, or cosine decay to lr * min_lr_ratio at total_steps.
+enum class LrSchedule { Constant, Cosine };
+template <>
+struct EnumNames<LrSchedule> {
+  static constexpr std::pair<LrSchedule, const char*> table[] = {{LrSchedule::Constant, "constant"},
+                                                                 {LrSchedule::Cosine, "cosine"}};
+};
+
 struct OptimConfig {
-  std::string kind = "sgd";  // sgd | adamw
+  OptimizerKind kind = OptimizerKind::Sgd;
   double lr = 0.1;
   double momentum = 0.0;      // SGD
   bool nesterov = false;      // SGD
@@ -18,7 +33,7 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
   double grad_clip = 0.0;                         // global L2 norm; 0 = off
   int64_t warmup_steps = 0;                       // linear warmup from lr/warmup to lr
-  std::string schedule = "constant";  // constant | cosine (to lr * min_lr_ratio at total_steps)
+  LrSchedule schedule = LrSchedule::Constant;
   double min_lr_ratio = 0.1;
   int64_t total_steps = 1;
 };

@@ -30,7 +30,7 @@ TEST(Config, FileThenSetOverrides) {
   EXPECT_EQ(c.model.d_model, 96);
   EXPECT_EQ(c.model.n_layers, 3);
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.2);
-  EXPECT_EQ(c.optim.kind, "adamw");
+  EXPECT_EQ(c.optim.kind, OptimizerKind::AdamW);
   EXPECT_EQ(c.kernels.at("embed_rmsnorm_backward"), "reference");
 }
 

@@ -39,19 +39,19 @@ double overfit(const OptimConfig& oc, int steps) {
 // lr 0.5 sits at the stability edge of this model: it diverged for 1 seed in 20 at lr 0.3.
 TEST(Training, SgdOverfitsOneBatch) {
   OptimConfig oc;
-  oc.kind = "sgd", oc.lr = 0.2, oc.momentum = 0.9, oc.total_steps = 300;
+  oc.kind = OptimizerKind::Sgd, oc.lr = 0.2, oc.momentum = 0.9, oc.total_steps = 300;
   EXPECT_LT(overfit(oc, 300), 0.05) << "seed " << test_seed();
 }
 
 TEST(Training, AdamwOverfitsOneBatch) {
   OptimConfig oc;
-  oc.kind = "adamw", oc.lr = 1e-2, oc.weight_decay = 0.0, oc.total_steps = 300;
+  oc.kind = OptimizerKind::AdamW, oc.lr = 1e-2, oc.weight_decay = 0.0, oc.total_steps = 300;
   EXPECT_LT(overfit(oc, 300), 0.05) << "seed " << test_seed();
 }
 
 TEST(Schedule, WarmupThenCosine) {
   OptimConfig oc;
-  oc.lr = 1.0, oc.warmup_steps = 10, oc.schedule = "cosine", oc.min_lr_ratio = 0.1,
+  oc.lr = 1.0, oc.warmup_steps = 10, oc.schedule = LrSchedule::Cosine, oc.min_lr_ratio = 0.1,
   oc.total_steps = 110;
   EXPECT_DOUBLE_EQ(lr_at(oc, 0), 0.1);
   EXPECT_DOUBLE_EQ(lr_at(oc, 9), 1.0);

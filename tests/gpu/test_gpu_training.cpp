@@ -25,8 +25,8 @@ constexpr int kBatch = 16;
 
 OptimConfig sgd(int steps) {
   OptimConfig oc;
-  oc.kind = "sgd", oc.lr = 0.1, oc.momentum = 0.9, oc.grad_clip = 1.0, oc.warmup_steps = 10,
-  oc.schedule = "cosine", oc.total_steps = steps;
+  oc.kind = OptimizerKind::Sgd, oc.lr = 0.1, oc.momentum = 0.9, oc.grad_clip = 1.0,
+  oc.warmup_steps = 10, oc.schedule = LrSchedule::Cosine, oc.total_steps = steps;
   return oc;
 }
 
