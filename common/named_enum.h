@@ -45,4 +45,14 @@ bool parse_name(const std::string& name, E* out) {
   return false;
 }
 
+// "a, b or c": the valid names, for a message.
+template <class E>
+std::string names_text() {
+  const auto names = names_of<E>();
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
 }  // namespace divlab

@@ -12,11 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
+
 namespace divlab {
 
 struct CheckOptions {
   std::string target;                // "op=variant"
-  std::string backend = "cpu";       // where the variant runs
+  Backend backend = Backend::Cpu;    // where the variant runs
   std::vector<std::string> plugins;  // libraries to load first
   bool train = false;                // then run the short reproduce grid for the candidate
   std::string out;                   // --train: grid output folder

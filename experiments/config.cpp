@@ -32,7 +32,7 @@ struct KeySpec {
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
-      {"backend", Type::String, "cpu", "where the run executes", Range::Any, {"cpu", "cuda"}},
+      {"backend", Type::String, "cpu", "where the run executes", Range::Any, names_of<Backend>()},
       {"data", Type::String, "uniform",
        "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown"},
       {"plugins", Type::List, "",
@@ -62,13 +62,10 @@ const std::vector<KeySpec>& schema() {
        names_of<LrSchedule>()},
       {"train.min_lr_ratio", Type::Float, "0.1", "cosine floor as a fraction of lr",
        Range::UnitClosed},
-      {"train.precision",
-       Type::String,
-       "fp32",
+      {"train.precision", Type::String, "fp32",
        "working precision: fp32 | fp64 (cpu) | bf16 (activations stored in bf16; fp32 "
        "accumulation, residual stream and master weights; cuda: bf16 tensor-core GEMMs)",
-       Range::Any,
-       {"fp32", "fp64", "bf16"}},
+       Range::Any, names_of<Precision>()},
       {"train.threads", Type::Int, "0", "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)",
        Range::NonNegative},
       {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)", Range::NonNegative},
@@ -368,7 +365,7 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
     if (!parse_name(str(k), &v)) throw std::logic_error("config: '" + k + "' escaped its check");
     return v;
   };
-  cfg.backend = str("backend");
+  cfg.backend = choice(Backend{}, "backend");
   cfg.data = str("data");
   ModelConfig& m = cfg.model;
   m.vocab = i32("model.vocab"), m.d_model = i32("model.d_model");
@@ -384,7 +381,7 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   o.schedule = choice(LrSchedule{}, "train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
   cfg.batch = i32("train.batch"), cfg.steps = i64("train.steps");
   o.total_steps = cfg.steps;
-  cfg.seed = uint64_t(i64("train.seed")), cfg.precision = str("train.precision");
+  cfg.seed = uint64_t(i64("train.seed")), cfg.precision = choice(Precision{}, "train.precision");
   cfg.threads = i32("train.threads");
   cfg.eval_every = i64("eval.every"), cfg.eval_batches = i32("eval.batches");
   cfg.shadow_every = i64("shadow.every");
@@ -429,13 +426,13 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   // Kernel names are checked against the backend's own catalogue. A cuda configuration read by
   // a build without CUDA (e.g. analysing GPU traces on a laptop) is checked against the CPU's
   // names; running it fails later with its own message.
-  const bool checkable = cfg.backend == "cpu" || cuda_built();
+  const bool checkable = cfg.backend == Backend::Cpu || cuda_built();
   try {
     const auto validate = [&](const auto& cat) {
       if (checkable || cfg.kernels.empty()) cat.select(cfg.kernels);
       parse_shadow_specs(cfg.shadow_variants, cat);
     };
-    if (cfg.precision == "fp64") backend_catalogue<double>(cfg.backend, cfg.precision);
+    if (cfg.precision == Precision::Fp64) backend_catalogue<double>(cfg.backend, cfg.precision);
     if (checkable)
       with_backend_catalogue(cfg.backend, cfg.precision, validate);
     else

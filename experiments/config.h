@@ -1,6 +1,5 @@
 // Run configuration: one schema of dotted keys, read from TOML (toml++, strict types), overridden
-// by
-// `--set key=value`, validated with a message that names the key, and printed back as TOML.
+// by `--set key=value`, validated with a message that names the key, and printed back as TOML.
 #pragma once
 
 #include <map>
@@ -8,22 +7,23 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "kernels/backend.h"
 #include "model/optimizer.h"
 #include "model/transformer.h"
 
 namespace divlab {
 
 struct RunConfig {
-  std::string backend = "cpu";
+  Backend backend = Backend::Cpu;
   std::string data = "uniform";
   ModelConfig model;
   OptimConfig optim;
   int batch = 8;
   int64_t steps = 100;
   uint64_t seed = 0;
-  std::string precision = "fp32";  // fp32 | fp64 (cpu) | bf16 (cuda)
-  int threads = 0;                 // 0: all cores
-  int64_t eval_every = 0;          // 0: no evaluation
+  Precision precision = Precision::Fp32;
+  int threads = 0;         // 0: all cores
+  int64_t eval_every = 0;  // 0: no evaluation
   int eval_batches = 4;
   std::map<std::string, std::string> kernels;  // op -> variant
   int64_t shadow_every = 0;

@@ -122,6 +122,16 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   return 0;
 }
 
+// A command-line option's value from a closed set, parsed once; one line naming the option
+// and the valid values otherwise.
+template <class E>
+E option_choice(const std::string& option, const std::string& value) {
+  E v{};
+  if (!parse_name(value, &v))
+    throw InputError(option + " '" + value + "': expected " + names_text<E>());
+  return v;
+}
+
 std::string partner_note(const Partner* p, const char* before, const char* after) {
   return p ? before + p->op + "=" + p->variant + after : "";
 }
@@ -129,14 +139,12 @@ std::string partner_note(const Partner* p, const char* before, const char* after
 // Lists every op and variant of a backend's catalogue with its documentation (no device is
 // touched); --markdown writes docs/kernels.md's body.
 int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std::string>& plugins,
-                const std::string& backend, const std::string& precision) {
+                Backend backend, Precision precision) {
   try {
     load_plugins(plugins);
   } catch (const PluginError& e) {
     throw InputError(std::string("--plugins: ") + e.what());
   }
-  if (precision != "fp32" && precision != "fp64" && precision != "bf16")
-    throw InputError("--precision '" + precision + "': expected fp32, fp64 or bf16");
   bool found = only_op.empty();
   const auto list = [&](const auto& catalogue) {
     catalogue.for_each_op([&](const auto& ops, auto) {
@@ -225,7 +233,8 @@ int main(int argc, char** argv) {
   CheckOptions ck;
   check->add_option("target", ck.target, "OP=VARIANT, e.g. embed_rmsnorm_backward=bf16_accum")
       ->required();
-  check->add_option("--backend", ck.backend, "cpu | cuda (where the variant runs)")
+  std::string check_backend = "cpu";
+  check->add_option("--backend", check_backend, "cpu | cuda (where the variant runs)")
       ->capture_default_str();
   check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
   check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
@@ -357,10 +366,9 @@ int main(int argc, char** argv) {
   ReproduceOptions rp;
   reproduce->add_flag("--quick", rp.quick, "the short version (CI)");
   reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])");
-  reproduce
-      ->add_option("--backend", rp.backend,
-                   "cpu (the laptop grid) or cuda (real text at a realistic batch, one GPU)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  std::string reproduce_backend = "cpu";
+  reproduce->add_option("--backend", reproduce_backend,
+                        "cpu (the laptop grid) or cuda (real text at a realistic batch, one GPU)");
   reproduce->add_option("--config", rp.grid,
                         "grid (default configs/reproduce.toml; --backend cuda: "
                         "configs/reproduce-gpu.toml)");
@@ -439,11 +447,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*kernels)
-      return cmd_kernels(only_op, markdown, kernel_plugins, kernels_backend, kernels_precision);
+      return cmd_kernels(only_op, markdown, kernel_plugins,
+                         option_choice<Backend>("--backend", kernels_backend),
+                         option_choice<Precision>("--precision", kernels_precision));
     if (*bisect) return cmd_bisect(bs);
     if (*check) {
       ck.plots = !check_no_plots;
       ck.sanitizer = !check_no_sanitizer;
+      ck.backend = option_choice<Backend>("--backend", check_backend);
       return cmd_check(ck);
     }
     if (*sweep) {
@@ -453,7 +464,10 @@ int main(int argc, char** argv) {
                     r.cells, r.completed, r.nan, r.failed, r.skipped);
       return 0;
     }
-    if (*reproduce) return run_reproduce(rp);
+    if (*reproduce) {
+      rp.backend = option_choice<Backend>("--backend", reproduce_backend);
+      return run_reproduce(rp);
+    }
     if (*analyze_cmd) {
       const auto verdicts = analyze(an);
       const bool diverged = std::any_of(verdicts.begin(), verdicts.end(),

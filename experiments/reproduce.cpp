@@ -103,7 +103,7 @@ std::string model_samples(const std::vector<Verdict>& verdicts) {
 
 int run_reproduce(const ReproduceOptions& in) {
   ReproduceOptions opt = in;
-  const bool gpu = opt.backend == "cuda";
+  const bool gpu = opt.backend == Backend::Cuda;
   if (opt.grid.empty())
     opt.grid = resource_path(gpu ? "configs/reproduce-gpu.toml" : "configs/reproduce.toml");
   if (opt.out.empty())

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/backend.h"
+
 namespace divlab {
 
 struct ReproduceOptions {
-  std::string backend = "cpu";  // cuda: the real-text grid for one GPU (configs/reproduce-gpu.toml)
+  Backend backend = Backend::Cpu;  // cuda: the real-text grid for one GPU (reproduce-gpu.toml)
   std::string grid;  // default: configs/reproduce.toml (cpu) or configs/reproduce-gpu.toml
   std::string out;   // default: runs/reproduce[-gpu][-quick]
   bool quick = false;

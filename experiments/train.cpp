@@ -26,6 +26,7 @@
 #include "io/checkpoint.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
+#include "kernels/plugins.h"
 #include "kernels/profile.h"
 #include "kernels/shadow.h"
 #include "model/optimizer.h"
@@ -102,11 +103,12 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/", "cpu_model", cpu_model());
   w.attr("/", "compiler", std::string(kCompiler));
   w.attr("/", "build_flags", std::string(kBuildFlags));
-  w.attr("/", "backend", cfg.backend);
+  w.attr("/", "backend", std::string(name_of(cfg.backend)));
   w.attr("/", "device", device);
-  w.attr("/", "precision", cfg.precision);
+  w.attr("/", "precision", std::string(name_of(cfg.precision)));
   w.attr("/", "threads", int64_t(threads));
   w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
+  if (!cfg.plugins.empty()) w.attr("/", "plugins", loaded_plugins_identity());
   w.status_attr("running");
   w.attr("/", "config_toml", cfg.to_toml());
   w.attr("/", "kernel_roles", kernel_roles(cfg));
@@ -311,7 +313,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                      : (cfg.initial_weights || cfg.final_weights) ? 1
                                                                   : 0;
   const int64_t checkpoint_bytes =
-      cfg.backend == "cpu" ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
+      cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
   const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
                         predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes;
   check_backend_fits(cfg.backend, size_t(bytes),
@@ -494,9 +496,9 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   const auto data = make_dataset(cfg.data, dopt);
   TrainResult r;
   try {
-    if (cfg.precision == "fp64")
+    if (cfg.precision == Precision::Fp64)
       r = train_impl<double>(cfg, opt, *data, threads, device, resume);
-    else if (cfg.precision == "bf16")
+    else if (cfg.precision == Precision::Bf16)
       r = train_impl<float, bf16>(cfg, opt, *data, threads, device, resume);
     else
       r = train_impl<float>(cfg, opt, *data, threads, device, resume);

@@ -34,20 +34,18 @@ namespace {
 }  // namespace
 
 template <>
-const Catalogue<double>& backend_catalogue(const std::string& backend,
-                                           const std::string& precision) {
-  if (backend != "cpu")
-    throw BackendError("train.precision = \"" + precision + "\" runs on backend = \"cpu\" only");
+const Catalogue<double>& backend_catalogue(Backend backend, Precision precision) {
+  if (backend != Backend::Cpu)
+    throw BackendError(std::string("train.precision = \"") + name_of(precision) +
+                       "\" runs on backend = \"cpu\" only");
   return cpu_catalogue<double>();
 }
 
 template <>
-const Catalogue<float>& backend_catalogue(const std::string& backend,
-                                          const std::string& precision) {
-  if (precision == "bf16")  // a caller's mistake, not the user's: bf16 has its own catalogue type
+const Catalogue<float>& backend_catalogue(Backend backend, Precision precision) {
+  if (precision == Precision::Bf16)  // a caller's mistake: bf16 has its own catalogue type
     throw std::logic_error("backend_catalogue<float>: bf16 mode is Catalogue<float, bf16>");
-  if (backend == "cpu") return cpu_catalogue<float>();
-  if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
+  if (backend == Backend::Cpu) return cpu_catalogue<float>();
 #ifdef DIVLAB_HAVE_CUDA
   return cuda::catalogue();
 #else
@@ -56,11 +54,8 @@ const Catalogue<float>& backend_catalogue(const std::string& backend,
 }
 
 template <>
-const Catalogue<float, bf16>& backend_catalogue(const std::string& backend,
-                                                const std::string& precision) {
-  (void)precision;
-  if (backend == "cpu") return cpu_bf16_catalogue();
-  if (backend != "cuda") throw BackendError("backend = \"" + backend + "\": expected cpu or cuda");
+const Catalogue<float, bf16>& backend_catalogue(Backend backend, Precision /*bf16*/) {
+  if (backend == Backend::Cpu) return cpu_bf16_catalogue();
 #ifdef DIVLAB_HAVE_CUDA
   return cuda::bf16_catalogue();
 #else
@@ -89,8 +84,8 @@ std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue
 #endif
 }
 
-std::string open_backend(const std::string& backend) {
-  if (backend == "cpu") return "cpu";
+std::string open_backend(Backend backend) {
+  if (backend == Backend::Cpu) return "cpu";
 #ifdef DIVLAB_HAVE_CUDA
   std::string error;
   const cuda::DeviceInfo d = cuda::query_device(&error);
@@ -151,8 +146,8 @@ size_t available_host_memory() {
   return available == kNone ? 0 : available;
 }
 
-void check_backend_fits(const std::string& backend, size_t bytes, const std::string& what) {
-  if (backend == "cpu") {
+void check_backend_fits(Backend backend, size_t bytes, const std::string& what) {
+  if (backend == Backend::Cpu) {
     const size_t available = available_host_memory();
     const size_t margin = size_t(256) << 20;  // the dataset, thread stacks, HDF5's caches
     if (available > 0 && bytes + margin > available) {
@@ -163,7 +158,6 @@ void check_backend_fits(const std::string& backend, size_t bytes, const std::str
     }
     return;
   }
-  if (backend != "cuda") return;
 #ifdef DIVLAB_HAVE_CUDA
   try {
     cuda::check_fits(bytes, what);

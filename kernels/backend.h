@@ -12,11 +12,26 @@
 #include <utility>
 #include <vector>
 
+#include "common/named_enum.h"
 #include "kernels/bf16_activations.h"
 #include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab {
+
+enum class Backend { Cpu, Cuda };
+template <>
+struct EnumNames<Backend> {
+  static constexpr std::pair<Backend, const char*> table[] = {{Backend::Cpu, "cpu"},
+                                                              {Backend::Cuda, "cuda"}};
+};
+// The run's working precision: fp32, fp64 (cpu), or bf16 (activations stored in bf16).
+enum class Precision { Fp32, Fp64, Bf16 };
+template <>
+struct EnumNames<Precision> {
+  static constexpr std::pair<Precision, const char*> table[] = {
+      {Precision::Fp32, "fp32"}, {Precision::Fp64, "fp64"}, {Precision::Bf16, "bf16"}};
+};
 
 // A backend/precision combination that cannot run: what() is one line for the user (exit 2).
 struct BackendError : std::runtime_error {
@@ -42,20 +57,19 @@ std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue
 // build does not have. bf16 mode is Catalogue<float, bf16> (activations in bf16); fp32 and
 // fp64 are Catalogue<float> and Catalogue<double>.
 template <class T, class A = T>
-const Catalogue<T, A>& backend_catalogue(const std::string& backend, const std::string& precision);
+const Catalogue<T, A>& backend_catalogue(Backend backend, Precision precision);
 
 // Calls f(catalogue) with the catalogue a run of `backend` and `precision` selects its kernels
 // from (fp64: the fp32 catalogue, which names the same variants), whatever its storage types.
 template <class F>
-decltype(auto) with_backend_catalogue(const std::string& backend, const std::string& precision,
-                                      F&& f) {
-  if (precision == "bf16") return f(backend_catalogue<float, bf16>(backend, precision));
-  return f(backend_catalogue<float>(backend, precision == "fp64" ? "fp32" : precision));
+decltype(auto) with_backend_catalogue(Backend backend, Precision precision, F&& f) {
+  if (precision == Precision::Bf16) return f(backend_catalogue<float, bf16>(backend, precision));
+  return f(backend_catalogue<float>(backend, Precision::Fp32));
 }
 
 // Makes sure `backend` can run on this machine now (for cuda: a GPU of compute capability 9.0 or
 // newer) and returns a one-line description of the device. Throws BackendError.
-std::string open_backend(const std::string& backend);
+std::string open_backend(Backend backend);
 
 // Synchronise after every kernel launch (cuda), naming the kernel that failed.
 void set_kernel_debug_sync(bool on);
@@ -63,7 +77,7 @@ void set_kernel_debug_sync(bool on);
 // Throws BackendError when `bytes` of tensors will not fit in the backend's free memory: the
 // device's (cuda), or the host's available memory within this process's cgroup limit (cpu).
 // `what` names the consumer.
-void check_backend_fits(const std::string& backend, size_t bytes, const std::string& what);
+void check_backend_fits(Backend backend, size_t bytes, const std::string& what);
 
 // Bytes of host memory this process can still take: MemAvailable, lowered to what is left
 // under a cgroup (v2 or v1) memory limit. 0 if neither can be read.

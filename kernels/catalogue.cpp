@@ -97,7 +97,9 @@ KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>
     const auto* entry = ops.find(name);
     if (!entry)
       throw UnknownKernel("kernels." + ops.op + " = '" + name +
-                          "': unknown variant; valid: " + join(ops.names()));
+                          "': unknown variant; valid: " + join(ops.names()) +
+                          " (a plug-in's variant appears once its library is loaded: plugins = "
+                          "[\"path/lib.so\"], or --plugins)");
     set.*member = entry->fn;
   });
   return set;

@@ -93,6 +93,10 @@ typedef struct {
 typedef const divlab_plugin* (*divlab_plugin_register_fn)(void);
 #define DIVLAB_PLUGIN_REGISTER_SYMBOL "divlab_plugin_register"
 
+/* What the plug-in defines. Declared here, inside extern "C", so that a C++ definition written
+ * without extern "C" still exports the unmangled name divlab loads. */
+const divlab_plugin* divlab_plugin_register(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,11 +10,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
 #include <type_traits>
 
+#include "common/sha256.h"
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
 #include "kernels/plugin_abi.h"
@@ -25,6 +29,9 @@ namespace divlab {
 namespace {
 struct Loaded {
   std::string path;
+  std::string identity;  // the file itself (canonical path), so two spellings are one library
+  std::string sha256;
+  uint32_t abi = 0;
   void* handle;
   // (catalogue, op, variant) of every entry this library added
   std::vector<std::tuple<Catalogue<float>*, std::string, std::string>> added;
@@ -145,15 +152,33 @@ std::string probe_in_child(const std::string& path) {
   return "";
 }
 
+// The file a path names, when it names one by location (dlopen searches the library path for a
+// bare name, so that is left as it is).
+std::string identity_of(const std::string& path) {
+  if (path.find('/') == std::string::npos) return path;
+  std::error_code ec;
+  const auto canonical = std::filesystem::canonical(path, ec);
+  return ec ? path : canonical.string();
+}
+
+std::string file_sha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "unreadable";
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return sha256_hex(bytes.str());
+}
+
 void load_one(const std::string& path) {
+  const std::string identity = identity_of(path);
   for (const auto& l : loaded())
-    if (l.path == path) return;
+    if (l.identity == identity) return;
   auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
   if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail(std::string("cannot load: ") + dlerror());
-  Loaded l{path, handle, {}, {}};
+  Loaded l{path, identity, file_sha256(identity), 0, handle, {}, {}};
   try {
     auto reg =
         reinterpret_cast<divlab_plugin_register_fn>(dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));
@@ -166,6 +191,7 @@ void load_one(const std::string& path) {
            std::to_string(DIVLAB_PLUGIN_ABI_VERSION) +
            " (rebuild it against kernels/plugin_abi.h)");
     if (p->count == 0 || !p->variants) fail("registers no variants");
+    l.abi = p->abi_version;
     for (uint32_t i = 0; i < p->count; ++i) {
       const divlab_variant& v = p->variants[i];
       const std::string name = str(v.name),
@@ -207,6 +233,13 @@ void unload_plugins() {
     dlclose(it->handle);
   }
   loaded().clear();
+}
+
+std::string loaded_plugins_identity() {
+  std::string out;
+  for (const auto& l : loaded())
+    out += l.path + " sha256:" + l.sha256 + " abi:" + std::to_string(l.abi) + "\n";
+  return out;
 }
 
 std::vector<std::string> loaded_plugins() {

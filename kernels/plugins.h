@@ -12,9 +12,10 @@ struct PluginError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Loads each library once (a path already loaded is skipped) and adds its variants to the fp32
-// catalogues of their device (cpu, or both cuda GEMM modes). All or nothing per library: on any
-// error nothing of that library is registered and it is unloaded again. Throws PluginError.
+// Loads each library once (a path already loaded, under any spelling of it, is skipped) and adds
+// its variants to the fp32 catalogues of their device (cpu, or both cuda GEMM modes). All or
+// nothing per library: on any error nothing of that library is registered and it is unloaded again.
+// Throws PluginError.
 void load_plugins(const std::vector<std::string>& paths);
 
 // Removes every plug-in variant from the catalogues and unloads the libraries.
@@ -22,5 +23,9 @@ void unload_plugins();
 
 // Loaded libraries, in load order.
 std::vector<std::string> loaded_plugins();
+
+// What a trace records of each loaded library, so a rebuilt one is told apart: one line per
+// library, "PATH sha256:HEX abi:N" (the file's content hash and the ABI it registered with).
+std::string loaded_plugins_identity();
 
 }  // namespace divlab

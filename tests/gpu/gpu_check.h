@@ -22,7 +22,7 @@ constexpr double kTolGpuBf16 = 1e-2;  // bf16 operands and outputs (2^-9 relativ
 inline bool have_gpu() {
   static const bool ok = [] {
     try {
-      open_backend("cuda");
+      open_backend(Backend::Cuda);
       return true;
     } catch (const BackendError&) {
       return false;

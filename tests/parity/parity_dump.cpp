@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   }
   try {
     const RunConfig cfg = load_config("", std::vector<std::string>(argv + 2, argv + argc));
-    if (cfg.precision == "fp64")
+    if (cfg.precision == Precision::Fp64)
       dump<double>(cfg, argv[1]);
     else
       dump<float>(cfg, argv[1]);

@@ -1,14 +1,44 @@
 """Plug-ins from the command line: the example library's variants listed, trained with,
 shadowed and swept like built-in ones; broken libraries refused (exit 2, one line)."""
+import hashlib
 import os
+import re
+import shutil
+import subprocess
 import unittest
 
 import h5py
 
-from cli import SMALL, SMALL_GRID_SET, assert_rejected, run, tmpdir
+from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run, tmpdir
 
 PLUGIN = os.environ["DIVLAB_EXAMPLE_PLUGIN"]
 BROKEN = os.environ["DIVLAB_BROKEN_ABI_PLUGIN"]
+
+
+class DocumentedSnippet(unittest.TestCase):
+    """docs/kernel-authors.md's plug-in, as printed there, built as C and as C++, loads and
+    passes `divlab check` (its symbol exported unmangled either way)."""
+
+    def test_builds_as_c_and_cpp_and_passes_check(self):
+        with open(os.path.join(ROOT, "docs", "kernel-authors.md")) as f:
+            snippet = re.search(r"```c\n(.*?)```", f.read(), re.S).group(1)
+        for compiler, lang in (("cc", "c"), ("c++", "c++")):
+            if not shutil.which(compiler):
+                self.skipTest(f"no {compiler}")
+            d = tmpdir()
+            src, lib = os.path.join(d, "my_add.src"), os.path.join(d, "libmy_add.so")
+            with open(src, "w") as f:
+                f.write(snippet)
+            subprocess.run([compiler, "-x", lang, "-shared", "-fPIC", "-Wall", "-Werror",
+                            "-I", ROOT, src, "-o", lib], check=True)
+            r = run("check", "add=my_add", "--plugins", lib, "--seed", "1")
+            self.assertEqual(r.returncode, 0, lang + ": " + r.stdout + r.stderr)
+            self.assertIn("PASS", r.stdout)
+            # The same library under another spelling of its path is the same library.
+            again = run("kernels", "--op", "add", "--plugins", lib,
+                        "--plugins", os.path.join(d, ".", "libmy_add.so"))
+            self.assertEqual(again.returncode, 0, again.stderr)
+            self.assertEqual(again.stdout.count("my_add"), 1, again.stdout)
 
 
 class Plugins(unittest.TestCase):
@@ -29,6 +59,11 @@ class Plugins(unittest.TestCase):
             self.assertEqual(f["config"].attrs["kernels.embed_rmsnorm_backward"],
                              "example_fp32_rows")
             rel = f["shadow/embed_rmsnorm_backward/example_bf16_rows/rel_l2"][:]
+            # The library's identity: a rebuilt one gets another hash.
+            identity = f.attrs["plugins"]
+        with open(PLUGIN, "rb") as lib:
+            self.assertIn("sha256:" + hashlib.sha256(lib.read()).hexdigest(), identity)
+        self.assertIn("abi:1", identity)
         # Zipf(1.2) over 64 ids, 2048 tokens per step: the hottest rows collect hundreds of adds.
         self.assertEqual(len(rel), 4)
         self.assertTrue((rel > 1e-3).all(), rel)
