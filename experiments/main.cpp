@@ -218,6 +218,9 @@ int main(int argc, char** argv) {
   train->add_option("--config", config, "TOML config file");
   train->add_option("--set", sets, "override keys: --set key=value [key=value ...]")
       ->allow_extra_args();
+  std::vector<std::string> train_plugins;
+  train->add_option("--plugins", train_plugins,
+                    "load these plug-in libraries (the same as --set plugins=[...])");
   train->add_option("--out", out, "trace file to write (HDF5)");
   train->add_flag("--force", force, "overwrite an existing trace");
   train->add_flag("--quiet", quiet, "no progress line");
@@ -410,6 +413,14 @@ int main(int argc, char** argv) {
       if (help_config) {
         std::cout << describe_config_keys();
         return 0;
+      }
+      if (!train_plugins.empty()) {
+        for (const auto& s : sets)
+          if (s.rfind("plugins=", 0) == 0)
+            throw InputError("--plugins and --set plugins=[...]: give the libraries once");
+        std::string list;
+        for (const auto& p : train_plugins) list += (list.empty() ? "" : ", ") + p;
+        sets.push_back("plugins=[" + list + "]");
       }
       return cmd_train(config, sets, out, force, quiet, resume, profile);
     }

@@ -68,6 +68,16 @@ class Plugins(unittest.TestCase):
         self.assertEqual(len(rel), 4)
         self.assertTrue((rel > 1e-3).all(), rel)
 
+    def test_train_takes_plugins_like_check(self):
+        d = tmpdir()
+        out = os.path.join(d, "r.h5")
+        run("train", "--set", *SMALL, "kernels.embed_rmsnorm_backward=example_fp32_rows",
+            "--plugins", PLUGIN, "--out", out, check=True)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "completed")
+        assert_rejected(self, ["train", "--set", *SMALL, f"plugins=[{PLUGIN}]", "--plugins",
+                               PLUGIN, "--out", "{d}/r.h5"], "give the libraries once")
+
     def test_swept_in_a_grid(self):
         d = tmpdir()
         grid = os.path.join(d, "grid.toml")
