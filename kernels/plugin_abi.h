@@ -7,7 +7,8 @@
  * returning a table of candidate kernels. divlab loads it with `--plugins path/libx.so` (train,
  * check, kernels), `--set plugins=[path/libx.so]` or `plugins = ["..."]` in a config; its
  * variants then appear in `divlab kernels` and can be selected with kernels.<op> = "name",
- * shadowed (shadow.variants) and swept in grids like the built-in ones. The table and its strings must stay valid while the library is loaded.
+ * shadowed (shadow.variants) and swept in grids like the built-in ones. The table and its strings
+ * must stay valid while the library is loaded.
  *
  * Tensors: fp32, row-major, contiguous. N = B * T rows (batch-major, then position). In bf16
  * mode divlab stores activations in bf16 and calls the variant with widened fp32 copies.
