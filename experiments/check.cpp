@@ -335,18 +335,33 @@ CheckReport run_check(const CheckOptions& opt) {
     }
     const Case c = build(rep.op, s, tokens, cond.values, gen);
     const OpRun ref = call_op(rep.op, reference, c.x, s);
-    const OpRun got = call_op(rep.op, variant, c.x, s);
+    OpRun got;
+    try {
+      got = call_op(rep.op, variant, c.x, s);
+    } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
+      r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+      rep.pass = false, rep.verifier_passes_all = false, rep.failing.push_back(r.name);
+      rep.conditions.push_back(r);
+      continue;
+    }
     measure(r, got, ref, c.cols, c.judged);
     r.stray_writes = got.stray_writes;
     if (cond.repeat) {
-      const OpRun again = call_op(rep.op, variant, c.x, s);
+      OpRun again;
+      try {
+        again = call_op(rep.op, variant, c.x, s);
+      } catch (const std::exception& e) {
+        again.outputs.clear();
+        r.note = std::string("threw on the repeat: ") + e.what();
+      }
       // Bit patterns, not values: NaN != NaN would call a NaN-producing kernel unrepeatable
       // (its NaNs are reported as non-finite output instead).
       for (size_t o = 0; o < got.outputs.size(); ++o)
-        r.deterministic = r.deterministic && got.outputs[o].size() == again.outputs[o].size() &&
+        r.deterministic = r.deterministic && o < again.outputs.size() &&
+                          got.outputs[o].size() == again.outputs[o].size() &&
                           std::memcmp(got.outputs[o].data(), again.outputs[o].data(),
                                       got.outputs[o].size() * sizeof(double)) == 0;
-      if (!r.deterministic) r.note = "not bitwise repeatable";
+      if (!r.deterministic && r.note.empty()) r.note = "not bitwise repeatable";
     }
     if (!r.stray_writes.empty())
       r.failed = true, r.why = "writes outside its output (" + r.stray_writes[0] + ")";

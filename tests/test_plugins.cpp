@@ -4,6 +4,7 @@
 // reason named.
 #include <random>
 
+#include "experiments/check.h"
 #include "kernels/bf16_activations.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
@@ -112,4 +113,38 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   EXPECT_EQ(cpu_catalogue<float>().rmsnorm_backward.find("from_the_future"), nullptr);
 }
 
+}  // namespace divlab
+
+namespace divlab {
+namespace {
+// An `add` that throws on large inputs, as a kernel with an unchecked size assumption might.
+void add_throwing_on_large(float* y, const float* a, const float* b, int64_t n) {
+  if (n > 4096) throw std::runtime_error("n = " + std::to_string(n) + " exceeds my tile table");
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+}  // namespace
+
+TEST(Check, AThrowingKernelGetsAVerdictNamingTheCondition) {
+  auto& add = mutable_cpu_catalogue().add;
+  add.add("throws_on_large", add_throwing_on_large, {"throws above 4096 values", "", "", ""});
+  CheckOptions opt;
+  opt.target = "add=throws_on_large", opt.seed = testing::test_seed();
+  CheckReport r;
+  try {
+    r = run_check(opt);
+  } catch (...) {
+    add.remove("throws_on_large");
+    throw;
+  }
+  add.remove("throws_on_large");
+  EXPECT_FALSE(r.pass);
+  int threw = 0, passed = 0;
+  for (const auto& c : r.conditions) {
+    if (c.why.find("the kernel threw: n = ") != std::string::npos) ++threw;
+    if (c.ran && !c.failed) ++passed;
+  }
+  EXPECT_GT(threw, 0);   // the large shapes: a FAIL naming the condition and the exception
+  EXPECT_GT(passed, 0);  // the tiny shape still runs and passes
+  EXPECT_NE(format_check(r).find("exceeds my tile table"), std::string::npos);
+}
 }  // namespace divlab
