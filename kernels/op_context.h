@@ -103,7 +103,6 @@ class OpContextSource {
     calls_ = 0;
   }
   OpContext next() { return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr}; }
-  void* stream() const { return stream_; }
   void set_stream(void* stream) { stream_ = stream; }
 
  private:

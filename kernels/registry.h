@@ -101,6 +101,19 @@ struct KernelSet {
 // added by hand fails here.
 static_assert(sizeof(KernelSet<float>) == (2 * kOpCount + 1) * sizeof(void*));
 
+// KernelSet's member for `op` (a pointer to member): generic code over ops (shadow mode's taps
+// and replays) reaches a kernel by its Op.
+template <Op op, class T, class A = T>
+constexpr auto kernel_member() {
+// Op names are pasted into member names, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_MEMBER_OF(name, Signature) \
+  if constexpr (op == Op::name) return &KernelSet<T, A>::name;
+  DIVLAB_OPS(DIVLAB_MEMBER_OF)
+#undef DIVLAB_MEMBER_OF
+  // NOLINTEND(bugprone-macro-parentheses)
+}
+
 // A kernel selection that names an op or variant that does not exist.
 struct UnknownKernel : std::runtime_error {
   using std::runtime_error::runtime_error;

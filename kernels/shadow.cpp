@@ -57,18 +57,6 @@ struct Recorder {
   }
 };
 
-// The run's kernel of `op` (a KernelSet member).
-template <class T, class A, Op op>
-constexpr auto run_member() {
-// Op names are pasted into member names, never expressions.
-// NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_MEMBER_OF(name, Signature) \
-  if constexpr (op == Op::name) return &KernelSet<T, A>::name;
-  DIVLAB_OPS(DIVLAB_MEMBER_OF)
-#undef DIVLAB_MEMBER_OF
-  // NOLINTEND(bugprone-macro-parentheses)
-}
-
 // The tap of one op, bound to its ShadowTap (Kernel::state): records the call's inputs when the
 // tap is armed and asks for the op, then calls the run's own kernel unchanged. Recording comes
 // first because the kernel may add into arrays the op also reads (none today; safe anyway).
@@ -89,7 +77,7 @@ struct Tap<T, A, op, void (*)(const OpContext&, Args...)> {
       r.c.stream = ctx.stream;
       t.store(op_name(op), std::move(r.c), seconds_since(t0));
     }
-    (t.run_kernels().*run_member<T, A, op>())(ctx, args...);
+    (t.run_kernels().*kernel_member<op, T, A>())(ctx, args...);
   }
 };
 

@@ -116,25 +116,13 @@ struct ReplayArg<E*> {
   }
 };
 
-// The kernel of `op` in a kernel set (a KernelSet member).
-template <Op op, class U, class UA>
-const auto& kernel_of(const KernelSet<U, UA>& k) {
-// Op names are pasted into member names, never expressions.
-// NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_KERNEL_OF(name, Signature) \
-  if constexpr (op == Op::name) return k.name;
-  DIVLAB_OPS(DIVLAB_KERNEL_OF)
-#undef DIVLAB_KERNEL_OF
-  // NOLINTEND(bugprone-macro-parentheses)
-}
-
 // Replays one recorded call of `op` with k's kernel: the call's sizes and scalars from the
 // capture, its inputs converted to k's storage, its outputs fresh and zeroed (an accumulating
 // op adds into zero, for the reference and the candidate alike).
 template <Op op, class Capture, class U, class UA>
 std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const OpContext& ctx,
                               const ReplayMemory& m) {
-  const auto& kernel = kernel_of<op>(k);
+  const auto& kernel = k.*kernel_member<op, U, UA>();
   using Fn = typename std::decay_t<decltype(kernel)>::Function;
   using Args = typename OpArgs<Fn>::Tuple;
   Args args{};
