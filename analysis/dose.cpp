@@ -89,8 +89,8 @@ std::string dose_markdown(const std::vector<DoseResponse>& responses) {
         "Dose = most additions one embedding-gradient row received in one kernel call (the "
         "hottest token's count in a step's batch), mean over seeds with the seeds' range. Gap = "
         "final loss gap (variant - reference, nats) with its 95 % confidence interval over "
-        "seeds; band = the control band at the last step (3 standard errors of a seed-mean "
-        "control gap): the noise floor the gap must leave. Per-seed gaps: seeds.csv.\n\n";
+        "seeds; band = the control band at the last step (a t quantile of standard errors of a "
+        "seed-mean control gap): the noise floor the gap must leave. Per-seed gaps: seeds.csv.\n\n";
   for (const auto& r : responses) {
     md << "### " << r.series << ": `" << r.variant << "`" << (r.control ? " (control)" : "")
        << "\n\n"

@@ -236,8 +236,8 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
         "against the benign controls' gaps with a one-sided Welch t-test (alpha = "
      << ctx.alpha
      << "; a permutation test is reported beside it), and the onset is the first step after "
-        "which the smoothed mean gap stays outside the control band (3 standard errors of a "
-        "seed-mean control gap) for "
+        "which the smoothed mean gap stays outside the control band (a t quantile, at 3 normal "
+        "standard errors' level, of standard errors of a seed-mean control gap) for "
         "good. A verdict of `diverged` needs both. Method: docs/analysis.md.\n\n"
      << "| group | variant | verdict | seeds | gap (nats) | gap / loss | p (Welch) | p (perm.) | "
         "Hedges g | onset step | val gap (nats) | dose: max additions to one row per step "

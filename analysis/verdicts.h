@@ -63,9 +63,9 @@ struct Verdict {
   std::vector<std::string> nan_runs;
   std::string no_verdict_reason;  // empty when the verdict is a result
   // Per step, means over seeds: smoothed reference and variant loss, their gap, and the control
-  // band (3 standard errors of a seed-mean control gap); the seeds' spread is the standard
-  // deviation of the per-seed gaps, drawn whether or not the group has a control; what the plots
-  // draw.
+  // band (a t quantile of standard errors of a seed-mean control gap); the seeds' spread is the
+  // standard deviation of the per-seed gaps, drawn whether or not the group has a control; what the
+  // plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve, spread_curve;
 };
 
