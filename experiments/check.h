@@ -1,24 +1,44 @@
 // `divlab check OP=VARIANT`: a kernel-level stress report in one command.
 //
 // The variant and the op's reference in fp64 (CPU) run on the same inputs under a set of
-// conditions: token distributions (uniform, Zipf, real text), shapes (tiny, not multiples of
-// 8/32/128, aligned, large), value scales (tiny, large, rows of zeros) and a repeated run (bitwise
-// determinism). Each condition reports the worst per-row relative error, the normalised error,
-// whether the benchmark verifier that passed the seed bug would pass it, a systematic bias, and
-// stray writes. The verdict states its criteria (see kCriteria in check.cpp).
+// conditions: token distributions (uniform, Zipf, real text), every id but a few, shapes (fixed
+// ones and shapes drawn at random on every run), value scales and outlier channels, outputs the
+// op adds into pre-filled, and a repeated run (bitwise determinism). Every condition takes
+// several independent draws from a fresh seed (printed; --seed replays). Each reports the worst
+// per-row relative error, the normalised error (on the kernel's own contribution for outputs it
+// adds into), whether the benchmark verifier that passed the seed bug would pass it, a
+// systematic bias, rows left unwritten or written that should not be, and stray writes. A
+// failing draw is shrunk to the smallest shape that still fails. The verdict states its criteria
+// (see kCriteria in check.cpp).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "common/named_enum.h"
 #include "kernels/backend.h"
 
 namespace divlab {
 
+// The grade a kernel must reach: fp32 (every output within 1e-4 of fp64) or bf16 (within 1e-2).
+// Reduced-precision arithmetic inside an fp32 kernel fails unless the user asks for bf16.
+enum class Grade { Fp32, Bf16 };
+template <>
+struct EnumNames<Grade> {
+  static constexpr std::pair<Grade, const char*> table[] = {{Grade::Fp32, "fp32"},
+                                                            {Grade::Bf16, "bf16"}};
+};
+
 struct CheckOptions {
-  std::string target;                // "op=variant"
-  Backend backend = Backend::Cpu;    // where the variant runs
+  std::string target;              // "op=variant"
+  Backend backend = Backend::Cpu;  // where the variant runs
+  // fp32: the fp32 catalogue; bf16: the bf16-mode catalogue (activations stored in bf16), whose
+  // inputs are rounded to bf16 for the reference too.
+  Precision precision = Precision::Fp32;
+  Grade grade = Grade::Fp32;         // bf16 precision always judges at the bf16 grade
+  int draws = 3;                     // independent draws per condition (random shapes: 3x)
   std::vector<std::string> plugins;  // libraries to load first
   bool train = false;                // then run the short reproduce grid for the candidate
   std::string out;                   // --train: grid output folder
@@ -26,11 +46,18 @@ struct CheckOptions {
   bool plots = true;
   uint64_t seed = 0;
   bool sanitizer = true;  // cuda: also run the conditions under compute-sanitizer memcheck
+  // `divlab check` runs the conditions in a worker process, so that a kernel that crashes or
+  // hangs gets a verdict for the condition it was in instead of taking the check down.
+  bool isolated = true;
+  int time_limit = 120;  // seconds one condition may take before it is called a hang
+  // Internal: this process is such a worker, starting at this condition, reporting to this file.
+  int worker_from = -1;
+  std::string worker_report;
 };
 
 struct ConditionResult {
   std::string name;   // e.g. "tokens zipf:1.1"
-  std::string shape;  // e.g. "B16 T128 C64 V512"
+  std::string shape;  // e.g. "B16 T128 C64 NH4 V512": the failing (or worst) draw's
   bool ran = true;    // false: skipped (note says why)
   std::string note;
   double row_error = 0;       // max over rows of ||v - r|| / ||r||
@@ -40,23 +67,59 @@ struct ConditionResult {
   bool finite = true;         // no NaN/inf where the reference is finite
   bool deterministic = true;  // the repeat condition: bitwise equal across two calls
   std::vector<std::string> stray_writes;
+  int64_t rows_not_updated = 0;      // rows the reference adds to that the kernel left untouched
+  int64_t rows_wrongly_updated = 0;  // rows the reference leaves alone that the kernel changed
+  std::string row_example;           // e.g. "token id 210"
+  std::string worst;     // the worst element: "output 0 (position 3, col 7): 1.2 vs 1.25"
+  int draws = 0;         // draws run
+  std::string smallest;  // a failing draw shrunk: the smallest shape that still fails, and how
+  bool crashed = false;  // the worker died or hung in this condition (why says how)
   bool failed = false;
   std::string why;  // what failed
 };
 
 struct CheckReport {
-  std::string op, variant, backend;
+  std::string op, variant, backend, precision;
+  Grade required = Grade::Fp32;
   std::vector<ConditionResult> conditions;
   bool pass = true;
   std::string grade;                 // "fp32" (every row within 1e-4) or "bf16" (within 1e-2)
   std::vector<std::string> failing;  // names of the conditions that break it
-  bool verifier_passes_all = true;
+  bool verifier_passes_all = true;   // the verifier column: every condition above 99 %
+  // The benchmark's verifier emulated: Gaussian inputs, one fixed seed, its shapes (aligned and
+  // large), |v - r| <= 1e-2 + 1e-2 |r| on 99 % of elements. What the kernel passed before.
+  bool benchmark_verifier_passes = true;
   uint64_t seed = 0;
   std::string sanitizer;  // cuda: compute-sanitizer's summary line, or why it did not run
 };
 
 // Throws InputError for an unknown op/variant, an op check does not cover, or a bad backend.
+// In this process: a kernel that crashes takes the caller with it (cmd_check isolates).
 CheckReport run_check(const CheckOptions& opt);
+
+// The pieces run_check is made of, for the worker process and its parent (check_isolated.cpp).
+struct ConditionInfo {
+  std::string name, shape;  // shape "random" for the random shapes
+};
+std::vector<ConditionInfo> check_conditions();
+struct CheckProgress {
+  std::function<void(size_t)> begin;  // condition i starts; i == count: the verifier emulation
+  std::function<void(size_t, const ConditionResult&)> result;
+  std::function<void(bool)> verifier;  // the benchmark verifier emulation's outcome
+};
+// The report's header from the options (op, variant, seed: fresh unless given); throws
+// InputError for what can be told without loading anything.
+CheckReport new_check_report(const CheckOptions& opt);
+// Loads plug-ins, opens the backend and runs conditions `from`.. into rep.conditions, then the
+// benchmark verifier emulation.
+void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from,
+                          const CheckProgress& progress);
+// The verdict from the conditions: pass, the failing conditions, the grade.
+void finish_check_report(CheckReport& rep);
+// run_check with every condition in a worker process (a fresh one after a crash or a hang).
+CheckReport run_check_isolated(const CheckOptions& opt);
+// The worker's side: runs the conditions and reports each to opt.worker_report. Exit code.
+int run_check_worker(const CheckOptions& opt);
 // The table and verdict as printed by `divlab check`.
 std::string format_check(const CheckReport& r);
 // `divlab check`: prints the report, then with --train runs the short grid. Exit code: 0 pass,

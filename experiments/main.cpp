@@ -241,6 +241,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
   check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
+  std::string check_precision = "fp32", check_grade = "fp32";
+  check
+      ->add_option("--precision", check_precision,
+                   "fp32 | bf16 (the bf16-mode catalogue, judged at the bf16 grade)")
+      ->capture_default_str();
+  check
+      ->add_option("--grade", check_grade,
+                   "fp32 | bf16: the grade an fp32 kernel must reach (bf16 accepts "
+                   "reduced-precision arithmetic inside it)")
+      ->capture_default_str();
+  check->add_option("--draws", ck.draws, "independent draws per condition")->capture_default_str();
+  check
+      ->add_option("--time-limit", ck.time_limit, "seconds a condition may run before it is a hang")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  bool check_in_process = false;
+  check->add_flag("--in-process", check_in_process,
+                  "run the conditions in this process (a crashing kernel then ends the check)");
+  // The worker process of an isolated check (internal).
+  check->add_option("--worker-from", ck.worker_from)->group("");
+  check->add_option("--worker-report", ck.worker_report)->group("");
   check->add_flag("--train", ck.train, "then run the short reproduce grid with the candidate");
   check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");
   check->add_option("--jobs", ck.jobs, "--train: cells at a time");
@@ -466,6 +487,10 @@ int main(int argc, char** argv) {
       ck.plots = !check_no_plots;
       ck.sanitizer = !check_no_sanitizer;
       ck.backend = option_choice<Backend>("--backend", check_backend);
+      ck.precision = option_choice<Precision>("--precision", check_precision);
+      ck.grade = option_choice<Grade>("--grade", check_grade);
+      ck.isolated = !check_in_process;
+      if (ck.worker_from >= 0) return run_check_worker(ck);
       return cmd_check(ck);
     }
     if (*sweep) {

@@ -1,13 +1,16 @@
 // Deliberately broken plug-ins for the loader's error tests; one source, built five times with
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
-// static constructor). A sixth library, no_register.cpp, exports no registration function.
+// static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
+// crash verdicts). A seventh library, no_register.cpp, exports no registration function.
 #include <csignal>
+#include <cstdint>
 
 #include "kernels/plugin_abi.h"
 
 namespace {
-void noop(float*, float*, const float*, const float*, const float*, const float*, int, int) {}
+[[maybe_unused]] void noop(float*, float*, const float*, const float*, const float*, const float*,
+                           int, int) {}
 
 #if BROKEN_KIND == 1
 const divlab_variant kVariants[] = {{"rmsnorm_backward", "from_the_future", "cpu",
@@ -17,6 +20,24 @@ const divlab_plugin kPlugin = {999u, 1, kVariants};
 const divlab_variant kVariants[] = {{"rmsnorm_backward", "reference", "cpu",
                                      reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 1, kVariants};
+#elif BROKEN_KIND == 6
+// Right on small inputs (check's tiny shape passes); past 4096 values it writes 4 TiB past its
+// output, as an unchecked tile lookup might: a segmentation fault.
+void segfaults_on_large(float* y, const float* a, const float* b, int64_t n) {
+  const int64_t away = n > 4096 ? int64_t(1) << 40 : 0;
+  for (int64_t i = 0; i < n; ++i) y[i + away] = a[i] + b[i];
+}
+// Spins forever at exactly check's large shape (B8 T256 C256: 524288 values), as a kernel whose
+// grid loop never advances for one size would.
+void hangs_on_one_size(float* y, const float* a, const float* b, int64_t n) {
+  for (volatile int64_t i = 0; i < n; i += n == 524288 ? 0 : 1) y[i] = a[i] + b[i];
+}
+const divlab_variant kVariants[] = {
+    {"add", "segfaults_on_large", "cpu", reinterpret_cast<void (*)(void)>(&segfaults_on_large), "",
+     "", "", ""},
+    {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
+     "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
 #else
 const divlab_variant kVariants[] = {
     {"layernorm_backward", "mine", "cpu", reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};

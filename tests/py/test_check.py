@@ -28,10 +28,12 @@ CAUGHT_BY = {
     "attention_forward=no_max_subtraction": "values large",  # large attention scores
     "cross_entropy=no_max_subtraction": "values large",  # large logits
 }
-# Controls and references: fp32-grade everywhere. bf16_rne: nothing wrong beyond bf16 itself.
+# Controls and references: fp32-grade everywhere. bf16_rne: nothing wrong beyond bf16 itself, so
+# it passes where bf16 arithmetic is accepted (--grade bf16) and fails the fp32 grade alone.
 PASS_FP32 = ["embed_rmsnorm_backward=reference", "embed_rmsnorm_backward=fp32_reordered",
              "embed_rmsnorm_backward=fp64_accum", "linear_forward=reference",
-             "attention_forward=reference", "rmsnorm_backward=reference"]
+             "attention_forward=reference", "rmsnorm_backward=reference",
+             "cross_entropy=reference", "gelu_backward=reference"]
 PASS_BF16 = ["linear_forward=bf16_rne"]
 # racy_scatter is left out: whether two threads collide during one call is a matter of timing
 # (tests/kernels cover it with a forced collision).
@@ -55,7 +57,11 @@ class Check(unittest.TestCase):
         self.assertIn("tokens text (Brown)", fails)
         self.assertNotIn("tokens uniform", fails)
         self.assertRegex(r.stdout, r"tokens uniform .* pass .* ok")
-        self.assertIn("the benchmark verifier", r.stdout)  # ... passes every condition
+        self.assertIn("the benchmark verifier", r.stdout)  # ... emulated, passes it
+        # A replay line with the seed, which gives the same table again.
+        seed = re.search(r"replay: divlab check \S+ --seed (\d+)", r.stdout).group(1)
+        again = check("embed_rmsnorm_backward=bf16_accum", "--seed", seed)
+        self.assertEqual(again.stdout, r.stdout)
 
     def test_every_zoo_variant_is_caught_where_its_doc_says(self):
         targets = list(CAUGHT_BY) + PASS_FP32 + PASS_BF16
@@ -71,7 +77,10 @@ class Check(unittest.TestCase):
             self.assertEqual(r.returncode, 0, f"{target}: {r.stdout}")
             self.assertIn("verdict: PASS (fp32-grade)", r.stdout)
         for target in PASS_BF16:
-            self.assertIn("verdict: PASS (bf16-grade", results[target].stdout)
+            self.assertEqual(failing(results[target].stdout), ["fp32 grade"], target)
+            accepted = check(target, "--grade", "bf16")
+            self.assertEqual(accepted.returncode, 0, accepted.stdout)
+            self.assertIn("verdict: PASS (bf16-grade", accepted.stdout)
 
     def test_plugin_variants_are_checked_too(self):
         bad = check("embed_rmsnorm_backward=example_bf16_rows", "--plugins", PLUGIN)
@@ -79,6 +88,20 @@ class Check(unittest.TestCase):
         self.assertIn("tokens zipf:1.1", failing(bad.stdout))
         good = check("embed_rmsnorm_backward=example_fp32_rows", "--plugins", PLUGIN)
         self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+
+    def test_a_crash_or_a_hang_is_a_verdict_for_its_condition(self):
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        r = check("add=segfaults_on_large", "--plugins", lib)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"shape tiny .* ok")  # small inputs: right
+        self.assertRegex(r.stdout, r"shape aligned .* FAIL: crashed: SIGSEGV")
+        self.assertIn("shape aligned", failing(r.stdout))
+        # Every condition still has its row: the check went on after each crash.
+        self.assertRegex(r.stdout, r"repeat \(bitwise\) .* FAIL: crashed")
+        r = check("add=hangs_on_one_size", "--plugins", lib, "--time-limit", "2")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")
+        self.assertEqual(failing(r.stdout), ["shape large"], r.stdout)
 
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")

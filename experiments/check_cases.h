@@ -1,0 +1,59 @@
+// The inputs `divlab check` feeds one op, and the one way it calls any op on any kernel set.
+//
+// Shapes come fixed (documented, the same every run) and drawn at random on every run, biased
+// toward the sizes that break tuned kernels (1, primes, one past a power of two, odd head
+// widths), so a kernel exact only for a list of shapes cannot pass by luck. Values come at
+// several scales and with outlier channels, as activations and logits have in training.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/harness.h"
+#include "kernels/op_spec.h"
+
+namespace divlab {
+
+struct CheckShape {
+  int B = 1, T = 1, C = 1, NH = 1, V = 2;
+  int64_t tokens() const { return int64_t(B) * T; }
+  std::string text() const;  // "B3 T37 C72 NH4 V301"
+};
+
+// A shape drawn at random: rows (B x T) from 1 to a few hundred, sequence lengths, widths and
+// vocabularies biased toward 1, primes and one past or short of a power of two.
+CheckShape random_shape(std::mt19937_64& gen);
+// Smaller shapes to try when `s` fails (each one dimension smaller), for shrinking.
+std::vector<CheckShape> smaller_shapes(const CheckShape& s);
+
+enum class Values {
+  Normal,    // N(0, 1)
+  Tiny,      // x 1e-10: where an epsilon or a subnormal decides
+  Large,     // x 1e3: where a missing max subtraction overflows
+  ZeroRows,  // the first rows all zero
+  Outliers   // a few channels x 30 on top of N(0, 1), as in trained activations and logits
+};
+
+// Uniform token ids for `s`.
+std::vector<TokenId> uniform_tokens(const CheckShape& s, std::mt19937_64& gen);
+
+// An op's inputs under a value condition; outputs start zeroed (the caller may pre-fill the
+// accumulated ones). Activation inputs take the value condition; weights keep their scale;
+// rstd and attention probabilities are derived from the inputs in fp64, so backward ops see a
+// consistent forward.
+OpInputs check_inputs(const std::string& op, const CheckShape& s, const std::vector<TokenId>& ids,
+                      Values values, std::mt19937_64& gen);
+
+// Runs `op` of `k` on `x` at shape `s`; `written`, when given, receives the op spec of every
+// array the call writes, in the order of x.outputs (kernels/op_spec.h).
+template <class KS>
+OpRun call_check_op(const std::string& op, const KS& k, const OpInputs& x, const CheckShape& s,
+                    std::vector<ArgSpec>* written = nullptr);
+
+// Rounds every value to the nearest bf16 (so a bf16 kernel and the fp64 reference see the same
+// numbers).
+void round_to_bf16(std::vector<double>& v);
+
+}  // namespace divlab

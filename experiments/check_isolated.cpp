@@ -1,0 +1,376 @@
+// `divlab check` as a command: the conditions in a worker process (a crash or a hang is a
+// verdict for the condition it happened in), the compute-sanitizer pass, and --train.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/files.h"
+#include "common/paths.h"
+#include "common/process.h"
+#include "common/signals.h"
+#include "experiments/check.h"
+#include "experiments/config.h"
+#include "experiments/reproduce.h"
+#include "kernels/plugins.h"
+
+namespace divlab {
+
+namespace {
+
+// One condition's result as one line of tab-separated, escaped fields (worker -> parent).
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '\\')
+      o += "\\\\";
+    else if (c == '\t')
+      o += "\\t";
+    else if (c == '\n')
+      o += "\\n";
+    else
+      o += c;
+  }
+  return o;
+}
+std::string unescape(const std::string& s) {
+  std::string o;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      o += s[i];
+      continue;
+    }
+    const char c = s[++i];
+    o += c == 't' ? '\t' : c == 'n' ? '\n' : c;
+  }
+  return o;
+}
+std::string number(double x) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", x);
+  return b;
+}
+
+std::string encode(const ConditionResult& r) {
+  std::string stray;
+  for (const auto& w : r.stray_writes) stray += (stray.empty() ? "" : "\x1f") + w;
+  const std::vector<std::string> fields = {r.name,
+                                           r.shape,
+                                           std::to_string(r.ran),
+                                           r.note,
+                                           number(r.row_error),
+                                           number(r.norm_error),
+                                           number(r.verifier_pass),
+                                           number(r.bias),
+                                           std::to_string(r.finite),
+                                           std::to_string(r.deterministic),
+                                           stray,
+                                           std::to_string(r.rows_not_updated),
+                                           std::to_string(r.rows_wrongly_updated),
+                                           r.row_example,
+                                           r.worst,
+                                           std::to_string(r.draws),
+                                           r.smallest,
+                                           std::to_string(r.failed),
+                                           r.why};
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) line += (i ? "\t" : "") + escape(fields[i]);
+  return line;
+}
+
+bool decode(const std::string& line, ConditionResult* r) {
+  std::vector<std::string> f;  // empty fields count (getline would drop a trailing one)
+  for (size_t at = 0;;) {
+    const size_t tab = line.find('\t', at);
+    f.push_back(unescape(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at)));
+    if (tab == std::string::npos) break;
+    at = tab + 1;
+  }
+  if (f.size() != 19) return false;
+  r->name = f[0], r->shape = f[1], r->ran = f[2] == "1", r->note = f[3];
+  r->row_error = std::strtod(f[4].c_str(), nullptr);
+  r->norm_error = std::strtod(f[5].c_str(), nullptr);
+  r->verifier_pass = std::strtod(f[6].c_str(), nullptr);
+  r->bias = std::strtod(f[7].c_str(), nullptr);
+  r->finite = f[8] == "1", r->deterministic = f[9] == "1";
+  std::stringstream stray(f[10]);
+  for (std::string w; std::getline(stray, w, '\x1f');) r->stray_writes.push_back(w);
+  r->rows_not_updated = std::strtoll(f[11].c_str(), nullptr, 10);
+  r->rows_wrongly_updated = std::strtoll(f[12].c_str(), nullptr, 10);
+  r->row_example = f[13], r->worst = f[14], r->draws = std::atoi(f[15].c_str());
+  r->smallest = f[16], r->failed = f[17] == "1", r->why = f[18];
+  return true;
+}
+
+std::string self_path() {
+  char self[4096] = {0};
+  if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0)
+    throw std::runtime_error("check: cannot find its own executable (/proc/self/exe)");
+  return self;
+}
+
+// The command line of this check's conditions (another process of the same executable).
+std::vector<std::string> check_argv(const CheckOptions& opt, uint64_t seed) {
+  std::vector<std::string> argv = {"check",         opt.target,
+                                   "--backend",     name_of(opt.backend),
+                                   "--precision",   name_of(opt.precision),
+                                   "--grade",       name_of(opt.grade),
+                                   "--draws",       std::to_string(opt.draws),
+                                   "--seed",        std::to_string(seed),
+                                   "--no-sanitizer"};
+  for (const auto& p : opt.plugins) argv.insert(argv.end(), {"--plugins", p});
+  return argv;
+}
+
+std::string last_line_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+std::string signal_text(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return std::string(name ? std::string("SIG") + name : "signal") + " (" + strsignal(sig) + ")";
+}
+
+}  // namespace
+
+int run_check_worker(const CheckOptions& opt) {
+  stop_with_parent();
+  if (stop_signal() != 0) return 128 + stop_signal();
+  CheckReport rep = new_check_report(opt);
+  const int fd = open(opt.worker_report.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) throw InputError("check: cannot write '" + opt.worker_report + "'");
+  // One write() per line: the parent reads whole lines, whatever the kernel prints elsewhere.
+  auto line = [fd](const std::string& s) {
+    const std::string l = s + "\n";
+    if (write(fd, l.data(), l.size()) != ssize_t(l.size()))
+      throw std::runtime_error("check: cannot report to the parent");
+  };
+  CheckProgress progress;
+  progress.begin = [&](size_t i) { line("begin " + std::to_string(i)); };
+  progress.result = [&](size_t i, const ConditionResult& r) {
+    line("result " + std::to_string(i) + " " + encode(r));
+  };
+  progress.verifier = [&](bool ok) { line(std::string("verifier ") + (ok ? "1" : "0")); };
+  run_check_conditions(opt, rep, size_t(opt.worker_from), progress);
+  line("done");
+  close(fd);
+  return 0;
+}
+
+CheckReport run_check_isolated(const CheckOptions& opt) {
+  CheckReport rep = new_check_report(opt);  // the seed every worker shares
+  const std::vector<ConditionInfo> infos = check_conditions();
+  const size_t count = infos.size();
+  const std::string self = self_path();
+  const std::string base = "/tmp/divlab-check-" + std::to_string(getpid());
+  const std::string report = base + ".report", log = base + ".log";
+  bool verifier_seen = false;
+  for (size_t from = 0; from <= count;) {
+    std::remove(report.c_str());
+    std::vector<std::string> argv = check_argv(opt, rep.seed);
+    argv.insert(argv.begin(), self);
+    argv.insert(argv.end(), {"--worker-from", std::to_string(from), "--worker-report", report});
+    SpawnOptions so;
+    so.log = log;
+    so.setenv = {std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
+    const pid_t pid = spawn_process(argv, so);
+    if (pid < 0) throw std::runtime_error("check: cannot start its worker process");
+    size_t current = from;
+    std::string pending;
+    off_t offset = 0;
+    auto last = std::chrono::steady_clock::now();
+    // New whole lines of the worker's report: progress, results, the verifier's outcome.
+    auto read_report = [&] {
+      const int fd = open(report.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      char buf[65536];
+      ssize_t n;
+      while ((n = pread(fd, buf, sizeof buf, offset)) > 0)
+        offset += n, pending.append(buf, size_t(n));
+      close(fd);
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+        const std::string l = pending.substr(0, nl);
+        last = std::chrono::steady_clock::now();
+        size_t i = 0;
+        if (std::sscanf(l.c_str(), "begin %zu", &i) == 1) current = i;
+        if (l.rfind("verifier ", 0) == 0)
+          verifier_seen = true, rep.benchmark_verifier_passes = l == "verifier 1";
+        if (std::sscanf(l.c_str(), "result %zu ", &i) == 1 && i < count) {
+          ConditionResult r;
+          const size_t at = l.find(' ', 7);
+          if (at != std::string::npos && decode(l.substr(at + 1), &r)) rep.conditions[i] = r;
+          from = i + 1;
+        }
+      }
+    };
+    int status = 0;
+    bool hung = false;
+    while (true) {
+      read_report();
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+      const auto quiet = std::chrono::steady_clock::now() - last;
+      if (quiet > std::chrono::seconds(opt.time_limit)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        hung = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    read_report();
+    if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+    if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 2) {  // bad input, said once
+      const std::string why = last_line_of(log);
+      std::remove(report.c_str()), std::remove(log.c_str());
+      throw InputError(why.rfind("divlab: ", 0) == 0 ? why.substr(8) : why);
+    }
+    // The worker died or hung inside condition `current`: that condition's verdict.
+    std::string why =
+        hung ? "hang: no result within " + std::to_string(opt.time_limit) + " s (--time-limit)"
+        : WIFSIGNALED(status) ? "crashed: " + signal_text(WTERMSIG(status))
+                              : "crashed: exited with code " + std::to_string(WEXITSTATUS(status));
+    const std::string said = last_line_of(log);
+    if (!hung && !said.empty()) why += "; its last words: " + said;
+    if (current >= count) {  // in the verifier emulation, after every condition
+      rep.benchmark_verifier_passes = false;
+      break;
+    }
+    ConditionResult& r = rep.conditions[current];
+    r = ConditionResult{};
+    r.name = infos[current].name, r.shape = infos[current].shape;
+    r.crashed = r.failed = true, r.finite = false, r.why = why;
+    from = current + 1;
+  }
+  if (!verifier_seen) rep.benchmark_verifier_passes = false;
+  std::remove(report.c_str()), std::remove(log.c_str());
+  finish_check_report(rep);
+  return rep;
+}
+
+namespace {
+
+// Runs the same check (same seed) under compute-sanitizer memcheck; returns its summary.
+std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
+  if (!on_path("compute-sanitizer")) return "not run (compute-sanitizer not on PATH)";
+  std::vector<std::string> argv = check_argv(opt, seed);
+  // In one process under the sanitizer: it follows no worker.
+  argv.insert(argv.begin(),
+              {"compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", self_path()});
+  argv.push_back("--in-process");
+  SpawnOptions so;
+  so.log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";
+  const std::string& log = so.log;
+  const int rc = run_process(argv, so);
+  std::ifstream in(log);
+  std::string line, summary = "no summary";
+  while (std::getline(in, line))
+    if (line.find("ERROR SUMMARY") != std::string::npos) summary = line.substr(line.find("ERROR"));
+  std::remove(log.c_str());
+  return (WIFEXITED(rc) && WEXITSTATUS(rc) == 99 ? "ERRORS: " : "") + summary;
+}
+}  // namespace
+
+namespace {
+// --train's settings, checked before anything runs: a bad one must not cost the user the whole
+// stress table first, nor leave a grid file behind.
+std::string train_output(const CheckOptions& opt, const std::string& op,
+                         const std::string& variant) {
+  if (!opt.train) {
+    if (!opt.out.empty()) throw InputError("check --out '" + opt.out + "': only used with --train");
+    if (opt.jobs != 0)
+      throw InputError("check --jobs " + std::to_string(opt.jobs) + ": only used with --train");
+    return "";
+  }
+  if (opt.jobs < 0) throw InputError("check --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
+  std::string out = opt.out.empty() ? "runs/check-" + op + "-" + variant : opt.out;
+  const auto slash = out.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : out.substr(0, slash + 1);
+  if (access(parent.c_str(), W_OK) != 0)
+    throw InputError("check --out '" + out + "': folder '" + parent +
+                     "' does not exist or is not writable");
+  return out;
+}
+}  // namespace
+
+int cmd_check(const CheckOptions& opt) {
+  const auto eq = opt.target.find('=');
+  const std::string train_out =
+      eq == std::string::npos
+          ? ""
+          : train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
+  CheckReport r = opt.isolated ? run_check_isolated(opt) : run_check(opt);
+  if (opt.backend == Backend::Cuda && opt.sanitizer) {
+    r.sanitizer = sanitizer_pass(opt, r.seed);
+    if (r.sanitizer.rfind("ERRORS", 0) == 0) r.pass = false, r.failing.push_back("sanitizer");
+  }
+  std::fputs(format_check(r).c_str(), stdout);
+  if (opt.train) {
+    // The short reproduce grid (Markov chains with and without hot ids, where the reported
+    // kernel diverges under SGD and AdamW hides it) with this candidate and the op's benign
+    // controls in place of the reported kernel, on the check's backend.
+    const std::string base = resource_path("configs/reproduce.toml");
+    std::ifstream in(base);
+    std::string text, l;
+    bool skipping = false;
+    while (std::getline(in, l)) {
+      if (!l.empty() && l[0] == '[') skipping = l == "[axes.kernels]";
+      if (!skipping) text += l + "\n";
+      if (l != "[set]") continue;
+      text += std::string("backend = \"") + name_of(opt.backend) + "\"\n";
+      if (!opt.plugins.empty()) {
+        text += "plugins = [";
+        for (size_t i = 0; i < opt.plugins.size(); ++i)
+          text += (i ? ", \"" : "\"") + opt.plugins[i] + "\"";
+        text += "]\n";
+      }
+    }
+    // The reference once, even when it is the kernel being checked.
+    std::string arms =
+        "\"reference\"" + (r.variant == "reference" ? "" : ", \"" + r.variant + "\"");
+    backend_catalogue<float>(opt.backend, Precision::Fp32).for_each_op([&](const auto& ops, auto) {
+      if (ops.op != r.op) return;
+      for (const auto& e : ops.entries)
+        if (e.doc.benign && e.name != r.variant) arms += ", \"" + e.name + "\"";
+    });
+    text += "\n[axes.kernels]\n" + r.op + " = [" + arms + "]\n";
+    ReproduceOptions rp;
+    rp.out = train_out;
+    rp.quick = true, rp.jobs = opt.jobs, rp.plots = opt.plots;
+    rp.grid = rp.out + ".grid.toml";
+    if (!write_file_atomically(rp.grid, text))
+      throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
+    std::printf("\n--train: the short reproduce grid with %s=%s (%s)\n", r.op.c_str(),
+                r.variant.c_str(), rp.grid.c_str());
+    run_reproduce(rp);
+  }
+  // What to do next, by outcome.
+  const std::string candidate = r.op + "=" + r.variant;
+  if (!r.pass)
+    std::printf(
+        "\nnext: the failing conditions above name what breaks it; `divlab kernels --op %s` "
+        "lists how the zoo's variants fail, for comparison\n",
+        r.op.c_str());
+  else if (!opt.train)
+    std::printf(
+        "\nnext: `divlab check %s --train` trains with it (the short reproduce grid) to "
+        "see what it does to a loss curve\n",
+        candidate.c_str());
+  else
+    std::printf(
+        "\nnext: the verdicts above are against the op's benign controls; `divlab bisect` "
+        "finds which of several swapped kernels moves the loss\n");
+  return r.pass ? 0 : 1;
+}
+
+}  // namespace divlab
