@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -107,6 +108,25 @@ std::string run_plots(const std::string& dir) {
   return status == 0 ? "ok" : "failed, see " + dir + "/plots.log";
 }
 
+// How the sweep saw each cell's process end (manifest.tsv: trace path relative to the folder ->
+// status), or nothing for a folder no sweep wrote.
+std::map<std::string, std::string> sweep_statuses(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(dir + "/manifest.tsv");
+  std::string line;
+  std::getline(in, line);  // header: cell, status, exit_code, seconds, trace, ...
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string x; std::getline(fields, x, '\t');) f.push_back(x);
+    if (f.size() < 5) continue;
+    const std::string& trace = f[4];
+    const auto slash = trace.rfind("/cells/");
+    out[slash == std::string::npos ? trace : trace.substr(slash + 1)] = f[1];
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
@@ -117,9 +137,17 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
     throw InputError("analyze '" + opt.dir + "': no traces (expected " + opt.dir + "/cells/*.h5)");
   std::vector<Cell> cells;
   std::vector<std::string> unfinished;
+  const std::map<std::string, std::string> ended = sweep_statuses(opt.dir);
   for (const auto& p : paths) {
     Cell c = load_cell(p, opt);
-    if (c.status == "completed" || c.status == "nan")
+    // A run whose process the sweep saw die (a signal, or an exit other than a result) is a
+    // finding about its kernels, not an unfinished run: it gets a verdict.
+    const auto it = ended.find(p.substr(opt.dir.size() + 1));
+    const bool crashed = it != ended.end() && (it->second.rfind("crashed", 0) == 0 ||
+                                               it->second.rfind("failed (exit", 0) == 0);
+    if (c.status != "completed" && c.status != "nan" && crashed)
+      c.status = "crashed", c.crash = it->second;
+    if (c.status == "completed" || c.status == "nan" || c.status == "crashed")
       cells.push_back(std::move(c));
     else
       unfinished.push_back(p + " (" + c.status + ")");

@@ -45,6 +45,7 @@ std::string verdict_words(const std::string& verdict) {
       {"lower-loss", "↓ lower loss"},
       {"no-divergence", "✓ no divergence"},
       {"nan", "✗ stopped on NaN"},
+      {"crashed", "✗ crashed"},
       {"reference-nan", "? reference stopped on NaN"},
       {"too-few-seeds", "? too few seeds"},
       {"no-reference", "? no reference run"}};
@@ -62,7 +63,8 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     groups.insert(v.group);
     if (v.control || v.variant == "reference") continue;
     ++candidates;
-    (v.verdict == "diverged" || v.verdict == "nan" ? diverged : held)[v.variant].push_back(&v);
+    const bool failed = v.verdict == "diverged" || v.verdict == "nan" || v.verdict == "crashed";
+    (failed ? diverged : held)[v.variant].push_back(&v);
   }
   if (diverged.empty())
     return "No candidate diverged from the reference beyond the benign controls' noise (" +
@@ -74,6 +76,7 @@ std::string headline(const std::vector<Verdict>& verdicts) {
       const Verdict& v = *rows[i];
       out += (i ? "; " : "") + (v.group.empty() ? std::string("the grid") : v.group);
       if (details && v.verdict == "nan") out += ": stopped on NaN";
+      if (details && v.verdict == "crashed") out += ": crashed";
       if (details && v.verdict == "diverged")
         out += ": gap " + fmt(v.gap, "%+.4f") + " nats" +
                (v.onset >= 0 ? ", from step " + std::to_string(v.onset) : "");

@@ -94,7 +94,8 @@ struct Series {  // one variant's per-seed curves within a group, paired with th
   std::string nan_where;
   bool any_nan = false;
   int candidate_nan = 0, reference_nan = 0, unpaired = 0;  // seeds not paired, and why
-  std::vector<std::string> nan_runs;
+  int candidate_crashed = 0, reference_crashed = 0;
+  std::vector<std::string> nan_runs, crashed_runs;
 };
 
 std::string cell_name(const Cell& c) {
@@ -105,6 +106,10 @@ std::string cell_name(const Cell& c) {
 std::string nan_run(const Cell& c, const char* role) {
   return "cell " + cell_name(c) + " (seed " + std::to_string(c.seed) + ", " + role +
          "): " + c.nan_where;
+}
+std::string crashed_run(const Cell& c, const char* role) {
+  return "cell " + cell_name(c) + " (seed " + std::to_string(c.seed) + ", " + role +
+         "): " + c.crash;
 }
 
 }  // namespace
@@ -142,6 +147,11 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
       Series& s = series[variant];
       for (Cell* c : vcells) {
         const auto it = ref.find(c->seed);
+        if (c->status == "crashed") {  // a finding of its own; nothing to pair
+          ++s.candidate_crashed;
+          s.crashed_runs.push_back(crashed_run(*c, "candidate"));
+          continue;
+        }
         if (c->status == "nan") {
           s.any_nan = true;
           s.nan_where = c->nan_where;
@@ -150,6 +160,11 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         }
         if (it == ref.end()) {
           ++s.unpaired;
+          continue;
+        }
+        if (it->second->status == "crashed") {
+          ++s.reference_crashed;
+          s.crashed_runs.push_back(crashed_run(*it->second, "reference"));
           continue;
         }
         if (it->second->status == "nan") {  // no reference curve to pair this seed with
@@ -227,6 +242,10 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
       if (ref.empty()) {
         v.verdict = "no-reference";
         v.no_verdict_reason = "the group has no reference run (every kernel at its reference)";
+      } else if (s.candidate_crashed > 0) {
+        v.verdict = "crashed";
+        v.no_verdict_reason = "the candidate crashed in " + std::to_string(s.candidate_crashed) +
+                              " of " + std::to_string(tried) + " seeds: " + s.crashed_runs[0];
       } else if (s.any_nan) {
         v.verdict = "nan";
         v.nan_where = s.nan_where;
@@ -242,6 +261,10 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
                                  " (lower train.lr, or add train.grad_clip)";
         if (s.unpaired > 0)
           v.no_verdict_reason += "; " + std::to_string(s.unpaired) + " without a reference run";
+        if (s.reference_crashed > 0)
+          v.no_verdict_reason += "; the reference crashed in " +
+                                 std::to_string(s.reference_crashed) + " (" + s.crashed_runs[0] +
+                                 ")";
       } else {
         stats::TestResult welch, perm;
         if (control_gaps.size() >= 2) {

@@ -22,6 +22,7 @@ struct Cell {
   std::vector<double> loss, val_loss, max_row;
   std::string variant;    // "op=variant[+op=variant]" or "reference"
   std::string nan_where;  // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
+  std::string crash;      // status "crashed": how its process ended, from the sweep's manifest
   bool control = false;
   long long seed = 0;
   std::string provenance;  // "divlab COMMIT on HOST (BACKEND)": who wrote the trace
@@ -32,7 +33,8 @@ struct Verdict {
   std::map<std::string, std::string> settings;  // the same, key by key
   std::string variant;                          // "op=variant[+op=variant]" or "reference"
   bool control = false;  // every swapped kernel is a documented benign control
-  // diverged | lower-loss | no-divergence: a result. nan (the candidate stopped on NaN),
+  // diverged | lower-loss | no-divergence: a result. crashed (the candidate's process died or
+  // failed in some seed: a finding), nan (the candidate stopped on NaN),
   // reference-nan (every seed's reference did), too-few-seeds, no-reference: none, and
   // `no_verdict_reason` says why.
   std::string verdict;

@@ -98,7 +98,8 @@ class Bisector {
     for (const Verdict& v : analyze(an))
       if (v.variant == key) {
         d.verdict = v.verdict, d.gap = v.gap, d.p = v.p_welch, d.onset = v.onset;
-        d.fails = v.verdict == "diverged" || v.verdict == "lower-loss" || v.verdict == "nan";
+        d.fails = v.verdict == "diverged" || v.verdict == "lower-loss" || v.verdict == "nan" ||
+                  v.verdict == "crashed";
       }
     std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), d.verdict.c_str(), d.gap, d.p);
     std::fflush(stdout);

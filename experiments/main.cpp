@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
   bool fail_on_diverged = false;
   analyze_cmd->add_flag("--fail-on-diverged", fail_on_diverged,
-                        "exit 1 if any verdict is diverged (for CI gates)");
+                        "exit 1 if any candidate diverged or crashed (for CI gates)");
 
   auto* reproduce = app.add_subcommand("reproduce", "the reported failure, end to end");
   ReproduceOptions rp;
@@ -506,8 +506,9 @@ int main(int argc, char** argv) {
     }
     if (*analyze_cmd) {
       const auto verdicts = analyze(an);
-      const bool diverged = std::any_of(verdicts.begin(), verdicts.end(),
-                                        [](const Verdict& v) { return v.verdict == "diverged"; });
+      const bool diverged = std::any_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) {
+        return v.verdict == "diverged" || v.verdict == "crashed";
+      });
       return fail_on_diverged && diverged ? 1 : 0;
     }
   } catch (const DeviceBusyError& e) {

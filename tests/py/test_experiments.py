@@ -226,6 +226,31 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertIn("stopped on NaN in 3 of 3", rows["embed_rmsnorm_backward=fp16_accum"]
                       ["no_verdict_reason"])
 
+    def test_a_crashed_candidate_gets_a_verdict_not_left_out(self):
+        # The sweep's manifest says how each cell's process ended; a candidate whose process
+        # died (its trace still says "running") is a finding, while a cell still running is not.
+        d = tmpdir()
+        rng = np.random.default_rng()
+        synthetic_grid(d, ["zipf:1.1"], ["fp32_reordered", "fp64_accum"], 3, lambda g, v, s: 0, rng)
+        rows = [("9000", "crashed (signal 11)"), ("9001", "failed (exit 1)"), ("9002", "running")]
+        for s, (cell, _) in enumerate(rows):
+            variant = "bf16_accum" if s < 2 else "fp16_accum"
+            synthetic_trace(os.path.join(d, "cells", cell + ".h5"), "zipf:1.1", variant, s,
+                            curve(rng)[:40], status="running")
+        with open(os.path.join(d, "manifest.tsv"), "w") as f:
+            f.write("cell\tstatus\texit_code\tseconds\ttrace\tlog\tsettings\n")
+            for cell, status in rows:
+                f.write(f"{int(cell)}\t{status}\t139\t1.0\t{d}/cells/{cell}.h5\t-\t-\n")
+        r = run("analyze", d, "--no-plots", "--fail-on-diverged")
+        got = {row["variant"]: row for row in verdicts(d)}
+        crashed = got["embed_rmsnorm_backward=bf16_accum"]
+        self.assertEqual(crashed["verdict"], "crashed", crashed)
+        self.assertIn("crashed in 2 of 2 seeds", crashed["no_verdict_reason"])
+        self.assertIn("signal 11", crashed["no_verdict_reason"])
+        self.assertNotIn("embed_rmsnorm_backward=fp16_accum", got)  # still running: left out
+        self.assertIn("not finished, left out", r.stdout)
+        self.assertEqual(r.returncode, 1, r.stdout)  # a crash fails the gate like a divergence
+
     def test_references_stopped_on_nan_are_named_not_dropped(self):
         rng = np.random.default_rng()
         d = tmpdir()
