@@ -1,5 +1,10 @@
-// Fused softmax + cross-entropy on the GPU: one block per row, fixed-tree reductions.
+// Fused softmax + cross-entropy on the GPU: one block per row, fixed-tree reductions. The row is
+// read twice, not three times: the max and the sum of exponentials in one pass (online softmax:
+// the running sum is rescaled when the running max grows), the gradient in the second; both in
+// packs of 8 values per thread where the row allows (pack.cuh). GPT-2 small's 50 304-wide rows
+// took 4.5 ms per step read three times, one bf16 value per load.
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/storage.cuh"
@@ -7,36 +12,87 @@
 namespace divlab::cuda {
 
 namespace {
+// A running max m and the sum s of exp(z - m) over the values seen.
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ void take(MaxSum& a, float z) {
+  if (z > a.m) {
+    a.s = a.s * expf(a.m - z) + 1.0f;
+    a.m = z;
+  } else {
+    a.s += expf(z - a.m);
+  }
+}
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum a) {
+  for (int off = 16; off > 0; off /= 2)
+    a = merge(a, {__shfl_xor_sync(0xffffffffu, a.m, off), __shfl_xor_sync(0xffffffffu, a.s, off)});
+  return a;
+}
+// Over the block (blockDim.x a multiple of 32); every thread gets the result.
+__device__ MaxSum block_merge(MaxSum a, float* shared_m, float* shared_s) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  a = warp_merge(a);
+  if (lane == 0) shared_m[warp] = a.m, shared_s[warp] = a.s;
+  __syncthreads();
+  a = lane < warps ? MaxSum{shared_m[lane], shared_s[lane]} : MaxSum{-INFINITY, 0.0f};
+  return warp_merge(a);
+}
+
 template <bool subtract_max, class A>
 __global__ void cross_entropy_kernel(float* losses, A* dlogits, const A* logits,
-                                     const TokenId* targets, int V, float dloss) {
-  __shared__ float shared[32];
+                                     const TokenId* targets, int V, float dloss, bool packed) {
+  __shared__ float shared_m[32], shared_s[32];
   const int64_t row = blockIdx.x;
   const A* z = logits + row * V;
-  float m = -INFINITY;
-  if (subtract_max) {
-    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, load(z[v]));
-    m = block_max(m, shared);
-  } else {
-    m = 0.0f;
+  const int packs = packed ? V / kPack : 0;
+  MaxSum acc{subtract_max ? -INFINITY : 0.0f, 0.0f};
+  auto add = [&](float x) {
+    if constexpr (subtract_max)
+      take(acc, x);
+    else
+      acc.s += expf(x);
+  };
+  for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack<A> v = load_pack(z, p);
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) add(load(v.v[k]));
   }
-  float sum = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(load(z[v]) - m);
-  sum = block_sum(sum, shared);
-  const float lse = m + logf(sum);
+  for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) add(load(z[v]));
+  if constexpr (subtract_max)
+    acc = block_merge(acc, shared_m, shared_s);
+  else
+    acc.s = block_sum(acc.s, shared_s);
+  const float lse = acc.m + logf(acc.s);
   const int target = targets[row];
   if (threadIdx.x == 0) losses[row] = lse - load(z[target]);
   if (!dlogits) return;
   A* d = dlogits + row * V;
-  for (int v = threadIdx.x; v < V; v += blockDim.x)  // as the CPU reference
-    d[v] = store<A>(expf(load(z[v]) - lse) * dloss - (v == target ? dloss : 0.0f));
+  auto grad = [&](float x, int v) {  // as the CPU reference
+    return store<A>(expf(x - lse) * dloss - (v == target ? dloss : 0.0f));
+  };
+  for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack<A> v = load_pack(z, p);
+    Pack<A> o;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) o.v[k] = grad(load(v.v[k]), p * kPack + k);
+    store_pack(d, p, o);
+  }
+  for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) d[v] = grad(load(z[v]), v);
 }
 
 template <bool subtract_max, class A>
 void cross_entropy(const OpContext& ctx, float* losses, A* dlogits, const A* logits,
                    const TokenId* targets, int N, int V, float dloss) {
+  // Packs need every row to start 16-byte aligned: V a multiple of 8 and aligned bases.
+  const bool packed = V % kPack == 0 && packable({logits, dlogits});
   cross_entropy_kernel<subtract_max>
-      <<<N, 512, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss);
+      <<<N, 512, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss, packed);
   DIVLAB_LAUNCHED("cross_entropy");
 }
 }  // namespace
@@ -45,7 +101,9 @@ template <class A>
 void register_cross_entropy(Catalogue<float, A>& cat) {
   cat.cross_entropy.what = "softmax cross-entropy per row, fused with its gradient";
   cat.cross_entropy.add("reference", cross_entropy<true, A>,
-                        {"one block per row, max-subtracted log-sum-exp", "", "", ""});
+                        {"one block per row, max-subtracted log-sum-exp (online: the row read "
+                         "twice), packs of 8 values per thread",
+                         "", "", ""});
   cat.cross_entropy.add("no_max_subtraction", cross_entropy<false, A>,
                         {"log-sum-exp without subtracting the row max", "", "", ""});
 }
