@@ -1,5 +1,4 @@
-// RMSNorm on the GPU: one block per row (the backward: per run of rows); the weight gradient
-// through a fixed-order column sum.
+// RMSNorm on the GPU: one block per row; the weight gradient through a fixed-order column sum.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/ops.h"
@@ -64,59 +63,12 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
   }
 }
 
-// The reference backward in one pass: a block takes kFusedRows consecutive rows, adds its rows'
-// dresid and keeps each column's dy * x * rstd summed over them (in row order) in registers, and
-// writes one partial row; the partials are summed in block order. Against writing the [N, C]
-// product and summing its columns, 1/kFusedRows of the bytes: GPT-2 small's call took 147 us.
-constexpr int kFusedRows = 16;
-constexpr int kFusedColumnsPerThread = 8;  // widths up to kRowThreads x 8 = 2048
-
-template <class A>
-__global__ void rmsnorm_backward_fused_kernel(float* dresid, float* partial, const A* dy,
-                                              const float* x, const float* w, const float* rstd,
-                                              int N, int C) {
-  __shared__ float shared[32];
-  const int r0 = blockIdx.x * kFusedRows, r1 = min(N, r0 + kFusedRows);
-  float acc[kFusedColumnsPerThread] = {};
-  for (int row = r0; row < r1; ++row) {
-    const float r = rstd[row];
-    float dot = 0;  // sum_c dy w x
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-      dot += load(dy[int64_t(row) * C + c]) * w[c] * x[int64_t(row) * C + c];
-    dot = block_sum(dot, shared);
-    const float k = r * r * r * dot / float(C);
-#pragma unroll
-    for (int j = 0; j < kFusedColumnsPerThread; ++j) {
-      const int c = threadIdx.x + j * blockDim.x;
-      if (c >= C) break;
-      const int64_t i = int64_t(row) * C + c;
-      const float d = load(dy[i]);
-      dresid[i] += r * w[c] * d - x[i] * k;  // as rmsnorm_backward_rows_kernel
-      acc[j] += d * x[i] * r;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kFusedColumnsPerThread; ++j) {
-    const int c = threadIdx.x + j * blockDim.x;
-    if (c < C) partial[int64_t(blockIdx.x) * C + c] = acc[j];
-  }
-}
-
 template <class A>
 void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
                       const float* w, const float* rstd, int N, int C) {
-  if (C > kRowThreads * kFusedColumnsPerThread) {  // wider than the fused kernel holds
-    float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
-    rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
-    column_sums_add(ctx, dw, prod, N, C);
-    return;
-  }
-  const int blocks = (N + kFusedRows - 1) / kFusedRows;
-  float* partial = scratch_as<float>(ctx, Scratch::A, size_t(blocks) * C);
-  rmsnorm_backward_fused_kernel<<<blocks, kRowThreads, 0, stream_of(ctx)>>>(dresid, partial, dy, x,
-                                                                            w, rstd, N, C);
-  DIVLAB_LAUNCHED("rmsnorm_backward_fused");
-  column_sums_add(ctx, dw, partial, blocks, C);
+  float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  column_sums_add(ctx, dw, prod, N, C);
 }
 
 // dw reduced over rows in a bf16 accumulator, one thread per channel in row order (the GPU form
