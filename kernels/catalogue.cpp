@@ -6,6 +6,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/fp64_controls.h"
 #include "kernels/linear/linear.h"
 #include "kernels/optimizer/optimizer.h"
 #include "kernels/registry.h"
@@ -30,6 +31,7 @@ Catalogue<T> build_cpu_catalogue() {
   register_attention_variants(cat);
   register_cross_entropy_variants(cat);
   register_embed_rmsnorm_backward_variants(cat);
+  register_fp64_controls(cat);
   return cat;
 }
 

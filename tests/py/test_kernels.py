@@ -71,6 +71,35 @@ class Selection(unittest.TestCase):
             self.assertEqual(f["config"].attrs["kernels.rmsnorm_backward"], "bf16_reduce")
 
 
+    def test_every_op_has_a_benign_control_that_trains_like_the_reference(self):
+        # fp64_accum: each op's fp64 reference, rounded once. All nine swapped in at once, the
+        # run stays within fp32 rounding of the reference, and every one is a control.
+        ops = ["rmsnorm_forward", "rmsnorm_backward", "linear_forward", "linear_backward",
+               "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
+               "cross_entropy"]
+        listed = run("kernels", check=True).stdout
+        d = tmpdir()
+        losses, head = {}, {}
+        for name, kernels in (("reference", []),
+                              ("controls", [f"kernels.{op}=fp64_accum" for op in ops])):
+            path = os.path.join(d, name + ".h5")
+            run("train", "--set", *SMALL, *kernels, "trace.final_weights=true", "--out", path,
+                check=True)
+            with h5py.File(path, "r") as f:
+                losses[name] = f["metrics/loss"][:]
+                head[name] = f["weights/final/lm_head.weight"][:]
+                roles = f.attrs.get("kernel_roles", b"")
+                roles = roles.decode() if isinstance(roles, bytes) else roles
+        for op in ops:
+            self.assertIn(f"{op}=fp64_accum control", roles)
+        # Other bits (the controls run: the weights move apart at rounding level, which a
+        # 20-step loss in fp32 does not always show), the same training.
+        self.assertFalse(np.array_equal(head["reference"], head["controls"]))
+        np.testing.assert_allclose(head["controls"], head["reference"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(losses["controls"], losses["reference"], rtol=1e-4)
+        self.assertGreaterEqual(listed.count("fp64_accum"), len(ops) + 1)
+
+
 class Shadow(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
