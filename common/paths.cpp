@@ -11,8 +11,8 @@ namespace {
 std::string find_resource_dir() {
   if (const char* home = std::getenv("DIVLAB_HOME"); home && *home) return home;
   std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
+  const std::filesystem::path exe = self_exe();
+  if (exe.has_parent_path()) {
     const auto share = exe.parent_path().parent_path() / "share" / "divlab";
     if (std::filesystem::is_directory(share / "configs", ec)) return share.lexically_normal();
   }
@@ -20,6 +20,12 @@ std::string find_resource_dir() {
 }
 
 }  // namespace
+
+std::string self_exe() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "divlab" : exe.string();
+}
 
 std::string resource_dir() {
   static const std::string dir = find_resource_dir();  // the process's answer, fixed once

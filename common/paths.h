@@ -10,6 +10,9 @@
 namespace divlab {
 
 std::string resource_dir();
+// This process's executable (/proc/self/exe), for starting another process of divlab itself;
+// "divlab" (looked up on PATH) when it cannot be read.
+std::string self_exe();
 // resource_dir() + "/" + relative, e.g. resource_path("configs/reproduce.toml").
 std::string resource_path(const std::string& relative);
 

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <optional>
 #include <random>
 #include <sstream>
 
@@ -294,6 +293,11 @@ struct Checker {
   bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
   mutable TokenStreams streams;
 
+  // A draw's shape: the condition's, or the first thing its generator draws.
+  static CheckShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
+    return cond.random_shapes ? random_shape(gen) : cond.shape;
+  }
+
   // One draw of `cond`: inputs from `draw_seed`, at `forced` when given (shrinking), else the
   // condition's (or a random) shape.
   ConditionResult draw(const Condition& cond, int64_t draw_index, uint64_t draw_seed, uint64_t seed,
@@ -301,7 +305,7 @@ struct Checker {
     ConditionResult r;
     r.name = cond.name, r.draws = 1;
     std::mt19937_64 gen(draw_seed);
-    const CheckShape s = forced ? *forced : cond.random_shapes ? random_shape(gen) : cond.shape;
+    const CheckShape s = forced ? *forced : draw_shape(cond, gen);
     r.shape = s.text();
     const std::vector<TokenId> tokens =
         make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
@@ -384,7 +388,8 @@ struct Checker {
   // reproducer.
   void shrink(const Condition& cond, int64_t draw_index, uint64_t draw_seed, uint64_t seed,
               ConditionResult& failed) const {
-    CheckShape now = *parse_shape(failed.shape);
+    std::mt19937_64 gen(draw_seed);
+    CheckShape now = draw_shape(cond, gen);  // the failing draw's
     ConditionResult smallest = failed;
     int tries = 0;
     for (bool progress = true; progress && tries < kShrinkTries;) {
@@ -401,13 +406,6 @@ struct Checker {
     if (smallest.shape != failed.shape)
       failed.smallest = smallest.shape + ": " + smallest.why +
                         (smallest.worst.empty() ? "" : "; worst " + smallest.worst);
-  }
-
-  static std::optional<CheckShape> parse_shape(const std::string& text) {
-    CheckShape s;
-    if (std::sscanf(text.c_str(), "B%d T%d C%d NH%d V%d", &s.B, &s.T, &s.C, &s.NH, &s.V) != 5)
-      return std::nullopt;
-    return s;
   }
 
   // The benchmark's verifier as the report describes it: Gaussian inputs from one fixed seed,

@@ -109,13 +109,6 @@ bool decode(const std::string& line, ConditionResult* r) {
   return true;
 }
 
-std::string self_path() {
-  char self[4096] = {0};
-  if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0)
-    throw std::runtime_error("check: cannot find its own executable (/proc/self/exe)");
-  return self;
-}
-
 // The command line of this check's conditions (another process of the same executable).
 std::vector<std::string> check_argv(const CheckOptions& opt, uint64_t seed) {
   std::vector<std::string> argv = {"check",         opt.target,
@@ -172,7 +165,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
   CheckReport rep = new_check_report(opt);  // the seed every worker shares
   const std::vector<ConditionInfo> infos = check_conditions();
   const size_t count = infos.size();
-  const std::string self = self_path();
+  const std::string self = self_exe();
   const std::string base = "/tmp/divlab-check-" + std::to_string(getpid());
   const std::string report = base + ".report", log = base + ".log";
   bool verifier_seen = false;
@@ -266,7 +259,7 @@ std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
   std::vector<std::string> argv = check_argv(opt, seed);
   // In one process under the sanitizer: it follows no worker.
   argv.insert(argv.begin(),
-              {"compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", self_path()});
+              {"compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", self_exe()});
   argv.push_back("--in-process");
   SpawnOptions so;
   so.log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";

@@ -21,6 +21,7 @@
 
 #include "common/files.h"
 #include "common/lock.h"
+#include "common/paths.h"
 #include "common/process.h"
 #include "common/signals.h"
 #include "experiments/config.h"
@@ -122,12 +123,6 @@ void prepare_dir(const std::string& dir, const Grid& g, bool lock,
     cells << "\n";
   }
   write_atomically(dir + "/cells.tsv", cells.str());
-}
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, size_t(n)) : "divlab";
 }
 
 struct Running {
