@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "common/files.h"
 #include "io/toml_reader.h"
@@ -21,6 +22,13 @@ namespace {
 enum class Type { Int, Float, Bool, String, List };
 enum class Range { Any, Positive, NonNegative, UnitOpen, UnitClosed };
 
+struct KeySpec;
+// Stores a key's validated value (its canonical text, or a list's items) in its member.
+using Assign = std::function<void(const KeySpec&, RunConfig&, const std::vector<std::string>&)>;
+
+// One row per key: its name, the member it fills, its default and meaning. The member's type
+// decides the value's type (integer, number, boolean, string, list) and an enum's choices, so a
+// key is spelled once and cannot be read back under another name.
 struct KeySpec {
   std::string key;
   Type type;
@@ -28,69 +36,138 @@ struct KeySpec {
   std::string doc;
   Range range = Range::Any;
   std::vector<std::string> choices = {};
+  Assign assign;
 };
+
+long long parse_int(const std::string& key, const std::string& v);
+double parse_float(const std::string& key, const std::string& v);
+
+// What a member's type means for its key.
+template <class M>
+constexpr Type type_of() {
+  if constexpr (std::is_same_v<M, bool>)
+    return Type::Bool;
+  else if constexpr (std::is_integral_v<M>)
+    return Type::Int;
+  else if constexpr (std::is_floating_point_v<M>)
+    return Type::Float;
+  else if constexpr (std::is_same_v<M, std::vector<std::string>>)
+    return Type::List;
+  else
+    return Type::String;  // std::string or a named enum
+}
+
+// Parses a validated value into a member of type M.
+template <class M>
+void store(const KeySpec& s, M& out, const std::vector<std::string>& values) {
+  if constexpr (std::is_same_v<M, std::vector<std::string>>) {
+    out = values;
+  } else {
+    const std::string& v = values.at(0);
+    if constexpr (std::is_same_v<M, bool>) {
+      out = v == "true";
+    } else if constexpr (std::is_integral_v<M>) {
+      const long long x = parse_int(s.key, v);
+      // Held narrower than 64 bits: checked before narrowing, so 2^32 + 64 is refused, not
+      // trained as 64.
+      if constexpr (sizeof(M) < sizeof(long long))
+        if (x > std::numeric_limits<M>::max() || x < std::numeric_limits<M>::min())
+          throw InputError("config key '" + s.key + "' = " + v + ": must be at most " +
+                           std::to_string(std::numeric_limits<M>::max()));
+      out = M(x);  // a 64-bit unsigned member's key is NonNegative, checked before
+    } else if constexpr (std::is_floating_point_v<M>) {
+      out = parse_float(s.key, v);
+    } else if constexpr (std::is_same_v<M, std::string>) {
+      out = v;
+    } else if (!parse_name(v, &out)) {  // a closed set: its names are the choices checked before
+      throw std::logic_error("config: '" + s.key + "' escaped its check");
+    }
+  }
+}
+
+// A schema row bound to the member `at` names (a lambda RunConfig& -> member&).
+template <class At>
+KeySpec key(std::string name, At at, std::string fallback, std::string doc,
+            Range range = Range::Any) {
+  using M = std::remove_reference_t<decltype(at(std::declval<RunConfig&>()))>;
+  KeySpec spec;
+  spec.key = std::move(name), spec.type = type_of<M>(), spec.fallback = std::move(fallback);
+  spec.doc = std::move(doc), spec.range = range;
+  if constexpr (std::is_enum_v<M>) spec.choices = names_of<M>();
+  spec.assign = [at](const KeySpec& s, RunConfig& c, const std::vector<std::string>& v) {
+    store(s, at(c), v);
+  };
+  return spec;
+}
+// The member a key fills, e.g. DIVLAB_AT(model.vocab).
+#define DIVLAB_AT(member) ([](RunConfig & c) -> auto& { return c.member; })
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
-      {"backend", Type::String, "cpu", "where the run executes", Range::Any, names_of<Backend>()},
-      {"data", Type::String, "uniform",
-       "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown"},
-      {"plugins", Type::List, "",
-       "shared libraries with candidate kernels (C ABI: kernels/plugin_abi.h)"},
-      {"model.vocab", Type::Int, "256", "vocabulary size V", Range::Positive},
-      {"model.d_model", Type::Int, "64", "residual width C", Range::Positive},
-      {"model.n_layers", Type::Int, "2", "transformer blocks", Range::Positive},
-      {"model.n_heads", Type::Int, "4", "attention heads (must divide d_model)", Range::Positive},
-      {"model.seq_len", Type::Int, "32", "context length T", Range::Positive},
-      {"model.norm_eps", Type::Float, "1e-5", "RMSNorm epsilon", Range::Positive},
-      {"model.init_std", Type::Float, "0.02", "std of the normal weight init", Range::Positive},
-      {"train.batch", Type::Int, "8", "sequences per step B", Range::Positive},
-      {"train.steps", Type::Int, "100", "optimizer steps", Range::NonNegative},
-      {"train.lr", Type::Float, "0.1", "peak learning rate", Range::Positive},
-      {"train.optimizer", Type::String, "sgd", "optimizer", Range::Any, names_of<OptimizerKind>()},
-      {"train.seed", Type::Int, "0", "seed for init and data", Range::NonNegative},
-      {"train.momentum", Type::Float, "0", "SGD momentum", Range::UnitOpen},
-      {"train.nesterov", Type::Bool, "false", "SGD Nesterov momentum"},
-      {"train.weight_decay", Type::Float, "0", "L2 (SGD) / decoupled (AdamW) decay",
-       Range::NonNegative},
-      {"train.beta1", Type::Float, "0.9", "AdamW beta1", Range::UnitOpen},
-      {"train.beta2", Type::Float, "0.999", "AdamW beta2", Range::UnitOpen},
-      {"train.eps", Type::Float, "1e-8", "AdamW epsilon", Range::Positive},
-      {"train.grad_clip", Type::Float, "0", "global grad-norm clip (0 = off)", Range::NonNegative},
-      {"train.warmup_steps", Type::Int, "0", "linear LR warmup steps", Range::NonNegative},
-      {"train.schedule", Type::String, "constant", "LR after warmup", Range::Any,
-       names_of<LrSchedule>()},
-      {"train.min_lr_ratio", Type::Float, "0.1", "cosine floor as a fraction of lr",
-       Range::UnitClosed},
-      {"train.precision", Type::String, "fp32",
-       "working precision: fp32 | fp64 (cpu) | bf16 (activations stored in bf16; fp32 "
-       "accumulation, residual stream and master weights; cuda: bf16 tensor-core GEMMs)",
-       Range::Any, names_of<Precision>()},
-      {"train.threads", Type::Int, "0", "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)",
-       Range::NonNegative},
-      {"eval.every", Type::Int, "0", "validation loss every K steps (0 = off)", Range::NonNegative},
-      {"eval.batches", Type::Int, "4", "validation batches per evaluation", Range::Positive},
-      {"shadow.every", Type::Int, "0", "shadow-evaluate variants every K steps (0 = off)",
-       Range::NonNegative},
-      {"shadow.variants", Type::List, "", "op=variant entries to shadow"},
-      {"trace.flush_steps", Type::Int, "10", "flush the trace at least every K steps",
-       Range::Positive},
-      {"trace.flush_seconds", Type::Float, "2", "... and at least every S seconds",
-       Range::Positive},
-      {"trace.initial_weights", Type::Bool, "false",
-       "keep the weights before the first step in /weights/initial (divlab export)"},
-      {"trace.final_weights", Type::Bool, "false",
-       "keep the weights after the last step in /weights/final (divlab export)"},
-      {"checkpoint.every", Type::Int, "100",
-       "checkpoint weights and optimizer state every K steps, for --resume (0 = never)",
-       Range::NonNegative},
-      {"debug.sync_kernels", Type::Bool, "false",
-       "cuda: synchronise after every kernel launch and name the kernel that failed (slow)"},
-      {"debug.abort_at_step", Type::Int, "-1",
-       "abort the process at this step (tests of crash handling; -1 = never)"},
+      key("backend", DIVLAB_AT(backend), "cpu", "where the run executes"),
+      key("data", DIVLAB_AT(data), "uniform",
+          "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown"),
+      key("plugins", DIVLAB_AT(plugins), "",
+          "shared libraries with candidate kernels (C ABI: kernels/plugin_abi.h)"),
+      key("model.vocab", DIVLAB_AT(model.vocab), "256", "vocabulary size V", Range::Positive),
+      key("model.d_model", DIVLAB_AT(model.d_model), "64", "residual width C", Range::Positive),
+      key("model.n_layers", DIVLAB_AT(model.n_layers), "2", "transformer blocks", Range::Positive),
+      key("model.n_heads", DIVLAB_AT(model.n_heads), "4", "attention heads (must divide d_model)",
+          Range::Positive),
+      key("model.seq_len", DIVLAB_AT(model.seq_len), "32", "context length T", Range::Positive),
+      key("model.norm_eps", DIVLAB_AT(model.norm_eps), "1e-5", "RMSNorm epsilon", Range::Positive),
+      key("model.init_std", DIVLAB_AT(model.init_std), "0.02", "std of the normal weight init",
+          Range::Positive),
+      key("train.batch", DIVLAB_AT(batch), "8", "sequences per step B", Range::Positive),
+      key("train.steps", DIVLAB_AT(steps), "100", "optimizer steps", Range::NonNegative),
+      key("train.lr", DIVLAB_AT(optim.lr), "0.1", "peak learning rate", Range::Positive),
+      key("train.optimizer", DIVLAB_AT(optim.kind), "sgd", "optimizer"),
+      key("train.seed", DIVLAB_AT(seed), "0", "seed for init and data", Range::NonNegative),
+      key("train.momentum", DIVLAB_AT(optim.momentum), "0", "SGD momentum", Range::UnitOpen),
+      key("train.nesterov", DIVLAB_AT(optim.nesterov), "false", "SGD Nesterov momentum"),
+      key("train.weight_decay", DIVLAB_AT(optim.weight_decay), "0",
+          "L2 (SGD) / decoupled (AdamW) decay", Range::NonNegative),
+      key("train.beta1", DIVLAB_AT(optim.beta1), "0.9", "AdamW beta1", Range::UnitOpen),
+      key("train.beta2", DIVLAB_AT(optim.beta2), "0.999", "AdamW beta2", Range::UnitOpen),
+      key("train.eps", DIVLAB_AT(optim.eps), "1e-8", "AdamW epsilon", Range::Positive),
+      key("train.grad_clip", DIVLAB_AT(optim.grad_clip), "0", "global grad-norm clip (0 = off)",
+          Range::NonNegative),
+      key("train.warmup_steps", DIVLAB_AT(optim.warmup_steps), "0", "linear LR warmup steps",
+          Range::NonNegative),
+      key("train.schedule", DIVLAB_AT(optim.schedule), "constant", "LR after warmup"),
+      key("train.min_lr_ratio", DIVLAB_AT(optim.min_lr_ratio), "0.1",
+          "cosine floor as a fraction of lr", Range::UnitClosed),
+      key("train.precision", DIVLAB_AT(precision), "fp32",
+          "working precision: fp32 | fp64 (cpu) | bf16 (activations stored in bf16; fp32 "
+          "accumulation, residual stream and master weights; cuda: bf16 tensor-core GEMMs)"),
+      key("train.threads", DIVLAB_AT(threads), "0",
+          "CPU threads (0 = OMP_NUM_THREADS if set, else all cores)", Range::NonNegative),
+      key("eval.every", DIVLAB_AT(eval_every), "0", "validation loss every K steps (0 = off)",
+          Range::NonNegative),
+      key("eval.batches", DIVLAB_AT(eval_batches), "4", "validation batches per evaluation",
+          Range::Positive),
+      key("shadow.every", DIVLAB_AT(shadow_every), "0",
+          "shadow-evaluate variants every K steps (0 = off)", Range::NonNegative),
+      key("shadow.variants", DIVLAB_AT(shadow_variants), "", "op=variant entries to shadow"),
+      key("trace.flush_steps", DIVLAB_AT(flush_steps), "10",
+          "flush the trace at least every K steps", Range::Positive),
+      key("trace.flush_seconds", DIVLAB_AT(flush_seconds), "2", "... and at least every S seconds",
+          Range::Positive),
+      key("trace.initial_weights", DIVLAB_AT(initial_weights), "false",
+          "keep the weights before the first step in /weights/initial (divlab export)"),
+      key("trace.final_weights", DIVLAB_AT(final_weights), "false",
+          "keep the weights after the last step in /weights/final (divlab export)"),
+      key("checkpoint.every", DIVLAB_AT(checkpoint_every), "100",
+          "checkpoint weights and optimizer state every K steps, for --resume (0 = never)",
+          Range::NonNegative),
+      key("debug.sync_kernels", DIVLAB_AT(sync_kernels), "false",
+          "cuda: synchronise after every kernel launch and name the kernel that failed (slow)"),
+      key("debug.abort_at_step", DIVLAB_AT(abort_at_step), "-1",
+          "abort the process at this step (tests of crash handling; -1 = never)"),
   };
   return keys;
 }
+#undef DIVLAB_AT
 
 const std::string kKernelsPrefix = "kernels.";
 
@@ -306,14 +383,14 @@ std::string describe_config_keys() {
   return out.str();
 }
 
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  if (path.empty()) return load_config_text("", "", overrides);
+RunConfig parse_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return parse_config_text("", "", overrides);
   const std::string text = read_input_file(path, "config file");
-  return load_config_text(text, path, overrides);
+  return parse_config_text(text, path, overrides);
 }
 
-RunConfig load_config_text(const std::string& toml, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+RunConfig parse_config_text(const std::string& toml, const std::string& source,
+                            const std::vector<std::string>& overrides) {
   RawValues raw;
   if (!toml.empty()) {
     for (const TomlEntry& e : read_toml(toml, "config file '" + source + "'"))
@@ -328,15 +405,15 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   }
 
   RunConfig cfg;
-  std::map<std::string, std::string> text;  // key -> validated TOML text
   for (const auto& s : schema()) {
     const auto it = raw.find(s.key);
     const std::vector<std::string> values = it != raw.end() ? it->second.values
                                             : s.type == Type::List
                                                 ? std::vector<std::string>{}
                                                 : std::vector<std::string>{s.fallback};
-    text[s.key] = normalise(s, values, it != raw.end() ? it->second.where : "");
-    cfg.resolved.emplace_back(s.key, text[s.key]);
+    const std::string text = normalise(s, values, it != raw.end() ? it->second.where : "");
+    s.assign(s, cfg, values);
+    cfg.resolved.emplace_back(s.key, text);
   }
   for (const auto& [key, value] : raw)
     if (key.rfind(kKernelsPrefix, 0) == 0) {
@@ -345,58 +422,13 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
       cfg.kernels[key.substr(kKernelsPrefix.size())] = name.text;
       cfg.resolved.emplace_back(key, name.toml());
     }
-
-  auto str = [&](const std::string& k) {
-    return raw.count(k) ? raw[k].values.at(0) : find_spec(k)->fallback;
-  };
-  auto i64 = [&](const std::string& k) { return parse_int(k, str(k)); };
-  // Keys held as int: checked before narrowing, so 2^32 + 64 is refused, not trained as 64.
-  auto i32 = [&](const std::string& k) {
-    const long long v = i64(k);
-    if (v > std::numeric_limits<int>::max() || v < std::numeric_limits<int>::min())
-      throw InputError("config key '" + k + "' = " + str(k) + ": must be at most " +
-                       std::to_string(std::numeric_limits<int>::max()));
-    return int(v);
-  };
-  auto f64 = [&](const std::string& k) { return parse_float(k, str(k)); };
-  // A closed set: its names are the schema's choices, checked above; parsed once, here.
-  const auto choice = [&](auto tag, const std::string& k) {
-    decltype(tag) v{};
-    if (!parse_name(str(k), &v)) throw std::logic_error("config: '" + k + "' escaped its check");
-    return v;
-  };
-  cfg.backend = choice(Backend{}, "backend");
-  cfg.data = str("data");
-  ModelConfig& m = cfg.model;
-  m.vocab = i32("model.vocab"), m.d_model = i32("model.d_model");
-  m.n_layers = i32("model.n_layers"), m.n_heads = i32("model.n_heads");
-  m.seq_len = i32("model.seq_len"), m.norm_eps = f64("model.norm_eps");
-  m.init_std = f64("model.init_std");
+  const ModelConfig& m = cfg.model;
   OptimConfig& o = cfg.optim;
-  o.kind = choice(OptimizerKind{}, "train.optimizer"), o.lr = f64("train.lr"),
-  o.momentum = f64("train.momentum");
-  o.nesterov = str("train.nesterov") == "true", o.weight_decay = f64("train.weight_decay");
-  o.beta1 = f64("train.beta1"), o.beta2 = f64("train.beta2"), o.eps = f64("train.eps");
-  o.grad_clip = f64("train.grad_clip"), o.warmup_steps = i64("train.warmup_steps");
-  o.schedule = choice(LrSchedule{}, "train.schedule"), o.min_lr_ratio = f64("train.min_lr_ratio");
-  cfg.batch = i32("train.batch"), cfg.steps = i64("train.steps");
   o.total_steps = cfg.steps;
-  cfg.seed = uint64_t(i64("train.seed")), cfg.precision = choice(Precision{}, "train.precision");
-  cfg.threads = i32("train.threads");
-  cfg.eval_every = i64("eval.every"), cfg.eval_batches = i32("eval.batches");
-  cfg.shadow_every = i64("shadow.every");
-  if (raw.count("shadow.variants")) cfg.shadow_variants = raw["shadow.variants"].values;
-  if (raw.count("plugins")) cfg.plugins = raw["plugins"].values;
-  cfg.flush_steps = i64("trace.flush_steps"), cfg.flush_seconds = f64("trace.flush_seconds");
-  cfg.abort_at_step = i64("debug.abort_at_step");
-  cfg.sync_kernels = str("debug.sync_kernels") == "true";
-  cfg.checkpoint_every = i64("checkpoint.every");
-  cfg.initial_weights = str("trace.initial_weights") == "true";
-  cfg.final_weights = str("trace.final_weights") == "true";
 
   // Cross-key rules.
   if (m.vocab < 2)
-    throw InputError("config key 'model.vocab' = " + str("model.vocab") + ": must be >= 2");
+    throw InputError("config key 'model.vocab' = " + std::to_string(m.vocab) + ": must be >= 2");
   if (m.d_model % m.n_heads != 0)
     throw InputError("config key 'model.d_model' = " + std::to_string(m.d_model) +
                      " is not divisible by 'model.n_heads' = " + std::to_string(m.n_heads));
@@ -417,6 +449,13 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
                      " positions is too large for model.vocab and model.d_model (2^31 elements)");
+  if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
+    throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
+                     " needs 'shadow.variants' (op=variant entries)");
+  return cfg;
+}
+
+void resolve_kernels(const RunConfig& cfg) {
   // Plug-ins first: their variants are valid kernel names from here on.
   try {
     load_plugins(cfg.plugins);
@@ -442,9 +481,18 @@ RunConfig load_config_text(const std::string& toml, const std::string& source,
   } catch (const BackendError& e) {
     throw InputError(std::string("config: ") + e.what());
   }
-  if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
-    throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
-                     " needs 'shadow.variants' (op=variant entries)");
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  RunConfig cfg = parse_config(path, overrides);
+  resolve_kernels(cfg);
+  return cfg;
+}
+
+RunConfig load_config_text(const std::string& toml, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  RunConfig cfg = parse_config_text(toml, source, overrides);
+  resolve_kernels(cfg);
   return cfg;
 }
 

@@ -46,9 +46,21 @@ struct RunConfig {
 std::string describe_config_keys();
 
 // Reads `path` (may be empty: defaults only), applies `overrides` ("key=value", value may be a
-// TOML-like list "[a, b]"), validates. Throws InputError naming the key, value or path.
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+// TOML-like list "[a, b]") and validates every key, value and rule between keys, touching
+// nothing else: no plug-in is loaded, no catalogue consulted. Throws InputError naming the key,
+// value or path.
+RunConfig parse_config(const std::string& path, const std::vector<std::string>& overrides);
 // The same from TOML text (e.g. a trace's config_toml); `source` names it in messages.
+RunConfig parse_config_text(const std::string& toml, const std::string& source,
+                            const std::vector<std::string>& overrides);
+
+// The step between parsing and running: loads the config's plug-ins (once per process) and checks
+// its kernel choices and shadow entries against its backend's catalogue, whose names the
+// plug-ins extend. Throws InputError naming the key.
+void resolve_kernels(const RunConfig& cfg);
+
+// parse_config and resolve_kernels: what a command that runs or validates a run calls.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
 RunConfig load_config_text(const std::string& toml, const std::string& source,
                            const std::vector<std::string>& overrides);
 

@@ -194,14 +194,15 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
   std::map<std::string, size_t> resolved;  // a cell's whole resolved config -> the cell
   for (size_t i = 0; i < g.cells.size(); ++i) {
     try {
-      RunConfig cfg = load_config(g.base_config, g.cells[i]);
+      RunConfig cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       if (seed_offset != 0) {  // fresh seeds: every cell's seed moved by the same offset
         if (cfg.seed > UINT64_MAX - seed_offset)
           throw InputError("--seed-offset " + std::to_string(seed_offset) +
                            ": train.seed + offset exceeds 2^64 - 1");
         set_or_replace(g.cells[i], "train.seed", std::to_string(cfg.seed + seed_offset));
-        cfg = load_config(g.base_config, g.cells[i]);
+        cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       }
+      resolve_kernels(cfg);  // its kernel names, against its backend (plug-ins loaded once)
       // Two cells that resolve to one run (a repeated axis value, an axis value whose own
       // overrides undo another axis) would count one experiment twice as two seeds' worth.
       const auto [at, fresh] = resolved.emplace(cfg.to_toml(), i);

@@ -557,7 +557,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
     const TraceReader r(path);
     const std::string recorded = r.string_attr("/", "config_toml");
     cfg = load_config_text(recorded, "trace '" + path + "'", overrides);
-    check_resume_overrides(load_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
+    check_resume_overrides(parse_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
     const auto done = int64_t(r.ints("/metrics/step").size());
     if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +
