@@ -16,10 +16,10 @@
 
 #include "common/rng.h"
 #include "datasets/dataset.h"
-#include "experiments/check_cases.h"
 #include "experiments/config.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
+#include "kernels/op_cases.h"
 #include "kernels/plugins.h"
 
 namespace divlab {
@@ -47,18 +47,18 @@ const char* kCriteria =
 // 8192 tokens over 8192 ids: uniform rows get ~1 addition, Zipf(1.1)'s top row ~900, Brown's
 // ("the") ~500, each position row 8: the dose at which bf16 accumulation breaks on hot rows and
 // rounding alone does not. Used by the ops that gather or scatter by token id.
-constexpr CheckShape kDose{8, 1024, 64, 4, 8192};
+constexpr OpShape kDose{8, 1024, 64, 4, 8192};
 // 303 tokens over 211 ids, every id present but one in seven: rows that must be updated and rows
 // that must not, both at the ends of the table.
-constexpr CheckShape kRows{3, 101, 24, 2, 211};
-constexpr CheckShape kTiny{1, 1, 4, 1, 5};
-constexpr CheckShape kOdd{3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
-constexpr CheckShape kAligned{4, 64, 128, 4, 512};
-constexpr CheckShape kLarge{8, 256, 256, 4, 2048};
+constexpr OpShape kRows{3, 101, 24, 2, 211};
+constexpr OpShape kTiny{1, 1, 4, 1, 5};
+constexpr OpShape kOdd{3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
+constexpr OpShape kAligned{4, 64, 128, 4, 512};
+constexpr OpShape kLarge{8, 256, 256, 4, 2048};
 
 struct Condition {
   std::string name;
-  CheckShape shape;
+  OpShape shape;
   std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows
   Values values = Values::Normal;
   bool by_token_only = false;  // only for ops that gather or scatter by token id
@@ -70,7 +70,7 @@ struct Condition {
 };
 
 std::vector<Condition> conditions() {
-  auto c = [](std::string name, CheckShape s) {
+  auto c = [](std::string name, OpShape s) {
     Condition k;
     k.name = std::move(name), k.shape = s;
     return k;
@@ -85,7 +85,7 @@ std::vector<Condition> conditions() {
     k.tokens = tokens, k.by_token_only = true;
     list.push_back(k);
   }
-  for (const auto& [name, s] : std::vector<std::pair<std::string, CheckShape>>{
+  for (const auto& [name, s] : std::vector<std::pair<std::string, OpShape>>{
            {"shape tiny", kTiny}, {"shape odd", kOdd}, {"shape aligned", kAligned}}) {
     Condition k = c(name, s);
     k.shrink = true;
@@ -115,13 +115,14 @@ std::vector<Condition> conditions() {
   return list;
 }
 
+// Every op: kernels/op_cases.cpp builds inputs for each one and calls it.
 const std::vector<std::string>& checkable_ops() {
-  static const std::vector<std::string> ops = {"embedding_forward",  "rmsnorm_forward",
-                                               "rmsnorm_backward",   "linear_forward",
-                                               "linear_backward",    "attention_forward",
-                                               "attention_backward", "gelu_forward",
-                                               "gelu_backward",      "add",
-                                               "cross_entropy",      "embed_rmsnorm_backward"};
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> all;
+    all.reserve(kOpCount);
+    for (int i = 0; i < kOpCount; ++i) all.emplace_back(op_name(Op(i)));
+    return all;
+  }();
   return ops;
 }
 
@@ -129,8 +130,7 @@ const std::vector<std::string>& checkable_ops() {
 // takes a moment), keyed by spec and shape.
 class TokenStreams {
  public:
-  const Dataset* get(const std::string& kind, const CheckShape& s, uint64_t seed,
-                     std::string* note) {
+  const Dataset* get(const std::string& kind, const OpShape& s, uint64_t seed, std::string* note) {
     const std::string key = kind + " " + s.text();
     auto it = streams_.find(key);
     if (it == streams_.end()) {
@@ -153,7 +153,7 @@ class TokenStreams {
 
 // Token ids for draw `draw` of a condition; empty with `note` set when the data cannot be had
 // here.
-std::vector<TokenId> make_tokens(const std::string& kind, const CheckShape& s, std::mt19937_64& gen,
+std::vector<TokenId> make_tokens(const std::string& kind, const OpShape& s, std::mt19937_64& gen,
                                  int64_t draw, uint64_t seed, TokenStreams& streams,
                                  std::string* note) {
   if (kind == "uniform") return uniform_tokens(s, gen);
@@ -294,18 +294,18 @@ struct Checker {
   mutable TokenStreams streams;
 
   // A draw's shape: the condition's, or the first thing its generator draws.
-  static CheckShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
+  static OpShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
     return cond.random_shapes ? random_shape(gen) : cond.shape;
   }
 
   // One draw of `cond`: inputs from `draw_seed`, at `forced` when given (shrinking), else the
   // condition's (or a random) shape.
   ConditionResult draw(const Condition& cond, int64_t draw_index, uint64_t draw_seed, uint64_t seed,
-                       const CheckShape* forced) const {
+                       const OpShape* forced) const {
     ConditionResult r;
     r.name = cond.name, r.draws = 1;
     std::mt19937_64 gen(draw_seed);
-    const CheckShape s = forced ? *forced : draw_shape(cond, gen);
+    const OpShape s = forced ? *forced : draw_shape(cond, gen);
     r.shape = s.text();
     const std::vector<TokenId> tokens =
         make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
@@ -313,11 +313,11 @@ struct Checker {
       r.ran = false;
       return r;
     }
-    OpInputs x = check_inputs(op, s, tokens, cond.values, gen);
+    OpInputs x = op_inputs(op, s, tokens, cond.values, gen);
     if (round_inputs)
       for (auto& v : x.values) round_to_bf16(v);
     std::vector<ArgSpec> written;
-    OpRun ref = call_check_op(op, reference, x, s, &written);
+    OpRun ref = call_op(op, reference, x, s, &written);
     if (cond.prefill) {
       // At the scale of the op's own contribution, in values both fp32 and bf16 hold exactly,
       // so the contribution can be measured against the pre-fill.
@@ -336,11 +336,11 @@ struct Checker {
         r.ran = false, r.note = "the op adds into no output";
         return r;
       }
-      ref = call_check_op(op, reference, x, s);
+      ref = call_op(op, reference, x, s);
     }
     OpRun got;
     try {
-      got = call_check_op(op, variant, x, s);
+      got = call_op(op, variant, x, s);
     } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
       r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
       return r;
@@ -350,7 +350,7 @@ struct Checker {
     if (cond.repeat) {
       OpRun again;
       try {
-        again = call_check_op(op, variant, x, s);
+        again = call_op(op, variant, x, s);
       } catch (const std::exception& e) {
         r.note = std::string("threw on the repeat: ") + e.what();
       }
@@ -389,12 +389,12 @@ struct Checker {
   void shrink(const Condition& cond, int64_t draw_index, uint64_t draw_seed, uint64_t seed,
               ConditionResult& failed) const {
     std::mt19937_64 gen(draw_seed);
-    CheckShape now = draw_shape(cond, gen);  // the failing draw's
+    OpShape now = draw_shape(cond, gen);  // the failing draw's
     ConditionResult smallest = failed;
     int tries = 0;
     for (bool progress = true; progress && tries < kShrinkTries;) {
       progress = false;
-      for (const CheckShape& s : smaller_shapes(now)) {
+      for (const OpShape& s : smaller_shapes(now)) {
         if (++tries > kShrinkTries) break;
         ConditionResult r = draw(cond, draw_index, draw_seed, seed, &s);
         if (r.ran && r.failed) {
@@ -413,7 +413,7 @@ struct Checker {
   bool benchmark_verifier() const {
     Condition cond;
     cond.name = "benchmark verifier";
-    for (const CheckShape& s : {kAligned, kLarge}) {
+    for (const OpShape& s : {kAligned, kLarge}) {
       const ConditionResult r = draw(cond, 0, 0, 0, &s);
       if (r.ran && (!r.finite || r.verifier_pass < 0.99)) return false;
     }
@@ -466,7 +466,9 @@ CheckReport new_check_report(const CheckOptions& opt) {
   if (std::find(ops.begin(), ops.end(), rep.op) == ops.end()) {
     std::string list;
     for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
-    throw InputError("check '" + opt.target + "': op '" + rep.op + "' is not checkable; " + list);
+    const std::string best = closest_name(rep.op, ops);
+    throw InputError("check '" + opt.target + "': no op '" + rep.op + "'" +
+                     (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; ops: " + list);
   }
   if (opt.precision == Precision::Fp64)
     throw InputError("check --precision fp64: the reference is fp64 already; fp32 or bf16");

@@ -134,7 +134,33 @@ void embed_backward_skips_last_row(const OpContext& ctx, float* dwte, float* dwp
   std::copy(last.begin(), last.end(), dwte + size_t(V - 1) * C);
 }
 
+// AdamW without the bias correction of its moments: close to the reference late in training
+// (1 - beta^step near 1), wrong early. check's step (7, beta2 0.95) is early enough to see it.
+void adamw_without_bias_correction(float* p, float* m, float* v, const float* g, int64_t n,
+                                   float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, float grad_scale, int64_t /*step*/) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * grad_scale;
+    p[i] *= 1 - lr * weight_decay;
+    m[i] = beta1 * m[i] + (1 - beta1) * gi;
+    v[i] = beta2 * v[i] + (1 - beta2) * gi * gi;
+    p[i] -= lr * m[i] / (std::sqrt(v[i]) + eps);
+  }
+}
+
 }  // namespace
+
+TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
+  Registered reg(mutable_cpu_catalogue().adamw_step, "no_bias_correction",
+                 adamw_without_bias_correction);
+  const CheckReport r = check("adamw_step=no_bias_correction");
+  EXPECT_FALSE(r.pass) << format_check(r);
+  EXPECT_TRUE(fails_under(r, "shape odd", "error")) << format_check(r);
+  // The reference update itself passes at the fp32 grade.
+  const CheckReport ref = check("adamw_step=reference");
+  EXPECT_TRUE(ref.pass) << format_check(ref);
+  EXPECT_EQ(ref.grade, "fp32") << format_check(ref);
+}
 
 TEST(CheckHoles, AShapeTunedKernelFailsOnRandomShapesAndIsShrunk) {
   Registered reg(mutable_cpu_catalogue().rmsnorm_forward, "shape_tuned", rmsnorm_shape_tuned);

@@ -106,7 +106,7 @@ class Check(unittest.TestCase):
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")
         assert_rejected(self, ["check", "embed_rmsnorm_backward=nope"], "'nope': unknown variant")
-        assert_rejected(self, ["check", "sgd_step=reference"], "not checkable")
+        assert_rejected(self, ["check", "softmax=reference"], "no op 'softmax'")
         assert_rejected(self, ["check", "linear_forward=reference", "--plugins", "{d}/none.so"],
                         "cannot load")
 

@@ -16,7 +16,7 @@
 
 namespace divlab {
 
-struct CheckShape {
+struct OpShape {
   int B = 1, T = 1, C = 1, NH = 1, V = 2;
   int64_t tokens() const { return int64_t(B) * T; }
   std::string text() const;  // "B3 T37 C72 NH4 V301"
@@ -24,9 +24,9 @@ struct CheckShape {
 
 // A shape drawn at random: rows (B x T) from 1 to a few hundred, sequence lengths, widths and
 // vocabularies biased toward 1, primes and one past or short of a power of two.
-CheckShape random_shape(std::mt19937_64& gen);
+OpShape random_shape(std::mt19937_64& gen);
 // Smaller shapes to try when `s` fails (each one dimension smaller), for shrinking.
-std::vector<CheckShape> smaller_shapes(const CheckShape& s);
+std::vector<OpShape> smaller_shapes(const OpShape& s);
 
 enum class Values {
   Normal,    // N(0, 1)
@@ -37,20 +37,20 @@ enum class Values {
 };
 
 // Uniform token ids for `s`.
-std::vector<TokenId> uniform_tokens(const CheckShape& s, std::mt19937_64& gen);
+std::vector<TokenId> uniform_tokens(const OpShape& s, std::mt19937_64& gen);
 
 // An op's inputs under a value condition; outputs start zeroed (the caller may pre-fill the
 // accumulated ones). Activation inputs take the value condition; weights keep their scale;
 // rstd and attention probabilities are derived from the inputs in fp64, so backward ops see a
 // consistent forward.
-OpInputs check_inputs(const std::string& op, const CheckShape& s, const std::vector<TokenId>& ids,
-                      Values values, std::mt19937_64& gen);
+OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
+                   Values values, std::mt19937_64& gen);
 
 // Runs `op` of `k` on `x` at shape `s`; `written`, when given, receives the op spec of every
 // array the call writes, in the order of x.outputs (kernels/op_spec.h).
 template <class KS>
-OpRun call_check_op(const std::string& op, const KS& k, const OpInputs& x, const CheckShape& s,
-                    std::vector<ArgSpec>* written = nullptr);
+OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
+              std::vector<ArgSpec>* written = nullptr);
 
 // Rounds every value to the nearest bf16 (so a bf16 kernel and the fp64 reference see the same
 // numbers).

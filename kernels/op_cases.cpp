@@ -1,0 +1,357 @@
+#include "kernels/op_cases.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <type_traits>
+
+#include "kernels/op_context.h"
+
+namespace divlab {
+
+namespace {
+
+constexpr double kEps = 1e-5;
+constexpr double kOutlierScale = 30;
+
+bool is_prime(int n) {
+  if (n < 2) return false;
+  for (int d = 2; d * d <= n; ++d)
+    if (n % d == 0) return false;
+  return true;
+}
+
+// A size in [lo, hi], biased toward the ones tuned kernels get wrong.
+int awkward(std::mt19937_64& gen, int lo, int hi) {
+  auto in = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(gen); };
+  switch (in(0, 4)) {
+    case 0:  // the smallest
+      return lo;
+    case 1: {  // a prime
+      for (int tries = 0; tries < 64; ++tries) {
+        const int p = in(lo, hi);
+        if (is_prime(p)) return p;
+      }
+      return in(lo, hi);
+    }
+    case 2: {  // one past or short of a power of two
+      std::vector<int> near;
+      for (int p = 2; p <= 2 * hi; p *= 2)
+        for (int v : {p - 1, p + 1})
+          if (v >= lo && v <= hi) near.push_back(v);
+      if (!near.empty()) return near[size_t(in(0, int(near.size()) - 1))];
+      return in(lo, hi);
+    }
+    default:
+      return in(lo, hi);
+  }
+}
+
+std::vector<double> normal(size_t n, std::mt19937_64& gen, double mean = 0.0) {
+  std::normal_distribution<double> d(mean, 1.0);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+// An activation of `n` values in rows of `row`, under the value condition.
+std::vector<double> activation(size_t n, int64_t row, Values values, std::mt19937_64& gen) {
+  std::vector<double> v = normal(n, gen);
+  const double scale = values == Values::Tiny ? 1e-10 : values == Values::Large ? 1e3 : 1.0;
+  for (auto& x : v) x *= scale;
+  if (values == Values::ZeroRows)
+    std::fill(v.begin(), v.begin() + std::min<int64_t>(int64_t(v.size()), 3 * row), 0.0);
+  if (values == Values::Outliers && row > 0) {
+    // One channel in 32 (at least one), the same in every row: LLM activations' outlier
+    // features, or the few ids a trained head gives high logits.
+    std::vector<int64_t> channels;
+    for (int64_t c = 0; c < row; ++c)
+      if (gen() % 32 == 0) channels.push_back(c);
+    if (channels.empty()) channels.push_back(int64_t(gen() % uint64_t(row)));
+    for (size_t i = 0; i < v.size(); i += size_t(row))
+      for (int64_t c : channels)
+        if (i + size_t(c) < v.size()) v[i + size_t(c)] *= kOutlierScale;
+  }
+  return v;
+}
+
+std::vector<double> rstd_of(const std::vector<double>& x, int64_t N, int64_t C) {
+  std::vector<double> r(size_t(N), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += x[size_t(n * C + c)] * x[size_t(n * C + c)];
+    r[size_t(n)] = 1.0 / std::sqrt(ss / double(C) + kEps);
+  }
+  return r;
+}
+
+template <Op op>
+using OpTag = std::integral_constant<Op, op>;
+
+}  // namespace
+
+std::string OpShape::text() const {
+  return "B" + std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
+         std::to_string(NH) + " V" + std::to_string(V);
+}
+
+OpShape random_shape(std::mt19937_64& gen) {
+  OpShape s;
+  s.NH = std::vector<int>{1, 2, 3, 4, 6}[size_t(gen() % 5)];
+  s.C = s.NH * awkward(gen, 1, 40);
+  s.B = awkward(gen, 1, 4);
+  s.T = awkward(gen, 1, std::min(300, 600 / s.B));
+  s.V = awkward(gen, 2, 700);
+  return s;
+}
+
+std::vector<OpShape> smaller_shapes(const OpShape& s) {
+  std::vector<OpShape> out;
+  auto add = [&](OpShape t) {
+    if (t.B >= 1 && t.T >= 1 && t.NH >= 1 && t.C >= t.NH && t.C % t.NH == 0 && t.V >= 2)
+      out.push_back(t);
+  };
+  // Each dimension to 1, to about half (both sides: a failure may need an odd size), and one
+  // less: enough steps that a failure tied to a residue (N mod 8) still finds a small size.
+  auto steps = [](int d, int lo) {
+    std::vector<int> v;
+    for (int x : {lo, d / 2, d / 2 + 1, d - 1})
+      if (x >= lo && x < d && std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+    return v;
+  };
+  const int hd = s.C / s.NH;
+  for (int b : steps(s.B, 1)) add({b, s.T, s.C, s.NH, s.V});
+  for (int t : steps(s.T, 1)) add({s.B, t, s.C, s.NH, s.V});
+  for (int h : steps(hd, 1)) add({s.B, s.T, s.NH * h, s.NH, s.V});
+  if (s.NH > 1) add({s.B, s.T, hd, 1, s.V});
+  for (int v : steps(s.V, 2)) add({s.B, s.T, s.C, s.NH, v});
+  return out;
+}
+
+std::vector<TokenId> uniform_tokens(const OpShape& s, std::mt19937_64& gen) {
+  std::vector<TokenId> ids(size_t(s.tokens()));
+  for (auto& t : ids) t = TokenId(gen() % uint64_t(s.V));
+  return ids;
+}
+
+void round_to_bf16(std::vector<double>& v) {
+  for (auto& x : v) x = double(lowp::bf16_rne(float(x)));
+}
+
+namespace {
+Op op_named(const std::string& name) {
+  for (int i = 0; i < kOpCount; ++i)
+    if (name == op_name(Op(i))) return Op(i);
+  throw std::logic_error("op_cases: no op named '" + name + "'");
+}
+}  // namespace
+
+// Every op of kernels/op_list.h has a case in the two switches below; a new op without one is a
+// -Wswitch warning (an error under DIVLAB_WERROR) here, not a silent gap in check and the tests.
+static_assert(kOpCount == 16, "an op was added: give it its inputs and its call below");
+
+OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
+                   Values values, std::mt19937_64& gen) {
+  const int64_t B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
+  const size_t NC = size_t(N * C);
+  auto act = [&](size_t n, int64_t row) { return activation(n, row, values, gen); };
+  auto zeros = [](size_t n) { return std::vector<double>(n, 0.0); };
+  OpInputs x;
+  x.ids = ids;
+  switch (op_named(op)) {
+    case Op::embedding_forward:
+      x.values = {normal(size_t(V * C), gen), normal(size_t(T * C), gen)};
+      x.outputs = {zeros(NC)};
+      break;
+    case Op::rmsnorm_forward:
+      x.values = {act(NC, C), normal(size_t(C), gen, 1.0)};
+      x.outputs = {zeros(NC), zeros(size_t(N))};
+      break;
+    case Op::rmsnorm_backward: {
+      auto xs = act(NC, C);
+      auto rstd = rstd_of(xs, N, C);
+      x.values = {act(NC, C), std::move(xs), normal(size_t(C), gen, 1.0), std::move(rstd)};
+      x.outputs = {zeros(NC), zeros(size_t(C))};
+      break;
+    }
+    case Op::linear_forward:
+      x.values = {act(NC, C), normal(size_t(V * C), gen)};
+      x.outputs = {zeros(size_t(N * V))};
+      break;
+    case Op::linear_backward:
+      x.values = {act(size_t(N * V), V), act(NC, C), normal(size_t(V * C), gen)};
+      x.outputs = {zeros(NC), zeros(size_t(V * C))};
+      break;
+    case Op::attention_forward:
+      x.values = {act(3 * NC, 3 * C)};
+      x.outputs = {zeros(NC), zeros(size_t(B * NH * T * T))};
+      break;
+    case Op::attention_backward: {
+      // The probabilities the reference forward saves for these very inputs.
+      OpInputs fwd;
+      fwd.values = {act(3 * NC, 3 * C)};
+      fwd.outputs = {zeros(NC), zeros(size_t(B * NH * T * T))};
+      const OpRun ref = call_op("attention_forward", cpu_catalogue<double>().select({}), fwd, s);
+      x.values = {act(NC, C), fwd.values[0], ref.outputs[1]};
+      x.outputs = {zeros(3 * NC)};
+      break;
+    }
+    case Op::gelu_forward:
+    case Op::cast:
+      x.values = {act(NC, C)};
+      x.outputs = {zeros(NC)};
+      break;
+    case Op::gelu_backward:
+    case Op::add:  // two [N, C] inputs, one [N, C] output
+      x.values = {act(NC, C), act(NC, C)};
+      x.outputs = {zeros(NC)};
+      break;
+    case Op::cross_entropy:
+      x.values = {act(size_t(N * V), V)};
+      x.outputs = {zeros(size_t(N)), zeros(size_t(N * V))};
+      break;
+    case Op::embed_rmsnorm_backward: {
+      // Gradients with a per-channel mean shared by every row, as a step's gradients of one
+      // token's occurrences tend to share a direction: a hot row's contributions add up
+      // coherently.
+      const std::vector<double> mean = normal(size_t(C), gen);
+      auto grad = [&] {
+        std::vector<double> g = act(NC, C);
+        const double scale = values == Values::Tiny ? 1e-10 : values == Values::Large ? 1e3 : 1.0;
+        for (size_t i = 0; i < NC; ++i) g[i] += scale * mean[i % size_t(C)];
+        return g;
+      };
+      auto x0 = act(NC, C);
+      auto rstd = rstd_of(x0, N, C);
+      auto dy = grad(), dresid = grad();
+      x.values = {std::move(dy), std::move(dresid), std::move(x0), normal(size_t(C), gen, 1.0),
+                  std::move(rstd)};
+      x.outputs = {zeros(size_t(V * C)), zeros(size_t(T * C)), zeros(size_t(C))};
+      break;
+    }
+    // The flat-vector ops see the [N, C] activations as one vector of N C values: the gradient
+    // takes the value condition; parameters and optimizer state are what training leaves there.
+    case Op::sum_squares:
+      x.values = {act(NC, C)};
+      x.outputs = {zeros(1)};
+      break;
+    case Op::sgd_step:
+      x.values = {act(NC, C)};
+      x.outputs = {normal(NC, gen), normal(NC, gen)};  // parameters, momentum
+      break;
+    case Op::adamw_step: {
+      std::vector<double> second = normal(NC, gen);
+      for (auto& v : second) v = v * v * 1e-2;  // a second moment: positive, below 1
+      x.values = {act(NC, C)};
+      x.outputs = {normal(NC, gen), normal(NC, gen), std::move(second)};
+      break;
+    }
+    case Op::count:
+      throw std::logic_error("op_inputs: Op::count is not an op");
+  }
+  return x;
+}
+
+template <class KS>
+OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
+              std::vector<ArgSpec>* written) {
+  using U = typename KS::Value;
+  const int B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
+  const int64_t NC = int64_t(N) * C;
+  const Op which = op_named(op);
+  OpContextSource contexts(*k.memory);
+  const OpContext ctx = contexts.next();
+  return run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
+    // The op's spec says what each argument is; the same argument list then makes the call.
+    auto call = [&](auto tag, const auto& kernel, auto&&... args) {
+      constexpr Op o = decltype(tag)::value;
+      static_assert(OpSpec<o>::known);
+      if (written)
+        for (const ArgSpec& a : OpSpec<o>::args(std::forward_as_tuple(args...)))
+          if (a.is_written()) written->push_back(a);
+      kernel(ctx, args...);
+    };
+    // An op without a spec (its arguments do not give every array's size): its written arrays
+    // by hand, in the order of x.outputs.
+    auto call_unspecified = [&](std::vector<ArgSpec> outputs, const auto& kernel, auto&&... args) {
+      if (written) written->insert(written->end(), outputs.begin(), outputs.end());
+      kernel(ctx, args...);
+    };
+    // Parameters and momenta are judged on the step's change to them (what an accumulated output
+    // is judged on); AdamW's second moment on its value (a pre-fill could make it negative).
+    const ArgSpec update = arg::acc(N, C, RowKey::None), moment = arg::out(N, C, RowKey::None);
+    switch (which) {
+      case Op::embedding_forward:  // its one output, row n = token n
+        call_unspecified({arg::out(N, C, RowKey::Position)}, kk.embedding_forward, out[0], ids,
+                         in[0], in[1], B, T, C);
+        break;
+      case Op::rmsnorm_forward:
+        call(OpTag<Op::rmsnorm_forward>{}, kk.rmsnorm_forward, out[0], out[1], in[0], in[1], N, C,
+             U(kEps));
+        break;
+      case Op::rmsnorm_backward:
+        call(OpTag<Op::rmsnorm_backward>{}, kk.rmsnorm_backward, out[0], out[1], in[0], in[1],
+             in[2], in[3], N, C);
+        break;
+      case Op::linear_forward:
+        call(OpTag<Op::linear_forward>{}, kk.linear_forward, out[0], in[0], in[1], N, C, V);
+        break;
+      case Op::linear_backward:
+        call(OpTag<Op::linear_backward>{}, kk.linear_backward, out[0], out[1], in[0], in[1], in[2],
+             N, C, V);
+        break;
+      case Op::attention_forward:
+        call(OpTag<Op::attention_forward>{}, kk.attention_forward, out[0], out[1], in[0], B, T, C,
+             NH);
+        break;
+      case Op::attention_backward:
+        call(OpTag<Op::attention_backward>{}, kk.attention_backward, out[0], in[0], in[1], in[2], B,
+             T, C, NH);
+        break;
+      case Op::gelu_forward:
+        call(OpTag<Op::gelu_forward>{}, kk.gelu_forward, out[0], in[0], NC);
+        break;
+      case Op::gelu_backward:
+        call(OpTag<Op::gelu_backward>{}, kk.gelu_backward, out[0], in[0], in[1], NC);
+        break;
+      case Op::add:
+        call(OpTag<Op::add>{}, kk.add, out[0], in[0], in[1], NC);
+        break;
+      case Op::cross_entropy:
+        call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], out[1], in[0], ids, N, V,
+             U(1.0 / N));
+        break;
+      case Op::embed_rmsnorm_backward:
+        call(OpTag<Op::embed_rmsnorm_backward>{}, kk.embed_rmsnorm_backward, out[0], out[1], out[2],
+             in[0], in[1], in[2], in[3], in[4], ids, B, T, C, V);
+        break;
+      case Op::cast:
+        call(OpTag<Op::cast>{}, kk.cast, out[0], in[0], NC);
+        break;
+      case Op::sum_squares:
+        call_unspecified({arg::out(1, 1, RowKey::None)}, kk.sum_squares, out[0], in[0], NC);
+        break;
+      // A step in the middle of training: momentum on with Nesterov, weight decay, a clipping
+      // scale below 1, AdamW's bias correction at step 7.
+      case Op::sgd_step:
+        call_unspecified({update, update}, kk.sgd_step, out[0], out[1], in[0], NC, U(0.1), U(0.9),
+                         true, U(0.01), U(0.5));
+        break;
+      case Op::adamw_step:
+        call_unspecified({update, update, moment}, kk.adamw_step, out[0], out[1], out[2], in[0], NC,
+                         U(1e-3), U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
+        break;
+      case Op::count:
+        throw std::logic_error("call_op: Op::count is not an op");
+    }
+  });
+}
+
+template OpRun call_op(const std::string&, const KernelSet<double>&, const OpInputs&,
+                       const OpShape&, std::vector<ArgSpec>*);
+template OpRun call_op(const std::string&, const KernelSet<float>&, const OpInputs&, const OpShape&,
+                       std::vector<ArgSpec>*);
+template OpRun call_op(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
+                       const OpShape&, std::vector<ArgSpec>*);
+
+}  // namespace divlab
