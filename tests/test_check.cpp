@@ -184,7 +184,8 @@ TEST(CheckHoles, ADistributionTunedKernelFailsOnRealisticValues) {
   const CheckReport r = check("cross_entropy=clamped");
   EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
   EXPECT_EQ(passing_fixed_shapes(r), "") << format_check(r);
-  EXPECT_TRUE(fails_under(r, "values outliers (x30)", "error")) << format_check(r);
+  // The error, or (logits peaked past exp's range) a loss where the reference's is exactly 0.
+  EXPECT_TRUE(fails_under(r, "values outliers (x30)", "")) << format_check(r);
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {
