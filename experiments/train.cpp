@@ -202,7 +202,7 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, con
     const void* data = o.data;
     if (!mem.host_accessible) {
       host.resize(size_t(o.size) * storage_bytes(o.type));
-      mem.download(host.data(), o.data, host.size());
+      mem.download(model.stream(), host.data(), o.data, host.size());
       data = host.data();
     }
     for (int64_t i = 0; i < o.size && !found; ++i)
@@ -272,9 +272,10 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
                1e3 * total / double(std::max<int64_t>(1, steps)));
 }
 
+// A buffer's values, read in order with the work queued on `stream` (the run's).
 template <class T>
-std::vector<double> widen(const Buffer<T>& b) {
-  const std::vector<T> v = b.to_vector();
+std::vector<double> widen(const Buffer<T>& b, void* stream) {
+  const std::vector<T> v = b.to_vector(stream);
   return std::vector<double>(v.begin(), v.end());
 }
 
@@ -327,10 +328,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const KernelSet<T, A> run_kernels = profiler ? profiler->kernels()
                                       : tap    ? tap->kernels()
                                                : kernels;
+  // The run's own stream: every op and copy of the step is queued there, none on the legacy
+  // default stream (declared before the model, so it outlives the model's last use of it).
+  const OwnedStream stream(*kernels.memory);
   std::unique_ptr<Transformer<T, A>> owned;
   std::unique_ptr<Optimizer<T>> owned_optim;
   try {
     owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B);
+    owned->set_stream(stream.get());
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
@@ -360,9 +365,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     const Checkpoint& c = *resume->checkpoint;
     if (int64_t(c.params.size()) != n_params)
       throw InputError("--resume '" + opt.out + "': the checkpoint does not fit the model");
-    model.params().assign(c.params);
-    optim.first_moment().assign(c.first_moment);
-    if (cfg.optim.kind == OptimizerKind::AdamW) optim.second_moment().assign(c.second_moment);
+    model.params().assign(c.params, model.stream());
+    optim.first_moment().assign(c.first_moment, model.stream());
+    if (cfg.optim.kind == OptimizerKind::AdamW)
+      optim.second_moment().assign(c.second_moment, model.stream());
     token_counts = c.token_counts;
     for (const auto& [series, values] : resume->history) {
       for (double v : values) trace.append(series, v);
@@ -380,7 +386,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       throw InputError("--resume '" + opt.out + "': trace.initial_weights = true, but the " +
                        "trace holds no initial weights");
     write_weights(trace, "initial", model.layout(),
-                  resume && resume->checkpoint ? *resume->initial_weights : widen(model.params()));
+                  resume && resume->checkpoint ? *resume->initial_weights
+                                               : widen(model.params(), model.stream()));
   }
   trace.publish();
 
@@ -453,8 +460,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
         step + 1 < cfg.steps) {
       write_checkpoint(trace,
-                       {step + 1, widen(model.params()), widen(optim.first_moment()),
-                        widen(optim.second_moment()), token_counts},
+                       {step + 1, widen(model.params(), model.stream()),
+                        widen(optim.first_moment(), model.stream()),
+                        widen(optim.second_moment(), model.stream()), token_counts},
                        checkpoint_slot(step + 1, cfg.checkpoint_every));
     }
     if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
@@ -469,7 +477,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
   if (cfg.final_weights)
-    write_weights(trace, "final", model.layout(), widen(model.params()), result.steps);
+    write_weights(trace, "final", model.layout(), widen(model.params(), model.stream()),
+                  result.steps);
   trace.finish(result.status, nan_where);
   return result;
 }

@@ -16,16 +16,20 @@ void* host_allocate(size_t bytes) {
 void host_release(void* p) {
   std::free(p);
 }
-void host_zero(void* p, size_t bytes) {
+void host_zero(void* /*stream*/, void* p, size_t bytes) {
   std::memset(p, 0, bytes);
 }
-void host_copy(void* dst, const void* src, size_t bytes) {
+void host_copy(void* /*stream*/, void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
-void host_synchronize() {}
-void* host_fence() {
+void host_synchronize(void* /*stream*/) {}
+void* host_fence(void* /*stream*/) {
   return nullptr;
 }
+void* host_create_stream() {
+  return nullptr;
+}
+void host_destroy_stream(void* /*stream*/) {}
 void host_wait_fence(void*) {}
 std::unique_ptr<Workspace> host_workspace() {
   return std::make_unique<HostWorkspace>();
@@ -47,10 +51,23 @@ OpContextSource::OpContextSource(OpContextSource&&) noexcept = default;
 OpContextSource& OpContextSource::operator=(OpContextSource&&) noexcept = default;
 
 const MemoryOps& host_memory() {
-  static const MemoryOps ops{
-      "cpu",     true,      host_allocate,    host_release,    host_zero,
-      host_copy, host_copy, host_synchronize, host_allocate,   host_release,
-      host_copy, host_copy, host_fence,       host_wait_fence, host_workspace};
+  static const MemoryOps ops{"cpu",
+                             true,
+                             host_allocate,
+                             host_release,
+                             host_zero,
+                             host_copy,
+                             host_copy,
+                             host_synchronize,
+                             host_allocate,
+                             host_release,
+                             host_copy,
+                             host_copy,
+                             host_fence,
+                             host_wait_fence,
+                             host_workspace,
+                             host_create_stream,
+                             host_destroy_stream};
   return ops;
 }
 

@@ -21,29 +21,53 @@ struct OutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Every operation that orders itself with the kernels takes the stream it is ordered on (a
+// cudaStream_t; null: the legacy default stream; ignored on the host), as every op does through its
+// context: a model on its own stream keeps all of its work there.
 struct MemoryOps {
   const char* device = "cpu";       // "cpu" | "cuda"
   bool host_accessible = true;      // may host code dereference the pointers?
   void* (*allocate)(size_t bytes);  // throws OutOfMemory
   void (*release)(void* p);         // p may be null
-  void (*zero)(void* p, size_t bytes);
-  void (*upload)(void* dst, const void* host_src, size_t bytes);
-  void (*download)(void* host_dst, const void* src, size_t bytes);
-  void (*synchronize)();  // waits for the backend's queued work (a no-op on the host)
+  void (*zero)(void* stream, void* p, size_t bytes);
+  // Return once the host side may be reused (upload) or holds the values (download).
+  void (*upload)(void* stream, void* dst, const void* host_src, size_t bytes);
+  void (*download)(void* stream, void* host_dst, const void* src, size_t bytes);
+  void (*synchronize)(void* stream);  // waits for the stream's queued work (a no-op on the host)
   // Host memory the backend copies to and from fastest (page-locked for CUDA), for staging.
   void* (*allocate_staging)(size_t bytes);  // throws OutOfMemory
   void (*release_staging)(void* p);
-  // Copies queued behind the backend's work without waiting for it (the host side must be
+  // Copies queued behind the stream's work without waiting for it (the host side must be
   // staging memory that stays alive, and unread, until a later fence has passed); immediate
   // copies on the host. Shadow mode uses them so a shadowed step never drains the GPU's queue.
-  void (*upload_async)(void* dst, const void* staging_src, size_t bytes);
-  void (*download_async)(void* staging_dst, const void* src, size_t bytes);
-  // A marker behind everything queued so far (null on the host), and the wait for it from any
-  // thread; wait_fence also releases it.
-  void* (*fence)();
+  void (*upload_async)(void* stream, void* dst, const void* staging_src, size_t bytes);
+  void (*download_async)(void* stream, void* staging_dst, const void* src, size_t bytes);
+  // A marker behind everything queued on the stream so far (null on the host), and the wait for
+  // it from any thread; wait_fence also releases it.
+  void* (*fence)(void* stream);
   void (*wait_fence)(void* fence);
   // Scratch memory for one caller's op contexts (kernels/op_context.h), in this memory.
   std::unique_ptr<Workspace> (*make_workspace)();
+  // A stream of its own for one caller (null on the host). It is ordered with the legacy default
+  // stream, where buffers are allocated and released, so a buffer outlives its last use.
+  void* (*create_stream)();
+  void (*destroy_stream)(void* stream);
+};
+
+// A stream from `memory`, released with it.
+class OwnedStream {
+ public:
+  explicit OwnedStream(const MemoryOps& memory) : mem_(&memory), stream_(memory.create_stream()) {}
+  ~OwnedStream() {
+    if (stream_) mem_->destroy_stream(stream_);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  const MemoryOps* mem_;
+  void* stream_;
 };
 
 // Plain host memory (malloc, memset, memcpy).
@@ -57,7 +81,7 @@ class Buffer {
   Buffer(const MemoryOps& mem, int64_t n) : mem_(&mem), n_(n) {
     if (n > 0) {
       p_ = static_cast<T*>(mem.allocate(sizeof(T) * size_t(n)));
-      mem.zero(p_, sizeof(T) * size_t(n));
+      mem.zero(nullptr, p_, sizeof(T) * size_t(n));
     }
   }
   Buffer(Buffer&& o) noexcept { swap(o); }
@@ -77,27 +101,28 @@ class Buffer {
   bool empty() const { return n_ == 0; }
   const MemoryOps& memory() const { return *mem_; }
 
-  void zero() {
-    if (n_) mem_->zero(p_, sizeof(T) * size_t(n_));
+  // The copies below are ordered on `stream` (null: the legacy default stream; see MemoryOps).
+  void zero(void* stream = nullptr) {
+    if (n_) mem_->zero(stream, p_, sizeof(T) * size_t(n_));
   }
   // Copies n values from host memory into the buffer, starting at element `at`.
-  void upload(const T* host, int64_t n, int64_t at = 0) {
-    if (n) mem_->upload(p_ + at, host, sizeof(T) * size_t(n));
+  void upload(const T* host, int64_t n, int64_t at = 0, void* stream = nullptr) {
+    if (n) mem_->upload(stream, p_ + at, host, sizeof(T) * size_t(n));
   }
-  void download(T* host, int64_t n, int64_t at = 0) const {
-    if (n) mem_->download(host, p_ + at, sizeof(T) * size_t(n));
+  void download(T* host, int64_t n, int64_t at = 0, void* stream = nullptr) const {
+    if (n) mem_->download(stream, host, p_ + at, sizeof(T) * size_t(n));
   }
-  std::vector<T> to_vector() const {
+  std::vector<T> to_vector(void* stream = nullptr) const {
     std::vector<T> v(static_cast<size_t>(n_));
-    download(v.data(), n_);
+    download(v.data(), n_, 0, stream);
     return v;
   }
   // Replaces the contents from a host vector of the same length (or of any length converting
   // to T, e.g. double checkpoints into a float model).
   template <class U>
-  void assign(const std::vector<U>& host) {
+  void assign(const std::vector<U>& host, void* stream = nullptr) {
     std::vector<T> v(host.begin(), host.end());
-    upload(v.data(), int64_t(v.size()));
+    upload(v.data(), int64_t(v.size()), 0, stream);
   }
 
  private:

@@ -104,6 +104,7 @@ class OpContextSource {
   }
   OpContext next() { return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr}; }
   void set_stream(void* stream) { stream_ = stream; }
+  void* stream() const { return stream_; }
 
  private:
   void* stream_;

@@ -13,7 +13,8 @@
  * Tensors: fp32, row-major, contiguous. N = B * T rows (batch-major, then position). In bf16
  * mode divlab stores activations in bf16 and calls the variant with widened fp32 copies.
  *   device "cpu":  host pointers; the kernel may use any number of threads.
- *   device "cuda": device pointers; launch on the default (legacy) stream; do not synchronise.
+ *   device "cuda": device pointers; launch on the default (legacy) stream; do not synchronise
+ *                 (the run's own stream is a blocking one, so the two are ordered).
  * Token ids are int32 in [0, V). Conventions as in kernels/ops.h: a backward ADDS into parameter
  * gradients and into residual-stream gradients (dresid), and OVERWRITES plain input gradients.
  * This header is C (usable from C, C++ and CUDA) and is the whole contract: a plug-in needs no

@@ -8,7 +8,8 @@ namespace divlab {
 
 namespace {
 // The wrapper for one op: Member names the KernelSet slot, Fn its function type. Bound to its
-// profiler (Kernel::state), it times the profiled kernel between two synchronisations.
+// profiler (Kernel::state), it times the profiled kernel between two synchronisations of the
+// call's stream.
 template <class T, class A, Op op, auto Member, class Fn>
 struct Timed;
 template <class T, class A, Op op, auto Member, class... Args>
@@ -16,18 +17,19 @@ struct Timed<T, A, op, Member, void (*)(const OpContext&, Args...)> {
   static void call(const OpContext& ctx, Args... args) {
     auto& p = *static_cast<OpProfiler<T, A>*>(ctx.state);
     const MemoryOps& mem = *p.inner().memory;
-    mem.synchronize();
+    mem.synchronize(ctx.stream);
     const auto t0 = std::chrono::steady_clock::now();
     struct Record {  // records on every exit path
       OpProfiler<T, A>& p;
       const MemoryOps& mem;
+      void* stream;
       std::chrono::steady_clock::time_point t0;
       ~Record() {
-        mem.synchronize();
+        mem.synchronize(stream);
         p.add(op_name(op),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-    } record{p, mem, t0};
+    } record{p, mem, ctx.stream, t0};
     (p.inner().*Member)(ctx, args...);
   }
 };

@@ -30,7 +30,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 template <class T, class A>
 struct Recorder {
   ShadowTap<T, A>& t;
-  typename ShadowTap<T, A>::Capture c;
+  typename ShadowTap<T, A>::Capture c;  // c.stream: the call's, where the copies queue
 
   template <class V>
   void arg(const ArgSpec& spec, V v, size_t index) {
@@ -44,11 +44,11 @@ struct Recorder {
       if constexpr (std::is_same_v<E, TokenId>) {
         if (spec.role != ArgRole::TokenIds) return;
         c.ids = Staged<TokenId>(n, StagingAllocator<TokenId>(&t.staging()));
-        t.run_kernels().memory->download_async(c.ids.data(), v, sizeof(TokenId) * n);
+        t.run_kernels().memory->download_async(c.stream, c.ids.data(), v, sizeof(TokenId) * n);
       } else {
         if (spec.role != ArgRole::Input) return;
         StagedArray copy = StagedArray::make<E>(int64_t(n), &t.staging());
-        t.run_kernels().memory->download_async(copy.bytes.data(), v, sizeof(E) * n);
+        t.run_kernels().memory->download_async(c.stream, copy.bytes.data(), v, sizeof(E) * n);
         c.inputs.push_back(std::move(copy));
       }
     } else {
@@ -71,10 +71,10 @@ struct Tap<T, A, op, void (*)(const OpContext&, Args...)> {
       const std::tuple<Args...> a(args...);
       const auto spec = OpSpec<op>::args(a);
       Recorder<T, A> r{t, {}};
-      size_t index = 0;
-      std::apply([&](auto... v) { ((r.arg(spec[index], v, index), ++index), ...); }, a);
       r.c.seed = ctx.seed;
       r.c.stream = ctx.stream;
+      size_t index = 0;
+      std::apply([&](auto... v) { ((r.arg(spec[index], v, index), ++index), ...); }, a);
       t.store(op_name(op), std::move(r.c), seconds_since(t0));
     }
     (t.run_kernels().*kernel_member<op, T, A>())(ctx, args...);
@@ -279,10 +279,14 @@ void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t
     for (const auto& call : it->second)
       outputs.push_back(replay<T, A>(s.op, call, variant, replay_context_, &staging_));
   }
+  // Behind every copy the step's calls and the candidates' replays queued, on the run's stream.
+  void* stream = captured_.empty() || captured_.begin()->second.empty()
+                     ? nullptr
+                     : captured_.begin()->second.front().stream;
   job->captured = std::move(captured_);
   captured_.clear();
   job->mem = run_.memory;
-  job->fence = run_.memory->fence();
+  job->fence = run_.memory->fence(stream);
   const double candidates_s = seconds_since(t0);
   if (!worker_.joinable()) {
     const auto t1 = std::chrono::steady_clock::now();

@@ -29,6 +29,7 @@ struct ReplayArray {
 struct ReplayMemory {
   const MemoryOps& mem;
   StagingPool* pool;
+  void* stream;  // the recorded call's: its inputs' downloads were queued there
   // A zeroed output.
   template <class V>
   ReplayArray<V> out(int64_t n) const {
@@ -57,13 +58,13 @@ struct ReplayMemory {
     if (v.type != storage_of<V>())
       throw std::logic_error("shadow: a device replay must use the run's storage types");
     Buffer<V> b(mem, n);
-    mem.upload_async(b.data(), v.bytes.data(), sizeof(V) * size_t(n));
+    mem.upload_async(stream, b.data(), v.bytes.data(), sizeof(V) * size_t(n));
     return {std::move(b), StagedArray{}, false};
   }
   Buffer<TokenId> ids(const Staged<TokenId>& v) const {
     if (mem.host_accessible) return Buffer<TokenId>();  // host kernels read the capture itself
     Buffer<TokenId> b(mem, int64_t(v.size()));
-    mem.upload_async(b.data(), v.data(), sizeof(TokenId) * v.size());
+    mem.upload_async(stream, b.data(), v.data(), sizeof(TokenId) * v.size());
     return b;
   }
   static const TokenId* ids_ptr(const Buffer<TokenId>& b, const Staged<TokenId>& v) {
@@ -75,7 +76,8 @@ struct ReplayMemory {
   StagedArray take(ReplayArray<V>& a) const {
     if (a.on_host) return std::move(a.host);
     StagedArray v = StagedArray::make<V>(a.device.size(), pool);
-    mem.download_async(v.bytes.data(), a.device.data(), sizeof(V) * size_t(a.device.size()));
+    mem.download_async(stream, v.bytes.data(), a.device.data(),
+                       sizeof(V) * size_t(a.device.size()));
     return v;
   }
 };
@@ -163,7 +165,7 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
   OpContext ctx = contexts.next();
   ctx.seed = c.seed;
   ctx.stream = c.stream;
-  const ReplayMemory m{*k.memory, pool};
+  const ReplayMemory m{*k.memory, pool, c.stream};
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_REPLAY_OP(name, Signature) \

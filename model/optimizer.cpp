@@ -31,7 +31,7 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
     k.sum_squares(model.next_op_context(), sum_squares_.data() + i,
                   model.grads().data() + layout_[i].offset, layout_[i].size);
   double total = 0;
-  for (double ss : sum_squares_.to_vector()) {
+  for (double ss : sum_squares_.to_vector(model.stream())) {
     stats.param_grad_norms.push_back(std::sqrt(ss));
     total += ss;
   }

@@ -137,7 +137,7 @@ void Transformer<T, A>::init(uint64_t seed) {
     for (int64_t i = 0; i < p.size; ++i)
       host[p.offset + i] = p.is_norm ? T(1) : T(rng.normal() * std);
   }
-  params_.upload(host.data(), params_.size());
+  params_.upload(host.data(), params_.size(), 0, stream());
 }
 
 template <class T, class A>
@@ -147,8 +147,8 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
   const T* P = params_.data();
   cast_weights();
   const A* W = linear_weights();
-  tokens_.upload(inputs, N);
-  targets_.upload(targets, N);
+  tokens_.upload(inputs, N, 0, stream());
+  targets_.upload(targets, N, 0, stream());
   k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_,
                        Tn, C);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
@@ -190,7 +190,7 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
   if (for_backward)
     observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), int64_t(N) * V);
   // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
-  losses_.download(host_losses_.data(), N);
+  losses_.download(host_losses_.data(), N, 0, stream());
   double sum = 0;
   for (T l : host_losses_) sum += double(l);
   return T(sum / N);
@@ -202,8 +202,8 @@ void Transformer<T, A>::backward() {
   const T* P = params_.data();
   const A* W = linear_weights();
   T* G = grads_.data();
-  grads_.zero();
-  dres_.zero();
+  grads_.zero(stream());
+  dres_.zero(stream());
 
   k_.linear_backward(contexts_.next(), dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(),
                      W + head_, N, C, V);

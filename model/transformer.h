@@ -76,8 +76,10 @@ class Transformer {
   // The context of one more op call in this model's sequence (the optimizer's calls are the
   // model's: same stream, same workspace, seeds continuing the step's).
   OpContext next_op_context() { return contexts_.next(); }
-  // The stream the ops launch on (a cudaStream_t; null: the default stream).
+  // The stream the ops and the model's own copies run on (a cudaStream_t; null: the legacy
+  // default stream).
   void set_stream(void* stream) { contexts_.set_stream(stream); }
+  void* stream() const { return contexts_.stream(); }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.

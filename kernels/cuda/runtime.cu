@@ -131,14 +131,18 @@ void* device_allocate(size_t bytes) {
 void device_release(void* p) {
   cudaFreeAsync(p, 0);  // never throws: called from destructors
 }
-void device_zero(void* p, size_t bytes) {
-  DIVLAB_CUDA_CHECK(cudaMemset(p, 0, bytes));
+void device_zero(void* stream, void* p, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream)));
 }
-void device_upload(void* dst, const void* src, size_t bytes) {
-  DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+void device_upload(void* stream, void* dst, const void* src, size_t bytes) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  DIVLAB_CUDA_CHECK(cudaStreamSynchronize(s));  // the caller may reuse the source at once
 }
-void device_download(void* dst, const void* src, size_t bytes) {
-  DIVLAB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+void device_download(void* stream, void* dst, const void* src, size_t bytes) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  DIVLAB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void* pinned_allocate(size_t bytes) {
@@ -154,22 +158,35 @@ void pinned_release(void* p) {
   cudaFreeHost(p);  // never throws: called from destructors
 }
 
-void device_synchronize() {
-  DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+void device_synchronize(void* stream) {
+  DIVLAB_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
-// On the default stream, in order with the kernels around them.
-void device_upload_async(void* dst, const void* src, size_t bytes) {
-  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+// On the caller's stream, in order with the kernels around them.
+void device_upload_async(void* stream, void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
 }
-void device_download_async(void* dst, const void* src, size_t bytes) {
-  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, 0));
+void device_download_async(void* stream, void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
 }
-void* device_fence() {
+void* device_fence(void* stream) {
   cudaEvent_t e = nullptr;
   DIVLAB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  DIVLAB_CUDA_CHECK(cudaEventRecord(e, 0));
+  DIVLAB_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
   return e;
+}
+// A blocking stream (cudaStreamCreate's default): the legacy default stream, where buffers are
+// allocated and released, waits for it and it for the legacy stream, so a buffer released there
+// is never reused while a kernel on this stream may still touch it.
+void* device_create_stream() {
+  cudaStream_t s = nullptr;
+  DIVLAB_CUDA_CHECK(cudaStreamCreate(&s));
+  return s;
+}
+void device_destroy_stream(void* stream) {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));  // never throws: called from destructors
 }
 void device_wait_fence(void* fence) {
   const auto e = static_cast<cudaEvent_t>(fence);
@@ -198,7 +215,9 @@ const MemoryOps& device_memory() {
                              device_download_async,
                              device_fence,
                              device_wait_fence,
-                             device_workspace};
+                             device_workspace,
+                             device_create_stream,
+                             device_destroy_stream};
   return ops;
 }
 
