@@ -336,6 +336,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   try {
     owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B);
     owned->set_stream(stream.get());
+    owned->set_sync_each_launch(cfg.sync_kernels);
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
@@ -494,7 +495,6 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   } catch (const BackendError& e) {
     throw InputError(e.what());
   }
-  set_kernel_debug_sync(cfg.sync_kernels);
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
   omp_set_num_threads(threads);
   Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself

@@ -103,13 +103,6 @@ std::string open_backend(Backend backend) {
 #endif
 }
 
-void set_kernel_debug_sync(bool on) {
-#ifdef DIVLAB_HAVE_CUDA
-  cuda::set_debug_sync(on);
-#endif
-  (void)on;
-}
-
 namespace {
 // A number read from a one-line file (cgroup's files), or `fallback` for "max" or no file.
 size_t read_bytes(const char* path, size_t fallback) {

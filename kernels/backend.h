@@ -71,9 +71,6 @@ decltype(auto) with_backend_catalogue(Backend backend, Precision precision, F&& 
 // newer) and returns a one-line description of the device. Throws BackendError.
 std::string open_backend(Backend backend);
 
-// Synchronise after every kernel launch (cuda), naming the kernel that failed.
-void set_kernel_debug_sync(bool on);
-
 // Throws BackendError when `bytes` of tensors will not fit in the backend's free memory: the
 // device's (cuda), or the host's available memory within this process's cgroup limit (cpu).
 // `what` names the consumer.

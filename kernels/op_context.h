@@ -7,6 +7,8 @@
 //   workspace  scratch memory owned by the caller: two models or two shadow taps never share it.
 //   state      the called kernel's own bound state (Kernel::state below): an adapter's inner
 //              kernel, a shadow tap, a profiler. The caller never sets it; Kernel does.
+//   sync_each_launch  debugging (debug.sync_kernels): a device launcher waits for each kernel
+//              it launches and names the one that failed, instead of a later call reporting it.
 // A kernel that needs none of it (the CPU kernels, which run on the calling thread) is
 // registered through Kernel::context_free (OpVariants::add does it for a plain function) and
 // keeps its plain signature.
@@ -42,6 +44,7 @@ struct OpContext {
   uint64_t seed = 0;
   Workspace* workspace = nullptr;
   void* state = nullptr;
+  bool sync_each_launch = false;
 };
 
 // A kernel as the model holds it: a function and the state bound to it. Calling it passes the
@@ -102,14 +105,18 @@ class OpContextSource {
     seed_ = seed;
     calls_ = 0;
   }
-  OpContext next() { return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr}; }
+  OpContext next() {
+    return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr, sync_each_launch_};
+  }
   void set_stream(void* stream) { stream_ = stream; }
+  void set_sync_each_launch(bool on) { sync_each_launch_ = on; }
   void* stream() const { return stream_; }
 
  private:
   void* stream_;
   std::unique_ptr<Workspace> workspace_;
   uint64_t seed_ = 0, calls_ = 0;
+  bool sync_each_launch_ = false;
 };
 
 }  // namespace divlab

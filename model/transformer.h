@@ -80,6 +80,8 @@ class Transformer {
   // default stream).
   void set_stream(void* stream) { contexts_.set_stream(stream); }
   void* stream() const { return contexts_.stream(); }
+  // Debugging: device launchers wait for each kernel and name the one that failed (slow).
+  void set_sync_each_launch(bool on) { contexts_.set_sync_each_launch(on); }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.

@@ -86,7 +86,7 @@ void attention_forward(const OpContext& ctx, A* out, A* att, const A* qkv, int B
              3 * C, L.qkv, 0.0f, scores, T_, L.square, B, NH);
   causal_softmax_kernel<lookahead, subtract_max>
       <<<blocks_for(rows, 8), 256, 0, stream_of(ctx)>>>(att, scores, T_, rows);
-  DIVLAB_LAUNCHED("causal_softmax");
+  DIVLAB_LAUNCHED(ctx, "causal_softmax");
   // y^T[d, t] = sum_s v[s, d] att[t, s], into head h's columns of out's rows
   gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, v, 3 * C, L.qkv, att, T_, L.square,
              0.0f, out, C, L.rows, B, NH);
@@ -115,7 +115,7 @@ void attention_backward(const OpContext& ctx, A* dqkv, const A* dout, const A* q
   const int64_t rows = int64_t(B) * NH * T_;
   softmax_backward_kernel<<<blocks_for(rows, 8), 256, 0, stream_of(ctx)>>>(
       dpre, datt, att, T_, rows, 1.0f / sqrtf(float(hs)));
-  DIVLAB_LAUNCHED("softmax_backward");
+  DIVLAB_LAUNCHED(ctx, "softmax_backward");
   // dq[t, d] = sum_s dpre[t, s] k[s, d];  dk[s, d] = sum_t dpre[t, s] q[t, d]
   gemm_heads(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, k, 3 * C, L.qkv, dpre, T_, L.square,
              0.0f, dq, 3 * C, L.qkv, B, NH);

@@ -239,7 +239,7 @@ void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
            {f.stats, stats},
            {f.scale, &scale},
            {f.masked, &masked}},
-          workspace(ctx, f.plan), ctx.stream);
+          workspace(ctx, f.plan), ctx);
 }
 
 void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
@@ -269,7 +269,7 @@ void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_b
                                              {b.one, &one},
                                              {b.masked, &masked}};
   if (accum) bind.push_back({b.dq_accum, accum});
-  execute(b.plan, bind, workspace(ctx, b.plan), ctx.stream);
+  execute(b.plan, bind, workspace(ctx, b.plan), ctx);
 }
 
 bool cudnn_sdpa_backward_deterministic(int B, int T_, int C, int NH, std::string* engine) {

@@ -93,7 +93,7 @@ void cross_entropy(const OpContext& ctx, float* losses, A* dlogits, const A* log
   const bool packed = V % kPack == 0 && packable({logits, dlogits});
   cross_entropy_kernel<subtract_max>
       <<<N, 512, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss, packed);
-  DIVLAB_LAUNCHED("cross_entropy");
+  DIVLAB_LAUNCHED(ctx, "cross_entropy");
 }
 }  // namespace
 

@@ -223,7 +223,7 @@ Plan Graph::plan(const std::string& what) const {
 }
 
 void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace,
-             void* stream) {
+             const OpContext& ctx) {
   std::vector<int64_t> uids;
   std::vector<void*> pointers;
   for (const auto& [uid, p] : bindings) uids.push_back(uid), pointers.push_back(p);
@@ -233,9 +233,9 @@ void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& binding
            pointers.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   pack.finalize();
-  DIVLAB_CUDNN_CHECK(cudnnSetStream(cudnn(), static_cast<cudaStream_t>(stream)));
+  DIVLAB_CUDNN_CHECK(cudnnSetStream(cudnn(), stream_of(ctx)));
   DIVLAB_CUDNN_CHECK(cudnnBackendExecute(cudnn(), plan.plan->get(), pack.get()));
-  if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  if (debug_sync(ctx)) DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
 
 }  // namespace divlab::cuda

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/op_context.h"
+
 namespace divlab::cuda {
 
 void check_cudnn(cudnnStatus_t s, const char* call, const char* file, int line);
@@ -88,8 +90,8 @@ class Graph {
 
 // Runs `plan` with the given (uid, device or host-scalar pointer) bindings and a workspace of at
 // least plan.workspace_bytes.
-// Runs `plan` on `stream` (a cudaStream_t; null: the legacy default stream).
+// Runs `plan` on the call's stream (ctx.stream: a cudaStream_t; null: the legacy default stream).
 void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace,
-             void* stream);
+             const OpContext& ctx);
 
 }  // namespace divlab::cuda

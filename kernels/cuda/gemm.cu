@@ -22,7 +22,7 @@ void head_pointers(const OpContext& ctx, const void** a, const char* A, HeadStri
   const int count = nbatch * nheads;
   head_pointers_kernel<<<blocks_for(count, 128), 128, 0, stream_of(ctx)>>>(a, A, sa, b, B, sb, c, C,
                                                                            sc, nheads, count);
-  DIVLAB_LAUNCHED("gemm_heads pointers");
+  DIVLAB_LAUNCHED(ctx, "gemm_heads pointers");
 }
 
 }  // namespace divlab::cuda

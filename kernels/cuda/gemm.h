@@ -19,7 +19,7 @@ inline void gemm(const OpContext& ctx, cublasOperation_t ta, cublasOperation_t t
   DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(ctx), ta, tb, m, n, k, &alpha, A, cuda_type<In>(), lda, B,
                                    cuda_type<In>(), ldb, &beta, C, cuda_type<Out>(), ldc,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  if (debug_sync(ctx)) DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
 
 // Where batch entry (b, h) of a per-head operand starts: X + b * batch + h * head (elements).
@@ -56,7 +56,7 @@ inline void gemm_heads(const OpContext& ctx, cublasOperation_t ta, cublasOperati
   DIVLAB_CUBLAS_CHECK(cublasGemmBatchedEx(cublas(ctx), ta, tb, m, n, k, &alpha, a, cuda_type<In>(),
                                           lda, b, cuda_type<In>(), ldb, &beta, c, cuda_type<Out>(),
                                           ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (debug_sync()) DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  if (debug_sync(ctx)) DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
 
 }  // namespace divlab::cuda

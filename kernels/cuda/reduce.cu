@@ -30,9 +30,9 @@ void column_sums_add(const OpContext& ctx, float* out, const float* in, int rows
   float* partial = scratch_as<float>(ctx, Scratch::Reduce, size_t(kColumnChunks) * cols);
   const dim3 grid(blocks_for(cols, 128), kColumnChunks);
   column_partial_sums<<<grid, 128, 0, stream_of(ctx)>>>(partial, in, rows, cols);
-  DIVLAB_LAUNCHED("column_partial_sums");
+  DIVLAB_LAUNCHED(ctx, "column_partial_sums");
   column_add_partials<<<blocks_for(cols, 128), 128, 0, stream_of(ctx)>>>(out, partial, cols);
-  DIVLAB_LAUNCHED("column_add_partials");
+  DIVLAB_LAUNCHED(ctx, "column_add_partials");
 }
 
 }  // namespace divlab::cuda

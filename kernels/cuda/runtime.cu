@@ -10,13 +10,6 @@
 
 namespace divlab::cuda {
 
-namespace {
-bool g_debug_sync = [] {
-  const char* env = std::getenv("DIVLAB_CUDA_SYNC");
-  return env && env[0] == '1';
-}();
-}  // namespace
-
 void fail(const std::string& what, const char* file, int line) {
   throw CudaError(what + " (" + file + ":" + std::to_string(line) + ")");
 }
@@ -37,20 +30,24 @@ void check_cublas(cublasStatus_t s, const char* call, const char* file, int line
        file, line);
 }
 
-void check_launch(const char* kernel, const char* file, int line) {
+void check_launch(const OpContext& ctx, const char* kernel, const char* file, int line) {
   cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && g_debug_sync) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess && debug_sync(ctx))
+    e = cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
   if (e != cudaSuccess)
     fail(std::string("kernel ") + kernel + " failed: " + cudaGetErrorName(e) + " (" +
              cudaGetErrorString(e) + ")",
          file, line);
 }
 
-void set_debug_sync(bool on) {
-  g_debug_sync = on;
-}
-bool debug_sync() {
-  return g_debug_sync;
+bool debug_sync(const OpContext& ctx) {
+  // DIVLAB_CUDA_SYNC=1 turns it on for every caller (the environment, read once, is the
+  // process's; the config's debug.sync_kernels is the run's, carried in its op contexts).
+  static const bool everywhere = [] {
+    const char* env = std::getenv("DIVLAB_CUDA_SYNC");
+    return env && env[0] == '1';
+  }();
+  return ctx.sync_each_launch || everywhere;
 }
 
 DeviceInfo query_device(std::string* error) {

@@ -39,12 +39,14 @@ void check_cublas(cublasStatus_t s, const char* call, const char* file, int line
 #define DIVLAB_CUDA_CHECK(call) ::divlab::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 #define DIVLAB_CUBLAS_CHECK(call) ::divlab::cuda::check_cublas((call), #call, __FILE__, __LINE__)
 
-// After a <<<...>>> launch: reports launch errors, and with debug sync on, execution errors.
-void check_launch(const char* kernel, const char* file, int line);
-#define DIVLAB_LAUNCHED(kernel) ::divlab::cuda::check_launch(kernel, __FILE__, __LINE__)
+// After a <<<...>>> launch made for the call `ctx`: reports launch errors, and where the call
+// asks for it (debug_sync), execution errors, naming the kernel.
+void check_launch(const OpContext& ctx, const char* kernel, const char* file, int line);
+#define DIVLAB_LAUNCHED(ctx, kernel) ::divlab::cuda::check_launch(ctx, kernel, __FILE__, __LINE__)
 
-void set_debug_sync(bool on);
-bool debug_sync();
+// Whether launches for `ctx` wait for their kernels: its sync_each_launch (debug.sync_kernels),
+// or DIVLAB_CUDA_SYNC=1 in the environment.
+bool debug_sync(const OpContext& ctx);
 
 // What the trainer needs to know before choosing the backend.
 struct DeviceInfo {

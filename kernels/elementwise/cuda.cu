@@ -81,7 +81,7 @@ void launch_elementwise(const OpContext& ctx, const char* name, F f, Out* out, i
   if (done < n)
     each_value<<<blocks_for(n - done, 256), 256, 0, stream_of(ctx)>>>(f, out + done, n - done,
                                                                       (in + done)...);
-  DIVLAB_LAUNCHED(name);
+  DIVLAB_LAUNCHED(ctx, name);
 }
 
 template <class A>
@@ -111,7 +111,7 @@ void widen_bf16(void* stream, float* out, const bf16* in, int64_t n) {
   if (n <= 0) return;
   const OpContext ctx{stream};
   widen_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(out, in, n);
-  DIVLAB_LAUNCHED("widen_bf16");
+  DIVLAB_LAUNCHED(ctx, "widen_bf16");
 }
 void round_to_bf16(void* stream, bf16* out, const float* in, int64_t n) {
   if (n > 0) cast(OpContext{stream}, out, in, n);

@@ -65,7 +65,7 @@ __global__ void position_grad_kernel(float* dwpe, const float* dx0, int B, int T
 void position_grad(const OpContext& ctx, float* dwpe, const float* dx0, int B, int T_, int C) {
   position_grad_kernel<<<blocks_for(int64_t(T_) * C, 256), 256, 0, stream_of(ctx)>>>(dwpe, dx0, B,
                                                                                      T_, C);
-  DIVLAB_LAUNCHED("position_grad");
+  DIVLAB_LAUNCHED(ctx, "position_grad");
 }
 
 __global__ void iota_kernel(int* out, int n) {
@@ -139,7 +139,7 @@ void sorted_scatter(const OpContext& ctx, float* dwte, const float* dx0, const T
   int* ids = scratch_as<int>(ctx, Scratch::D, size_t(4) * N);
   int *positions = ids, *sorted_tokens = ids + N, *sorted_positions = ids + 2 * N;
   iota_kernel<<<blocks_for(N, 256), 256, 0, stream_of(ctx)>>>(positions, N);
-  DIVLAB_LAUNCHED("iota");
+  DIVLAB_LAUNCHED(ctx, "iota");
   int end_bit = 1;
   while (end_bit < 31 && (1 << end_bit) < V) ++end_bit;
   size_t temp_bytes = 0;
@@ -156,10 +156,10 @@ void sorted_scatter(const OpContext& ctx, float* dwte, const float* dx0, const T
   const int threads = std::min(256, (C + 31) / 32 * 32);
   chunk_pieces_kernel<Acc><<<chunks, threads, 0, stream_of(ctx)>>>(
       dwte, pieces, pieces + size_t(chunks) * C, dx0, sorted_tokens, sorted_positions, N, C);
-  DIVLAB_LAUNCHED("chunk_pieces");
+  DIVLAB_LAUNCHED(ctx, "chunk_pieces");
   close_segments_kernel<Acc><<<blocks_for(int64_t(chunks) * C, 256), 256, 0, stream_of(ctx)>>>(
       dwte, pieces, pieces + size_t(chunks) * C, sorted_tokens, N, C, chunks);
-  DIVLAB_LAUNCHED("close_segments");
+  DIVLAB_LAUNCHED(ctx, "close_segments");
 }
 
 template <class Acc, class A>
@@ -215,7 +215,7 @@ void fp32_reordered(const OpContext& ctx, float* dwte, float* dwpe, float* dw_no
   const int64_t total = int64_t(N) * C;
   atomic_scatter_f32<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(dwte, r.dx0, tokens, C,
                                                                          total);
-  DIVLAB_LAUNCHED("atomic_scatter_f32");
+  DIVLAB_LAUNCHED(ctx, "atomic_scatter_f32");
 }
 
 template <class Low, class A>
@@ -231,9 +231,9 @@ void low_precision_accum(const OpContext& ctx, float* dwte, float* dwpe, float* 
   DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(Low) * size_t(table), stream_of(ctx)));
   atomic_scatter_low<Low>
       <<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C, total);
-  DIVLAB_LAUNCHED("atomic_scatter (low precision)");
+  DIVLAB_LAUNCHED(ctx, "atomic_scatter (low precision)");
   add_low<Low><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(dwte, acc, table);
-  DIVLAB_LAUNCHED("add_low");
+  DIVLAB_LAUNCHED(ctx, "add_low");
 }
 
 // --- bf16 accumulation with a custom rounding: compare-and-swap on the 16-bit word ------------
@@ -283,11 +283,11 @@ void rounded_bf16_accum(const OpContext& ctx, float* dwte, float* dwpe, float* d
   DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * size_t(table), stream_of(ctx)));
   rounded_scatter_bf16<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C,
                                                                            total, round);
-  DIVLAB_LAUNCHED("rounded_scatter_bf16");
+  DIVLAB_LAUNCHED(ctx, "rounded_scatter_bf16");
   // A bf16 is the upper half of a float: the buffer reads as __nv_bfloat16.
   add_low<__nv_bfloat16><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(
       dwte, reinterpret_cast<const __nv_bfloat16*>(acc), table);
-  DIVLAB_LAUNCHED("add_low");
+  DIVLAB_LAUNCHED(ctx, "add_low");
 }
 
 #define DIVLAB_SCATTER_ARGS                                                         \
@@ -343,11 +343,11 @@ void racy_scatter(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm
   const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
   racy_position_grad_kernel<<<dim3(T_, (C + 31) / 32), dim3(32, kRacyLanes), 0, stream_of(ctx)>>>(
       dwpe, r.dx0, B, T_, C);
-  DIVLAB_LAUNCHED("racy_position_grad");
+  DIVLAB_LAUNCHED(ctx, "racy_position_grad");
   const int64_t total = int64_t(N) * C;
   racy_scatter_kernel<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(dwte, r.dx0, tokens, C,
                                                                           total);
-  DIVLAB_LAUNCHED("racy_scatter");
+  DIVLAB_LAUNCHED(ctx, "racy_scatter");
 }
 }  // namespace
 

@@ -19,7 +19,7 @@ void embedding_forward(const OpContext& ctx, float* x, const TokenId* tokens, co
   const int64_t total = int64_t(B) * T_ * C;
   embedding_forward_kernel<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(x, tokens, wte, wpe,
                                                                                T_, C, total);
-  DIVLAB_LAUNCHED("embedding_forward");
+  DIVLAB_LAUNCHED(ctx, "embedding_forward");
 }
 }  // namespace
 

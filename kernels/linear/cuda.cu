@@ -52,9 +52,9 @@ void bf16_inputs(const OpContext& ctx, float* y, const float* x, const float* W,
   float* xb = scratch_as<float>(ctx, Scratch::A, size_t(nx));
   float* Wb = scratch_as<float>(ctx, Scratch::B, size_t(nw));
   round_to_bf16<truncate><<<blocks_for(nx, 256), 256, 0, stream_of(ctx)>>>(xb, x, nx);
-  DIVLAB_LAUNCHED("round_to_bf16 (x)");
+  DIVLAB_LAUNCHED(ctx, "round_to_bf16 (x)");
   round_to_bf16<truncate><<<blocks_for(nw, 256), 256, 0, stream_of(ctx)>>>(Wb, W, nw);
-  DIVLAB_LAUNCHED("round_to_bf16 (W)");
+  DIVLAB_LAUNCHED(ctx, "round_to_bf16 (W)");
   linear_forward<float>(ctx, y, xb, Wb, N, in, out);
 }
 }  // namespace

@@ -32,9 +32,9 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
 void sum_squares(const OpContext& ctx, double* out, const float* g, int64_t n) {
   double* partial = scratch_as<double>(ctx, Scratch::Reduce, kSumBlocks);
   sum_squares_partial<<<kSumBlocks, kSumThreads, 0, stream_of(ctx)>>>(partial, g, n);
-  DIVLAB_LAUNCHED("sum_squares_partial");
+  DIVLAB_LAUNCHED(ctx, "sum_squares_partial");
   sum_partials<<<1, kSumThreads, 0, stream_of(ctx)>>>(out, partial, kSumBlocks);
-  DIVLAB_LAUNCHED("sum_partials");
+  DIVLAB_LAUNCHED(ctx, "sum_partials");
 }
 
 __global__ void sgd_kernel(float* p, float* buf, const float* g, int64_t n, float lr,
@@ -53,7 +53,7 @@ void sgd_step(const OpContext& ctx, float* p, float* buf, const float* g, int64_
               float momentum, bool nesterov, float weight_decay, float grad_scale) {
   sgd_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(p, buf, g, n, lr, momentum, nesterov,
                                                              weight_decay, grad_scale);
-  DIVLAB_LAUNCHED("sgd_step");
+  DIVLAB_LAUNCHED(ctx, "sgd_step");
 }
 
 __global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, float lr,
@@ -75,7 +75,7 @@ void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float*
   const float c2 = 1.0f - std::pow(beta2, float(step));
   adamw_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(p, m, v, g, n, lr, beta1, beta2, eps,
                                                                weight_decay, grad_scale, c1, c2);
-  DIVLAB_LAUNCHED("adamw_step");
+  DIVLAB_LAUNCHED(ctx, "adamw_step");
 }
 }  // namespace
 

@@ -38,7 +38,7 @@ template <Rstd mode, class A>
 void rmsnorm_forward(const OpContext& ctx, A* y, float* rstd, const float* x, const float* w, int N,
                      int C, float eps) {
   rmsnorm_forward_kernel<mode><<<N, kRowThreads, 0, stream_of(ctx)>>>(y, rstd, x, w, C, eps);
-  DIVLAB_LAUNCHED("rmsnorm_forward");
+  DIVLAB_LAUNCHED(ctx, "rmsnorm_forward");
 }
 
 template <class A>
@@ -88,7 +88,7 @@ void bf16_reduce(const OpContext& ctx, float* dresid, float* dw, const A* dy, co
   float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
   rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
   bf16_column_sum_kernel<<<blocks_for(C, 128), 128, 0, stream_of(ctx)>>>(dw, prod, N, C);
-  DIVLAB_LAUNCHED("bf16_column_sum");
+  DIVLAB_LAUNCHED(ctx, "bf16_column_sum");
 }
 }  // namespace
 
@@ -98,7 +98,7 @@ void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A
                            bool accumulate, const float* dresid) {
   rmsnorm_backward_rows_kernel<<<N, kRowThreads, 0, stream_of(ctx)>>>(dx, prod, dy, x, w, rstd, C,
                                                                       accumulate, dresid);
-  DIVLAB_LAUNCHED("rmsnorm_backward_rows");
+  DIVLAB_LAUNCHED(ctx, "rmsnorm_backward_rows");
 }
 
 template void rmsnorm_backward_rows(const OpContext&, float*, float*, const float*, const float*,

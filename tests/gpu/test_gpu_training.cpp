@@ -128,6 +128,8 @@ TYPED_TEST(GpuTraining, RunsAreBitwiseRepeatable) {
 // Two models on two streams of their own, their steps interleaved, train bitwise as one model
 // alone on the default stream: every op launches on its caller's stream (OpContext::stream), and
 // each model's scratch is its own workspace, not a region the other stream's kernels overwrite.
+// One of them waits for each of its kernels (debug.sync_kernels, carried in its op contexts),
+// which must change nothing but the timing.
 TYPED_TEST(GpuTraining, TwoModelsOnTheirOwnStreamsTrainAsOneAlone) {
   const int steps = 20;
   const uint64_t seed = test_seed();
@@ -140,6 +142,7 @@ TYPED_TEST(GpuTraining, TwoModelsOnTheirOwnStreamsTrainAsOneAlone) {
     Transformer<float, TypeParam> a(m, k, kBatch), b(m, k, kBatch);
     a.init(seed), b.init(seed);
     a.set_stream(streams[0]), b.set_stream(streams[1]);
+    a.set_sync_each_launch(true);
     Optimizer<float> oa(sgd(steps), a.layout(), *k.memory), ob(sgd(steps), b.layout(), *k.memory);
     DatasetOptions dopt;
     dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = seed;
