@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: build the cuda preset, run the gpu-labelled tests and the
 # benchmarks, print a short table last.
-# Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce] [--gpt2-small]
+# Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce] [--gpt2-small] [--no-shadow-cost]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
 # --gpt2-small profiles 12 steps at GPT-2 small's shape, V 50304, C 768, 12 blocks, T 1024, 16
-# sequences, each op between two synchronisations.)
+# sequences, each op between two synchronisations, and times it unprofiled against PyTorch eager
+# and torch.compile; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, which take
+# most of their time.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/divlab-gpu}
@@ -30,11 +32,11 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"
-all_tests=0 reproduce=0 sanitize=0 gpt2=0
+all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400
 for a in "$@"; do
   case $a in
     --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;;
-    --gpt2-small) gpt2=1 ;;
+    --gpt2-small) gpt2=1 ;; --no-shadow-cost) shadow_steps=0 ;;
   esac
 done
 py=$(command -v python3)
@@ -51,14 +53,18 @@ step check_gpu_bf16 bash -c 'for op in embed_rmsnorm_backward linear_backward at
 step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
 step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
   --profile --quiet --force --out "$out/profile.h5"
-step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml
-step bench_gpu_small "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab \
+step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
+  --shadow-steps $shadow_steps
+step bench_gpu_small "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --shadow-steps $shadow_steps \
   --config configs/bench-gpu.toml --set model.vocab=2048 --set model.d_model=128 \
   --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=128 --set train.batch=64
 if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpu.toml --set model.vocab=50304 \
     model.d_model=768 model.n_layers=12 model.n_heads=12 model.seq_len=1024 train.batch=16 \
     train.steps=12 --profile --quiet --force --out "$out/profile-gpt2.h5"
+  step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
+    --set model.vocab=50304 --set model.d_model=768 --set model.n_layers=12 --set model.n_heads=12 \
+    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0
 fi
 if [ $sanitize = 1 ]; then
   step sanitize env OUT="$out" scripts/sanitize-gpu.sh
@@ -72,7 +78,7 @@ echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
 for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu profile_gpu \
-  bench_gpu bench_gpu_small profile_gpt2 sanitize reproduce; do
+  bench_gpu bench_gpu_small profile_gpt2 bench_gpt2 sanitize reproduce; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
@@ -85,5 +91,6 @@ grep -A18 "^op time" "$out/profile_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null
+tail -5 "$out/bench_gpt2.log" 2>/dev/null
 cat "$out/sanitize.log" 2>/dev/null
 grep -iE "cells|verdict|wall|minutes" "$out/reproduce.log" 2>/dev/null | tail -6
