@@ -1,4 +1,6 @@
-// Config: TOML + --set, every rule naming its key, and a resolved TOML that reads back the same.
+// Config: TOML + --set, and a resolved TOML that reads back the same. Bad keys and values, with
+// the messages naming them, are the bad-input catalogue's (tests/bad_inputs/cases.toml, run
+// through the CLI); here only what the CLI cannot show.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -129,12 +131,22 @@ TEST(Config, FloatTextReadsBackExactly) {
   }
 }
 
-TEST(Config, MissingFileNamesThePath) {
+// Parsing is pure: a config naming a plug-in that does not exist and a variant no catalogue has
+// parses (nothing is loaded or looked up); resolving it is what refuses it.
+TEST(Config, ParsingLoadsNothingAndResolvingChecksKernels) {
+  const std::vector<std::string> sets = {"plugins=[/nonexistent/lib.so]",
+                                         "kernels.linear_forward=no_such_variant"};
+  const RunConfig cfg = parse_config("", sets);
+  EXPECT_EQ(cfg.plugins, std::vector<std::string>{"/nonexistent/lib.so"});
+  EXPECT_EQ(cfg.kernels.at("linear_forward"), "no_such_variant");
+  EXPECT_THROW(resolve_kernels(cfg), InputError);
+  const RunConfig named = parse_config("", {"kernels.linear_forward=no_such_variant"});
   try {
-    load_config("/nonexistent/x.toml", {});
-    FAIL();
+    resolve_kernels(named);
+    FAIL() << "an unknown variant resolved";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/x.toml"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("no_such_variant"), std::string::npos) << e.what();
   }
 }
+
 }  // namespace divlab
