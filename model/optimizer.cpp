@@ -20,7 +20,17 @@ Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& la
       layout_(layout),
       m_(mem, layout.back().offset + layout.back().size),
       v_(mem, cfg.kind == OptimizerKind::AdamW ? layout.back().offset + layout.back().size : 0),
-      sum_squares_(mem, int64_t(layout.size())) {}
+      sum_squares_(mem, int64_t(layout.size())) {
+  // One span for a model without weight decay; with it, the norm gains (never decayed) split it.
+  for (const ParamInfo& p : layout) {
+    const double wd = p.is_norm ? 0.0 : cfg.weight_decay;
+    if (!spans_.empty() && spans_.back().weight_decay == wd &&
+        spans_.back().offset + spans_.back().size == p.offset)
+      spans_.back().size += p.size;
+    else
+      spans_.push_back({p.offset, p.size, wd});
+  }
+}
 
 template <class T>
 template <class A>
@@ -43,28 +53,17 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
   const bool clip = cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip;
   const T scale = clip ? T(cfg_.grad_clip / (stats.grad_norm + 1e-6)) : T(1);
   const T lr = T(stats.lr);
-  // The update is elementwise, so neighbouring tensors with the same weight decay are one call:
-  // one launch for the whole model without weight decay, a few per block with it (the norm gains
-  // take none), instead of one per tensor. The values are the same bit for bit.
-  for (size_t i = 0; i < layout_.size();) {
-    const auto decay = [&](size_t j) { return layout_[j].is_norm ? 0.0 : cfg_.weight_decay; };
-    size_t end = i + 1;
-    while (end < layout_.size() && decay(end) == decay(i) &&
-           layout_[end].offset == layout_[end - 1].offset + layout_[end - 1].size)
-      ++end;
-    const int64_t offset = layout_[i].offset,
-                  n = layout_[end - 1].offset + layout_[end - 1].size - offset;
-    T* w = model.params().data() + offset;
-    const T* g = model.grads().data() + offset;
-    const T wd = T(decay(i));
+  for (const UpdateSpan& s : spans_) {
+    T* w = model.params().data() + s.offset;
+    const T* g = model.grads().data() + s.offset;
+    const T wd = T(s.weight_decay);
     if (cfg_.kind == OptimizerKind::AdamW) {
-      k.adamw_step(model.next_op_context(), w, m_.data() + offset, v_.data() + offset, g, n, lr,
-                   T(cfg_.beta1), T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
+      k.adamw_step(model.next_op_context(), w, m_.data() + s.offset, v_.data() + s.offset, g,
+                   s.size, lr, T(cfg_.beta1), T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
     } else {
-      k.sgd_step(model.next_op_context(), w, m_.data() + offset, g, n, lr, T(cfg_.momentum),
+      k.sgd_step(model.next_op_context(), w, m_.data() + s.offset, g, s.size, lr, T(cfg_.momentum),
                  cfg_.nesterov, wd, scale);
     }
-    i = end;
   }
   return stats;
 }

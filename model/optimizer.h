@@ -62,10 +62,17 @@ class Optimizer {
   Buffer<T>& second_moment() { return v_; }  // empty for SGD
 
  private:
+  // A span of the flat parameters updated by one call: neighbouring tensors with the same weight
+  // decay (the update is elementwise, so one launch serves them all, bit for bit the same).
+  struct UpdateSpan {
+    int64_t offset, size;
+    double weight_decay;
+  };
   OptimConfig cfg_;
   std::vector<ParamInfo> layout_;
-  Buffer<T> m_, v_;             // SGD uses m_ as the momentum buffer
-  Buffer<double> sum_squares_;  // per layout entry, filled on the backend, downloaded at once
+  std::vector<UpdateSpan> spans_;  // from the layout, once
+  Buffer<T> m_, v_;                // SGD uses m_ as the momentum buffer
+  Buffer<double> sum_squares_;     // per layout entry, filled on the backend, downloaded at once
 };
 
 }  // namespace divlab
