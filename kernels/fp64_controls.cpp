@@ -85,19 +85,23 @@ void add_control(Variants& variants) {
     variants.add("fp64_accum", &Fp64Control<op, typename Variants::Function>::call, kDoc);
 }
 
+// Ops whose every output is one rounding of exact inputs: fp64 gives the reference's own bits.
+constexpr bool rounds_once(Op op) {
+  return op == Op::add || op == Op::cast;
+}
+
 }  // namespace
 
 template <class T>
 void register_fp64_controls(Catalogue<T>& cat) {
-  add_control<Op::rmsnorm_forward, T>(cat.rmsnorm_forward);
-  add_control<Op::rmsnorm_backward, T>(cat.rmsnorm_backward);
-  add_control<Op::linear_forward, T>(cat.linear_forward);
-  add_control<Op::linear_backward, T>(cat.linear_backward);
-  add_control<Op::attention_forward, T>(cat.attention_forward);
-  add_control<Op::attention_backward, T>(cat.attention_backward);
-  add_control<Op::gelu_forward, T>(cat.gelu_forward);
-  add_control<Op::gelu_backward, T>(cat.gelu_backward);
-  add_control<Op::cross_entropy, T>(cat.cross_entropy);
+// Op names are pasted into member names and template arguments, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_ADD_CONTROL(name, Signature)                        \
+  if constexpr (OpSpec<Op::name>::known && !rounds_once(Op::name)) \
+    add_control<Op::name, T>(cat.name);
+  DIVLAB_OPS(DIVLAB_ADD_CONTROL)
+#undef DIVLAB_ADD_CONTROL
+  // NOLINTEND(bugprone-macro-parentheses)
 }
 
 template void register_fp64_controls(Catalogue<float>&);

@@ -8,8 +8,9 @@
 
 namespace divlab {
 
-// Adds `fp64_accum` to every op of the catalogue that has an op spec and none yet (add and
-// embedding_forward excepted: one rounding per value, so fp64 gives the reference's own bits).
+// Adds `fp64_accum` to every op of the op list that has an op spec and none yet, except add and
+// cast (one rounding per value, so fp64 gives the reference's own bits); ops without a spec
+// (embedding_forward, the optimizer's) have none.
 // In the fp64 catalogue the variant is the reference itself, so fp64 runs name the same
 // variants as fp32 ones.
 template <class T>
