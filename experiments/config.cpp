@@ -22,9 +22,19 @@ namespace {
 enum class Type { Int, Float, Bool, String, List };
 enum class Range { Any, Positive, NonNegative, UnitOpen, UnitClosed };
 
+// A value checked against its key's spec (normalise, below): its canonical TOML text, and the
+// value read once from it: the items of a list, the text of a string, the number or boolean.
+struct Checked {
+  std::string text;
+  std::vector<std::string> items;
+  long long integer = 0;
+  double number = 0;
+  bool boolean = false;
+};
+
 struct KeySpec;
-// Stores a key's validated value (its canonical text, or a list's items) in its member.
-using Assign = std::function<void(const KeySpec&, RunConfig&, const std::vector<std::string>&)>;
+// Stores a key's checked value in its member.
+using Assign = std::function<void(const KeySpec&, RunConfig&, const Checked&)>;
 
 // One row per key: its name, the member it fills, its default and meaning. The member's type
 // decides the value's type (integer, number, boolean, string, list) and an enum's choices, so a
@@ -38,9 +48,6 @@ struct KeySpec {
   std::vector<std::string> choices = {};
   Assign assign;
 };
-
-long long parse_int(const std::string& key, const std::string& v);
-double parse_float(const std::string& key, const std::string& v);
 
 // What a member's type means for its key.
 template <class M>
@@ -57,26 +64,25 @@ constexpr Type type_of() {
     return Type::String;  // std::string or a named enum
 }
 
-// Parses a validated value into a member of type M.
+// Stores a checked value in a member of type M.
 template <class M>
-void store(const KeySpec& s, M& out, const std::vector<std::string>& values) {
+void store(const KeySpec& s, M& out, const Checked& c) {
   if constexpr (std::is_same_v<M, std::vector<std::string>>) {
-    out = values;
+    out = c.items;
   } else {
-    const std::string& v = values.at(0);
+    const std::string& v = c.items.at(0);
     if constexpr (std::is_same_v<M, bool>) {
-      out = v == "true";
+      out = c.boolean;
     } else if constexpr (std::is_integral_v<M>) {
-      const long long x = parse_int(s.key, v);
       // Held narrower than 64 bits: checked before narrowing, so 2^32 + 64 is refused, not
       // trained as 64.
       if constexpr (sizeof(M) < sizeof(long long))
-        if (x > std::numeric_limits<M>::max() || x < std::numeric_limits<M>::min())
+        if (c.integer > std::numeric_limits<M>::max() || c.integer < std::numeric_limits<M>::min())
           throw InputError("config key '" + s.key + "' = " + v + ": must be at most " +
                            std::to_string(std::numeric_limits<M>::max()));
-      out = M(x);  // a 64-bit unsigned member's key is NonNegative, checked before
+      out = M(c.integer);  // a 64-bit unsigned member's key is NonNegative, checked before
     } else if constexpr (std::is_floating_point_v<M>) {
-      out = parse_float(s.key, v);
+      out = c.number;
     } else if constexpr (std::is_same_v<M, std::string>) {
       out = v;
     } else if (!parse_name(v, &out)) {  // a closed set: its names are the choices checked before
@@ -94,9 +100,7 @@ KeySpec key(std::string name, At at, std::string fallback, std::string doc,
   spec.key = std::move(name), spec.type = type_of<M>(), spec.fallback = std::move(fallback);
   spec.doc = std::move(doc), spec.range = range;
   if constexpr (std::is_enum_v<M>) spec.choices = names_of<M>();
-  spec.assign = [at](const KeySpec& s, RunConfig& c, const std::vector<std::string>& v) {
-    store(s, at(c), v);
-  };
+  spec.assign = [at](const KeySpec& s, RunConfig& c, const Checked& v) { store(s, at(c), v); };
   return spec;
 }
 // The member a key fills, e.g. DIVLAB_AT(model.vocab).
@@ -330,33 +334,37 @@ void check_range(const KeySpec& s, double x, const std::string& text, const std:
   if (need) throw InputError("config key '" + s.key + "' = " + text + where + ": must be " + need);
 }
 
-// Checks a raw value against its spec and returns its TOML text.
-std::string normalise(const KeySpec& s, const std::vector<std::string>& values,
-                      const std::string& where) {
+// Checks a raw value against its spec: reads it once, and gives its canonical TOML text.
+Checked normalise(const KeySpec& s, const std::vector<std::string>& values,
+                  const std::string& where) {
+  Checked c;
+  c.items = values;
   if (s.type == Type::List) {
-    std::string out = "[";
+    c.text = "[";
     for (size_t i = 0; i < values.size(); ++i) {
       TomlValue item;
       item.text = values[i];
-      out += (i ? ", " : "") + item.toml();
+      c.text += (i ? ", " : "") + item.toml();
     }
-    return out + "]";
+    c.text += "]";
+    return c;
   }
   const std::string& v = values.at(0);
   switch (s.type) {
-    case Type::Int: {  // canonical text, so that two spellings of one value resolve to one run
-      const long long x = parse_int(s.key, v);
-      check_range(s, double(x), v, where);
-      return std::to_string(x);
-    }
-    case Type::Float: {
-      const double x = parse_float(s.key, v);
-      check_range(s, x, v, where);
-      return float_text(x);
-    }
+    case Type::Int:  // canonical text, so that two spellings of one value resolve to one run
+      c.integer = parse_int(s.key, v);
+      check_range(s, double(c.integer), v, where);
+      c.text = std::to_string(c.integer);
+      return c;
+    case Type::Float:
+      c.number = parse_float(s.key, v);
+      check_range(s, c.number, v, where);
+      c.text = float_text(c.number);
+      return c;
     case Type::Bool:
-      parse_bool(s.key, v);
-      return v;
+      c.boolean = parse_bool(s.key, v);
+      c.text = v;
+      return c;
     default:
       break;
   }
@@ -369,7 +377,8 @@ std::string normalise(const KeySpec& s, const std::vector<std::string>& values,
   if (v.empty()) throw InputError("config key '" + s.key + "'" + where + ": must not be empty");
   TomlValue text;
   text.text = v;
-  return text.toml();
+  c.text = text.toml();
+  return c;
 }
 
 }  // namespace
@@ -411,9 +420,9 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
                                             : s.type == Type::List
                                                 ? std::vector<std::string>{}
                                                 : std::vector<std::string>{s.fallback};
-    const std::string text = normalise(s, values, it != raw.end() ? it->second.where : "");
-    s.assign(s, cfg, values);
-    cfg.resolved.emplace_back(s.key, text);
+    const Checked checked = normalise(s, values, it != raw.end() ? it->second.where : "");
+    s.assign(s, cfg, checked);
+    cfg.resolved.emplace_back(s.key, checked.text);
   }
   for (const auto& [key, value] : raw)
     if (key.rfind(kKernelsPrefix, 0) == 0) {
