@@ -212,15 +212,19 @@ TEST(CheckHoles, ABenignReorderingPassesAtTheFp32Grade) {
 }
 
 TEST(CheckHoles, ReducedPrecisionInsideAnFp32KernelFailsUnlessAccepted) {
-  CheckOptions opt;
-  opt.target = "linear_forward=bf16_rne", opt.seed = testing::test_seed();
-  const CheckReport strict = run_check(opt);
-  EXPECT_FALSE(strict.pass);
-  EXPECT_EQ(strict.failing, std::vector<std::string>{"fp32 grade"}) << format_check(strict);
-  opt.grade = Grade::Bf16;
-  const CheckReport accepted = run_check(opt);
-  EXPECT_TRUE(accepted.pass) << format_check(accepted);
-  EXPECT_EQ(accepted.grade, "bf16");
+  // A fresh seed, and one whose tiny shape (five outputs of four cancelling terms) put the
+  // honest bf16 GEMM 1.03e-2 from fp64 before the check allowed for bf16 input rounding.
+  for (const uint64_t seed : {testing::test_seed(), uint64_t{2031673722405404497}}) {
+    CheckOptions opt;
+    opt.target = "linear_forward=bf16_rne", opt.seed = seed;
+    const CheckReport strict = run_check(opt);
+    EXPECT_FALSE(strict.pass);
+    EXPECT_EQ(strict.failing, std::vector<std::string>{"fp32 grade"}) << format_check(strict);
+    opt.grade = Grade::Bf16;
+    const CheckReport accepted = run_check(opt);
+    EXPECT_TRUE(accepted.pass) << format_check(accepted);
+    EXPECT_EQ(accepted.grade, "bf16");
+  }
 }
 
 TEST(CheckHoles, TheSameSeedReplaysTheSameReportAndFreshSeedsDiffer) {
