@@ -17,4 +17,10 @@ struct DeviceBusyError : InputError {
 };
 constexpr int kExitDeviceBusy = 75;  // EX_TEMPFAIL
 
+// A run that a kernel stopped (it threw): its trace records "failed" and where; exit code 1,
+// like a finding, not an internal error.
+struct RunFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace divlab

@@ -520,6 +520,9 @@ int main(int argc, char** argv) {
   } catch (const TraceWriteError& e) {
     std::cerr << "divlab: " << e.what() << "\n";
     return 1;
+  } catch (const RunFailed& e) {
+    std::cerr << "divlab: " << e.what() << "\n";
+    return 1;
   } catch (const StopRequested& e) {
     std::cerr << "divlab: " << e.what()
               << "; finished cells are kept, and running the same command again continues\n";

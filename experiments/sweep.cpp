@@ -25,6 +25,7 @@
 #include "common/process.h"
 #include "common/signals.h"
 #include "experiments/config.h"
+#include "experiments/crash_report.h"
 #include "experiments/grid.h"
 #include "experiments/train.h"
 #include "io/trace.h"
@@ -46,6 +47,21 @@ std::string cell_log_path(const std::string& dir, size_t cell) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What a cell that ended badly said last: its log's last "divlab: " line (a crash report names
+// the op, its variant and the step; a failed run names the error), one line, for the manifest.
+std::string last_words(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.rfind(CrashReport::kPrefix, 0) == 0)
+      last = line.substr(std::string(CrashReport::kPrefix).size());
+    else if (line.rfind("divlab: ", 0) == 0)
+      last = line.substr(8);
+  for (char& c : last)
+    if (c == '\t' || c == '\r') c = ' ';
+  return last;
+}
 
 std::string read_all(const std::string& path) {
   std::string text;
@@ -450,8 +466,9 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       } else {
         const bool signalled = WIFSIGNALED(status);
         const int code = signalled ? WTERMSIG(status) : WEXITSTATUS(status);
+        const std::string said = last_words(cell_log_path(opt.out, run.cell));
         rec[run.cell] = {std::string(signalled ? "crashed (signal " : "failed (exit ") +
-                             std::to_string(code) + ")",
+                             std::to_string(code) + ")" + (said.empty() ? "" : ": " + said),
                          signalled ? 128 + code : code, age};
         ++sum.failed;
       }

@@ -22,10 +22,12 @@
 #include "common/signals.h"
 #include "common/version.h"
 #include "datasets/dataset.h"
+#include "experiments/crash_report.h"
 #include "experiments/weights.h"
 #include "io/checkpoint.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
+#include "kernels/op_tracker.h"
 #include "kernels/plugins.h"
 #include "kernels/profile.h"
 #include "kernels/shadow.h"
@@ -325,9 +327,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
   std::unique_ptr<OpProfiler<T, A>> profiler;
   if (opt.profile) profiler = std::make_unique<OpProfiler<T, A>>(tap ? tap->kernels() : kernels);
-  const KernelSet<T, A> run_kernels = profiler ? profiler->kernels()
-                                      : tap    ? tap->kernels()
-                                               : kernels;
+  // Outermost, every op call marks which op the run is in, so a kernel that throws or crashes
+  // is named (the trace's "failure", the crash report's line).
+  OpNote note;
+  const OpTracker<T, A> tracked(profiler ? profiler->kernels()
+                                : tap    ? tap->kernels()
+                                         : kernels,
+                                note);
+  const OpTracker<T, A> tracked_reference(reference, note);
+  const KernelSet<T, A>& run_kernels = tracked.kernels();
   // The run's own stream: every op and copy of the step is queued there, none on the legacy
   // default stream (declared before the model, so it outlives the model's last use of it).
   const OwnedStream stream(*kernels.memory);
@@ -392,6 +400,12 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   }
   trace.publish();
 
+  std::vector<std::string> variants(kOpCount, "reference");
+  for (int i = 0; i < kOpCount; ++i)
+    if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end())
+      variants[size_t(i)] = it->second;
+  const CrashReport crash(note, variants);
+
   std::vector<TokenId> in(N), tgt(N);
   Progress progress(opt.progress);
   const auto t0 = std::chrono::steady_clock::now();
@@ -399,78 +413,95 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   std::vector<std::pair<std::string, std::string>> nan_where;
   const bool stopped_while_setting_up = stop_signal() != 0;  // then no step is taken
   if (stopped_while_setting_up) result.status = "interrupted", result.signal = stop_signal();
-  for (int64_t step = stopped_while_setting_up ? cfg.steps : first_step; step < cfg.steps; ++step) {
-    if (step == cfg.abort_at_step) std::abort();
-    data.batch(step, B, Tn, in.data(), tgt.data());
-    const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
-    const bool shadow_step = tap && step % cfg.shadow_every == 0;
-    if (shadow_step) tap->arm();
-    model.reseed(step_op_seed(cfg.seed, step));
-    const T loss = model.forward(in.data(), tgt.data(), true);
-    model.backward();
-    if (shadow_step) tap->submit(in.data(), N, m.vocab, step);
-    const StepStats st = optim.step(model, step);
-    const double wall =
-        wall_offset + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-    trace.append("/metrics/step", step);
-    trace.append("/metrics/loss", double(loss));
-    trace.append("/metrics/grad_norm", st.grad_norm);
-    trace.append("/metrics/lr", st.lr);
-    trace.append("/metrics/tokens", (step + 1) * N);
-    trace.append("/metrics/wall_s", wall);
-    trace.append("/metrics/max_row_contributions", bs.max_row_contributions);
-    trace.append("/metrics/top1_share", bs.top1_share);
-    for (size_t i = 0; i < model.layout().size(); ++i)
-      trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name, st.param_grad_norms[i]);
-    result.steps = step + 1;
-    // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
-    // the profile covers the steady steps after it when there are any.
-    if (profiler && step == first_step && step + 1 < cfg.steps) profiler->reset();
-    result.final_loss = double(loss);
-    // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
-    // order as they come, and all of them before a checkpoint or the end of the run.
-    const bool drain = step + 1 == cfg.steps || stop_signal() != 0 ||
-                       (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
-                       !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
-    if (tap)
-      for (const auto& r : tap->collect(drain))
-        record_shadow(trace, shadow_specs, r.metrics, r.step);
-
-    if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
-      // Validation always runs the reference kernels: a candidate that only corrupts its own
-      // forward (e.g. a leaky mask) must not grade itself.
-      model.set_kernels(reference);
-      double val = 0;
-      for (int i = 0; i < cfg.eval_batches; ++i) {
-        data.validation_batch(i, B, Tn, in.data(), tgt.data());
-        val += double(model.forward(in.data(), tgt.data(), false));
-      }
-      model.set_kernels(run_kernels);
-      trace.append("/eval/step", step);
-      trace.append("/eval/val_loss", val / cfg.eval_batches);
-    }
-    trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
-    progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
-    if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
-      result.status = "nan";
+  try {
+    for (int64_t step = stopped_while_setting_up ? cfg.steps : first_step; step < cfg.steps;
+         ++step) {
+      note.step.store(step);
+      if (step == cfg.abort_at_step) std::abort();
       data.batch(step, B, Tn, in.data(), tgt.data());
-      nan_where = attribute_nan(model, in.data(), tgt.data(), step, step_op_seed(cfg.seed, step));
-      break;
+      const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
+      const bool shadow_step = tap && step % cfg.shadow_every == 0;
+      if (shadow_step) tap->arm();
+      model.reseed(step_op_seed(cfg.seed, step));
+      const T loss = model.forward(in.data(), tgt.data(), true);
+      model.backward();
+      if (shadow_step) tap->submit(in.data(), N, m.vocab, step);
+      const StepStats st = optim.step(model, step);
+      const double wall =
+          wall_offset +
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+      trace.append("/metrics/step", step);
+      trace.append("/metrics/loss", double(loss));
+      trace.append("/metrics/grad_norm", st.grad_norm);
+      trace.append("/metrics/lr", st.lr);
+      trace.append("/metrics/tokens", (step + 1) * N);
+      trace.append("/metrics/wall_s", wall);
+      trace.append("/metrics/max_row_contributions", bs.max_row_contributions);
+      trace.append("/metrics/top1_share", bs.top1_share);
+      for (size_t i = 0; i < model.layout().size(); ++i)
+        trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name,
+                     st.param_grad_norms[i]);
+      result.steps = step + 1;
+      // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
+      // the profile covers the steady steps after it when there are any.
+      if (profiler && step == first_step && step + 1 < cfg.steps) profiler->reset();
+      result.final_loss = double(loss);
+      // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
+      // order as they come, and all of them before a checkpoint or the end of the run.
+      const bool drain = step + 1 == cfg.steps || stop_signal() != 0 ||
+                         (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
+                         !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
+      if (tap)
+        for (const auto& r : tap->collect(drain))
+          record_shadow(trace, shadow_specs, r.metrics, r.step);
+
+      if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
+        // Validation always runs the reference kernels: a candidate that only corrupts its own
+        // forward (e.g. a leaky mask) must not grade itself.
+        model.set_kernels(tracked_reference.kernels());
+        double val = 0;
+        for (int i = 0; i < cfg.eval_batches; ++i) {
+          data.validation_batch(i, B, Tn, in.data(), tgt.data());
+          val += double(model.forward(in.data(), tgt.data(), false));
+        }
+        model.set_kernels(run_kernels);
+        trace.append("/eval/step", step);
+        trace.append("/eval/val_loss", val / cfg.eval_batches);
+      }
+      trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
+      progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
+      if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
+        result.status = "nan";
+        data.batch(step, B, Tn, in.data(), tgt.data());
+        nan_where = attribute_nan(model, in.data(), tgt.data(), step, step_op_seed(cfg.seed, step));
+        break;
+      }
+      if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
+          step + 1 < cfg.steps) {
+        write_checkpoint(trace,
+                         {step + 1, widen(model.params(), model.stream()),
+                          widen(optim.first_moment(), model.stream()),
+                          widen(optim.second_moment(), model.stream()), token_counts},
+                         checkpoint_slot(step + 1, cfg.checkpoint_every));
+      }
+      if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
+        result.status = "interrupted";
+        result.signal = stop_signal();
+        break;
+      }
     }
-    if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
-        step + 1 < cfg.steps) {
-      write_checkpoint(trace,
-                       {step + 1, widen(model.params(), model.stream()),
-                        widen(optim.first_moment(), model.stream()),
-                        widen(optim.second_moment(), model.stream()), token_counts},
-                       checkpoint_slot(step + 1, cfg.checkpoint_every));
-    }
-    if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
-      result.status = "interrupted";
-      result.signal = stop_signal();
-      break;
-    }
+  } catch (const TraceWriteError&) {
+    throw;  // the trace cannot take the record
+  } catch (const BackendError&) {
+    throw;  // the device's verdict on the run's setup (busy, out of memory): run() maps it
+  } catch (const std::exception& e) {
+    // A kernel (or anything else in a step) threw: the trace records the steps before it, status
+    // "failed" and where, and the command says the same in one line.
+    progress.done();
+    const std::string failure = crash.where() + ": " + e.what();
+    trace.finish("failed", {{"failure", failure}});
+    throw RunFailed("train failed " + failure + " (trace '" + opt.out + "' records it)");
   }
   progress.done();
   if (profiler)

@@ -12,26 +12,12 @@
 #include "experiments/check.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
+#include "tests/support/registered.h"
 
 namespace divlab {
 namespace {
 
-// Registers a variant in the CPU catalogue for one test and removes it after.
-template <class Variants>
-class Registered {
- public:
-  template <class Fn>
-  Registered(Variants& v, std::string name, Fn fn) : v_(v), name_(std::move(name)) {
-    v_.add(name_, fn, {"a test kernel", "", "", ""});
-  }
-  ~Registered() { v_.remove(name_); }
-  Registered(const Registered&) = delete;
-  Registered& operator=(const Registered&) = delete;
-
- private:
-  Variants& v_;
-  std::string name_;
-};
+using testing::Registered;
 
 CheckReport check(const std::string& target) {
   CheckOptions opt;

@@ -1,10 +1,19 @@
 // A tiny model must be able to memorise one fixed batch with either optimizer: the end-to-end
 // check that forward, backward and the optimizer agree with each other.
 #include <algorithm>
+#include <atomic>
 #include <numeric>
+#include <stdexcept>
 
+#include "common/errors.h"
+#include "experiments/config.h"
+#include "experiments/train.h"
+#include "io/trace.h"
+#include "kernels/registry.h"
 #include "model/optimizer.h"
 #include "tests/support/check.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/registered.h"
 
 namespace divlab {
 using namespace testing;
@@ -59,4 +68,47 @@ TEST(Schedule, WarmupThenCosine) {
   EXPECT_NEAR(lr_at(oc, 60), 0.55, 1e-12);
   EXPECT_NEAR(lr_at(oc, 110), 0.1, 1e-12);
 }
+namespace {
+// An add that works for its first calls and then throws, the way a kernel with a failing
+// internal check does.
+std::atomic<int> g_adds{0};
+void add_throws_later(float* y, const float* a, const float* b, int64_t n) {
+  if (++g_adds > 40) throw std::runtime_error("the kernel's own check failed");
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+}  // namespace
+
+// A kernel that throws ends the run as a finding, not an internal error: the trace keeps the
+// steps before it, records "failed" and names the op, its variant and the step.
+TEST(Training, AKernelThatThrowsFailsTheRunAndTheTraceNamesTheOp) {
+  Registered reg(mutable_cpu_catalogue().add, "throws_later", add_throws_later);
+  g_adds = 0;
+  const std::string out = temp_dir("throws") + "/run.h5";
+  const RunConfig cfg = load_config(
+      "", {"model.vocab=64", "model.d_model=16", "model.n_layers=2", "model.seq_len=8",
+           "train.batch=2", "train.steps=20", "kernels.add=throws_later", "train.threads=1"});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  try {
+    train(cfg, opt);
+    FAIL() << "the run did not fail";
+  } catch (const RunFailed& e) {
+    EXPECT_TRUE(has(e.what(), "in op add (variant throws_later) at step ")) << e.what();
+    EXPECT_TRUE(has(e.what(), "the kernel's own check failed")) << e.what();
+  }
+  const TraceReader r(out);
+  EXPECT_EQ(r.string_attr("/", "status"), "failed");
+  // The steps before the failing one are kept, and the failure names that step.
+  const size_t kept = r.ints("/metrics/step").size();
+  EXPECT_GT(kept, 0u);
+  EXPECT_LT(kept, 20u);
+  const std::string failure = r.string_attr("/", "failure");
+  EXPECT_TRUE(has(failure, "in op add (variant throws_later) at step " + std::to_string(kept) +
+                               ": the kernel's own check failed"))
+      << failure;
+}
+
 }  // namespace divlab

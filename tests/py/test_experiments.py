@@ -385,7 +385,9 @@ seed = [5]
         crashed = [row for row in rows if "abort_at_step=3" in row["settings"]]
         self.assertEqual(len(crashed), 4)
         for row in crashed:
-            self.assertEqual(row["status"], "crashed (signal 6)")
+            # The cell's last words, from its log: where the run was when it died.
+            self.assertEqual(row["status"], "crashed (signal 6): SIGABRT (Aborted) at step 3, "
+                             "outside any op (the last one entered: sgd_step)")
             with h5py.File(row["trace"], "r", swmr=True) as f:  # readable up to the crash
                 self.assertEqual(f.attrs["status"], "running")
         for row in rows:

@@ -4,6 +4,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import unittest
 
@@ -92,6 +93,20 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
         with h5py.File(os.path.join(out, "cells", "0001.h5"), "r") as f:
             self.assertEqual(f["config"].attrs["kernels.embed_rmsnorm_backward"],
                              "example_bf16_rows")
+
+    def test_a_kernel_that_crashes_training_is_named(self):
+        # A segfaulting candidate: the run dies of the signal as before (a sweep sees it), its
+        # last line names the op, the variant and the step, and the trace stays readable.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        d = tmpdir()
+        out = os.path.join(d, "r.h5")
+        r = run("train", "--set", *SMALL, "model.d_model=128", "kernels.add=segfaults_on_large",
+                "--plugins", lib, "--out", out, "--quiet")
+        self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
+        self.assertIn("divlab: crashed: SIGSEGV (Segmentation fault) in op add "
+                      "(variant segfaults_on_large) at step 0", r.stderr)
+        with h5py.File(out, "r", swmr=True) as f:
+            self.assertEqual(f.attrs["status"], "running")
 
     def test_bad_plugins_are_refused(self):
         assert_rejected(self, ["train", "--set", *SMALL, "plugins=[{d}/libnone.so]", "--out",

@@ -1,0 +1,111 @@
+#include "experiments/crash_report.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
+namespace divlab {
+
+namespace {
+struct FatalSignal {
+  int number;
+  const char* text;
+};
+constexpr FatalSignal kFatal[] = {{SIGSEGV, "SIGSEGV (Segmentation fault)"},
+                                  {SIGBUS, "SIGBUS (Bus error)"},
+                                  {SIGFPE, "SIGFPE (Arithmetic exception)"},
+                                  {SIGILL, "SIGILL (Illegal instruction)"},
+                                  {SIGABRT, "SIGABRT (Aborted)"}};
+
+std::atomic<const CrashReport*> g_active{nullptr};
+
+void put(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    const ssize_t w = write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w, n -= size_t(w);
+  }
+}
+
+// Decimal digits of v (>= 0) into buf, without the C library's locale-aware formatting.
+const char* decimal(int64_t v, char (&buf)[24]) {
+  char* p = buf + sizeof buf - 1;
+  *p = '\0';
+  do {
+    *--p = char('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && p > buf);
+  return p;
+}
+
+extern "C" void on_fatal_signal(int sig) {
+  if (const CrashReport* r = g_active.load()) r->write_line(sig);
+  // Die of the signal as before: its default action, raised again.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+}
+}  // namespace
+
+CrashReport::CrashReport(const OpNote& note, const std::vector<std::string>& variants)
+    : note_(note) {
+  for (int i = 0; i < kOpCount; ++i) {
+    const std::string op = op_name(Op(i));
+    const std::string variant = size_t(i) < variants.size() ? variants[size_t(i)] : "reference";
+    inside_.push_back(" in op " + op + " (variant " + variant + ")");
+    after_.push_back(", outside any op (the last one entered: " + op + ")");
+  }
+  const CrashReport* none = nullptr;
+  if (!g_active.compare_exchange_strong(none, this)) return;  // another report is active
+  installed_ = true;
+  for (const FatalSignal& f : kFatal) {
+    struct sigaction a {};
+    a.sa_handler = on_fatal_signal;
+    sigemptyset(&a.sa_mask);
+    saved_.push_back({f.number, {}});
+    sigaction(f.number, &a, &saved_.back().second);
+  }
+}
+
+CrashReport::~CrashReport() {
+  for (const auto& [number, action] : saved_) sigaction(number, &action, nullptr);
+  if (installed_) g_active.store(nullptr);
+}
+
+std::string CrashReport::where() const {
+  const int op = note_.op.load();
+  const int64_t step = note_.step.load();
+  const std::string at = step >= 0 ? " at step " + std::to_string(step) : " before the first step";
+  if (op < 0 || op >= kOpCount) return at.substr(1) + ", before any op";
+  return note_.inside.load() ? inside_[size_t(op)].substr(1) + at
+                             : at.substr(1) + after_[size_t(op)];
+}
+
+void CrashReport::write_line(int signal) const {
+  const char* name = "a fatal signal";
+  for (const FatalSignal& f : kFatal)
+    if (f.number == signal) name = f.text;
+  put(kPrefix);
+  put(name);
+  const int op = note_.op.load();
+  const int64_t step = note_.step.load();
+  const bool known = op >= 0 && op < kOpCount;
+  if (known && note_.inside.load()) put(inside_[size_t(op)].c_str());
+  char digits[24];
+  if (step >= 0) {
+    put(" at step ");
+    put(decimal(step, digits));
+  } else {
+    put(" before the first step");
+  }
+  if (known && !note_.inside.load()) put(after_[size_t(op)].c_str());
+  if (!known) put(", before any op");
+  put("\n");
+}
+
+}  // namespace divlab
