@@ -40,8 +40,8 @@ struct CheckOptions {
   Grade grade = Grade::Fp32;         // bf16 precision always judges at the bf16 grade
   int draws = 3;                     // independent draws per condition (random shapes: 3x)
   std::vector<std::string> plugins;  // libraries to load first
-  bool train = false;                // then run the short reproduce grid for the candidate
-  std::string out;                   // --train: grid output folder
+  bool train = false;  // then train with it: a short grid chosen for the op (check_train.h)
+  std::string out;     // --train: grid output folder
   int jobs = 0;
   bool plots = true;
   uint64_t seed = 0;

@@ -17,6 +17,7 @@
 #include "common/process.h"
 #include "common/signals.h"
 #include "experiments/check.h"
+#include "experiments/check_train.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
 #include "kernels/plugins.h"
@@ -309,43 +310,35 @@ int cmd_check(const CheckOptions& opt) {
   }
   std::fputs(format_check(r).c_str(), stdout);
   if (opt.train) {
-    // The short reproduce grid (Markov chains with and without hot ids, where the reported
-    // kernel diverges under SGD and AdamW hides it) with this candidate and the op's benign
-    // controls in place of the reported kernel, on the check's backend.
-    const std::string base = resource_path("configs/reproduce.toml");
-    std::ifstream in(base);
-    std::string text, l;
-    bool skipping = false;
-    while (std::getline(in, l)) {
-      if (!l.empty() && l[0] == '[') skipping = l == "[axes.kernels]";
-      if (!skipping) text += l + "\n";
-      if (l != "[set]") continue;
-      text += std::string("backend = \"") + name_of(opt.backend) + "\"\n";
-      if (!opt.plugins.empty()) {
-        text += "plugins = [";
-        for (size_t i = 0; i < opt.plugins.size(); ++i)
-          text += (i ? ", \"" : "\"") + opt.plugins[i] + "\"";
-        text += "]\n";
-      }
-    }
-    // The reference once, even when it is the kernel being checked.
-    std::string arms =
-        "\"reference\"" + (r.variant == "reference" ? "" : ", \"" + r.variant + "\"");
+    // The op's short training grid with this candidate and the op's benign controls (the noise
+    // floor) beside the reference, on the check's backend.
+    std::vector<std::string> arms = {"reference"};
+    if (r.variant != "reference") arms.push_back(r.variant);  // the reference once
     backend_catalogue<float>(opt.backend, Precision::Fp32).for_each_op([&](const auto& ops, auto) {
       if (ops.op != r.op) return;
       for (const auto& e : ops.entries)
-        if (e.doc.benign && e.name != r.variant) arms += ", \"" + e.name + "\"";
+        if (e.doc.benign && e.name != r.variant) arms.push_back(e.name);
     });
-    text += "\n[axes.kernels]\n" + r.op + " = [" + arms + "]\n";
+    if (arms.size() == 1) {
+      std::printf(
+          "\n--train: nothing to compare: %s=reference is the baseline and %s has no benign "
+          "control; check a variant (or load one with --plugins)\n",
+          r.op.c_str(), r.op.c_str());
+      return r.pass ? 0 : 1;
+    }
+    Op op{};
+    if (!parse_op(r.op, &op)) throw InputError("check --train: no op '" + r.op + "'");
+    const CheckTrainGrid grid = check_train_grid(op, arms, opt.backend, opt.plugins);
     ReproduceOptions rp;
     rp.out = train_out;
-    rp.quick = true, rp.jobs = opt.jobs, rp.plots = opt.plots;
+    rp.quick = grid.quick, rp.jobs = opt.jobs, rp.plots = opt.plots;
     rp.grid = rp.out + ".grid.toml";
-    if (!write_file_atomically(rp.grid, text))
+    if (!write_file_atomically(rp.grid, grid.text))
       throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
-    std::printf("\n--train: the short reproduce grid with %s=%s (%s)\n", r.op.c_str(),
-                r.variant.c_str(), rp.grid.c_str());
-    run_reproduce(rp);
+    std::printf("\n--train: the short training grid for %s (%s) with %s=%s (%s)\n", r.op.c_str(),
+                grid.base.c_str(), r.op.c_str(), r.variant.c_str(), rp.grid.c_str());
+    const std::vector<Verdict> verdicts = run_reproduce(rp);
+    std::printf("\n%s", train_summary(r.op + "=" + r.variant, verdicts).c_str());
   }
   // What to do next, by outcome.
   const std::string candidate = r.op + "=" + r.variant;
@@ -356,13 +349,13 @@ int cmd_check(const CheckOptions& opt) {
         r.op.c_str());
   else if (!opt.train)
     std::printf(
-        "\nnext: `divlab check %s --train` trains with it (the short reproduce grid) to "
-        "see what it does to a loss curve\n",
+        "\nnext: `divlab check %s --train` trains with it (a short grid chosen for the op) "
+        "to see what it does to a loss curve\n",
         candidate.c_str());
   else
     std::printf(
-        "\nnext: the verdicts above are against the op's benign controls; `divlab bisect` "
-        "finds which of several swapped kernels moves the loss\n");
+        "\nnext: the verdicts above are against the op's benign controls (against zero where "
+        "it has none); `divlab bisect` finds which of several swapped kernels moves the loss\n");
   return r.pass ? 0 : 1;
 }
 

@@ -262,7 +262,8 @@ int main(int argc, char** argv) {
   // The worker process of an isolated check (internal).
   check->add_option("--worker-from", ck.worker_from)->group("");
   check->add_option("--worker-report", ck.worker_report)->group("");
-  check->add_flag("--train", ck.train, "then run the short reproduce grid with the candidate");
+  check->add_flag("--train", ck.train,
+                  "then train with the candidate on a short grid chosen for the op");
   check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");
   check->add_option("--jobs", ck.jobs, "--train: cells at a time");
   bool check_no_plots = false, check_no_sanitizer = false;
@@ -502,7 +503,8 @@ int main(int argc, char** argv) {
     }
     if (*reproduce) {
       rp.backend = option_choice<Backend>("--backend", reproduce_backend);
-      return run_reproduce(rp);
+      run_reproduce(rp);
+      return 0;
     }
     if (*analyze_cmd) {
       const auto verdicts = analyze(an);

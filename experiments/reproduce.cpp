@@ -101,7 +101,7 @@ std::string model_samples(const std::vector<Verdict>& verdicts) {
 }
 }  // namespace
 
-int run_reproduce(const ReproduceOptions& in) {
+std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
   ReproduceOptions opt = in;
   const bool gpu = opt.backend == Backend::Cuda;
   if (opt.grid.empty())
@@ -117,7 +117,7 @@ int run_reproduce(const ReproduceOptions& in) {
               s.cells, s.completed, s.nan, s.failed, s.skipped);
   AnalyzeOptions an = analyze_options(opt.out);
   an.plots = opt.plots, an.verbose = false;
-  const auto verdicts = analyze(an);
+  auto verdicts = analyze(an);
 
   // The masking matrix: one row per group (data, optimizer, tokens per step) in grid order, one
   // column per variant; then how the gap grows with the dose.
@@ -133,7 +133,8 @@ int run_reproduce(const ReproduceOptions& in) {
     Row& row = rows[v.group];
     if (!row.any || v.first_cell < row.order) row.order = v.first_cell;
     row.any = &v;
-    row.label = label_value(v.group, "data") + " / " + label_value(v.group, "train.optimizer");
+    const std::string data = label_value(v.group, "data");
+    row.label = (data.empty() ? "" : data + " / ") + label_value(v.group, "train.optimizer");
     row.cells[v.variant] = &v;
     columns[v.variant] = v.control;
   }
@@ -171,7 +172,7 @@ int run_reproduce(const ReproduceOptions& in) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%s/report.md has the method, every number and the plots (%.0f s)\n",
               opt.out.c_str(), secs);
-  return 0;
+  return verdicts;
 }
 
 }  // namespace divlab

@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "analysis/verdicts.h"
 #include "kernels/backend.h"
 
 namespace divlab {
@@ -18,6 +20,7 @@ struct ReproduceOptions {
   uint64_t seed_offset = 0;  // fresh seeds: every cell's train.seed moved by this much
 };
 
-int run_reproduce(const ReproduceOptions& opt);
+// Runs the grid, analyses it, prints the matrix; returns the verdicts.
+std::vector<Verdict> run_reproduce(const ReproduceOptions& opt);
 
 }  // namespace divlab

@@ -194,9 +194,31 @@ std::string TomlValue::toml() const {
       for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i].toml();
       return out + "]";
     }
+    case Kind::Float:  // 1.0 stays a float: "1" would read back as an integer
+      return text.find_first_of(".eEni") == std::string::npos ? text + ".0" : text;
     default:
       return text;
   }
+}
+
+std::string toml_document(const std::vector<TomlEntry>& entries) {
+  std::string out;
+  for (const TomlEntry& e : entries) {
+    // Each segment bare where TOML allows it, else quoted.
+    std::string key;
+    size_t start = 0;
+    while (start <= e.key.size()) {
+      const size_t dot = std::min(e.key.find('.', start), e.key.size());
+      const std::string part = e.key.substr(start, dot - start);
+      const bool bare = !part.empty() && part.find_first_not_of(
+                                             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                             "0123456789_-") == std::string::npos;
+      key += (key.empty() ? "" : ".") + (bare ? part : quoted(part));
+      start = dot + 1;
+    }
+    out += key + " = " + e.value.toml() + "\n";
+  }
+  return out;
 }
 
 std::string TomlValue::describe() const {

@@ -38,6 +38,10 @@ std::string float_text(double x);
 // divlab file holds (dates and times, arrays of tables, tables inside arrays).
 std::vector<TomlEntry> read_toml(const std::string& text, const std::string& source);
 
+// The entries as a document of dotted keys, one per line, in their order (what read_toml reads
+// back as the same entries; comments are not kept). Key segments are split at '.'.
+std::string toml_document(const std::vector<TomlEntry>& entries);
+
 // A document as key -> value text (arrays: their items' texts joined with ','), for readers that
 // need a recorded config's values, not its checks (analysis, export).
 std::map<std::string, std::string> read_toml_texts(const std::string& text,

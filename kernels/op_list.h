@@ -4,6 +4,8 @@
 // ops.h, its directory, and one line here.
 #pragma once
 
+#include <string_view>
+
 #define DIVLAB_OPS(X)                             \
   X(embedding_forward, EmbeddingForward)          \
   X(rmsnorm_forward, RmsnormForward)              \
@@ -40,6 +42,12 @@ constexpr const char* op_name(Op op) {
 #undef DIVLAB_OP_NAME
   };
   return names[static_cast<int>(op)];
+}
+// The op spelled `name`, if there is one.
+constexpr bool parse_op(std::string_view name, Op* op) {
+  for (int i = 0; i < kOpCount; ++i)
+    if (name == op_name(static_cast<Op>(i))) return *op = static_cast<Op>(i), true;
+  return false;
 }
 // Beyond what is generated from this list, each op has: its directory (kernels/<op>/: reference,
 // variants, CUDA kernels, registered by register_<op>), an OpSpec (kernels/op_spec.h), a case in

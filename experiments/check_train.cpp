@@ -1,0 +1,178 @@
+#include "experiments/check_train.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/errors.h"
+#include "common/paths.h"
+#include "io/toml_reader.h"
+
+namespace divlab {
+
+namespace {
+enum class GridKind { TokenRows, Dense, SgdOnly, AdamwOnly, Bf16Weights };
+
+GridKind grid_kind(Op op) {
+  switch (op) {
+    case Op::embedding_forward:
+    case Op::embed_rmsnorm_backward:
+      return GridKind::TokenRows;
+    case Op::sgd_step:
+      return GridKind::SgdOnly;
+    case Op::adamw_step:
+      return GridKind::AdamwOnly;
+    case Op::cast:
+      return GridKind::Bf16Weights;
+    case Op::rmsnorm_forward:
+    case Op::rmsnorm_backward:
+    case Op::linear_forward:
+    case Op::linear_backward:
+    case Op::attention_forward:
+    case Op::attention_backward:
+    case Op::gelu_forward:
+    case Op::gelu_backward:
+    case Op::add:
+    case Op::cross_entropy:
+    case Op::sum_squares:
+      return GridKind::Dense;
+    case Op::count:
+      break;
+  }
+  throw std::logic_error("check --train: no grid for this op");
+}
+
+TomlValue string_value(const std::string& s) {
+  TomlValue v;
+  v.kind = TomlValue::Kind::String, v.text = s;
+  return v;
+}
+TomlValue string_array(const std::vector<std::string>& items) {
+  TomlValue v;
+  v.kind = TomlValue::Kind::Array;
+  for (const auto& i : items) v.items.push_back(string_value(i));
+  return v;
+}
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+}  // namespace
+
+CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Backend backend,
+                                const std::vector<std::string>& plugins) {
+  const GridKind kind = grid_kind(op);
+  CheckTrainGrid g;
+  g.base = resource_path(kind == GridKind::TokenRows ? "configs/reproduce.toml"
+                                                     : "configs/check-train.toml");
+  g.quick = kind == GridKind::TokenRows;
+  std::ifstream in(g.base);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw InputError("check --train: cannot read '" + g.base + "'");
+  // Parsed, changed as values, written back: the base's own choice of kernels (and backend and
+  // plug-ins) gives way to the check's.
+  std::vector<TomlEntry> entries;
+  entries.push_back({"set.backend", string_value(name_of(backend))});
+  if (!plugins.empty()) entries.push_back({"set.plugins", string_array(plugins)});
+  if (kind == GridKind::Bf16Weights)
+    entries.push_back({"set.train.precision", string_value("bf16")});
+  for (TomlEntry& e : read_toml(text.str(), "grid '" + g.base + "'")) {
+    if (starts_with(e.key, "axes.kernels.") || starts_with(e.key, "set.kernels.") ||
+        e.key == "set.backend" || e.key == "set.plugins" ||
+        (kind == GridKind::Bf16Weights && e.key == "set.train.precision"))
+      continue;
+    if ((kind == GridKind::SgdOnly || kind == GridKind::AdamwOnly) &&
+        e.key == "axes.train.optimizer") {
+      // Only the optimizer the update serves: under the other one the candidate never runs.
+      const std::string mine = kind == GridKind::SgdOnly ? "sgd" : "adamw";
+      auto& items = e.value.items;
+      items.erase(std::remove_if(items.begin(), items.end(),
+                                 [&](const TomlValue& v) {
+                                   return v.text != mine && !starts_with(v.text, mine + " ");
+                                 }),
+                  items.end());
+    }
+    entries.push_back(std::move(e));
+  }
+  entries.push_back({std::string("axes.kernels.") + op_name(op), string_array(arms)});
+  g.text = "# divlab check --train: " + g.base +
+           " with the check's kernels axis (written by divlab; the base's comments explain it)\n" +
+           toml_document(entries);
+  return g;
+}
+
+namespace {
+std::string gap_text(const Verdict& v) {
+  char b[160];
+  std::snprintf(b, sizeof b, "%s (gap %+.4f, p %.2g%s)", v.verdict.c_str(), v.gap, v.p_welch,
+                v.onset >= 0 ? (", from step " + std::to_string(v.onset)).c_str() : "");
+  return b;
+}
+}  // namespace
+
+std::string train_summary(const std::string& candidate, const std::vector<Verdict>& verdicts) {
+  std::vector<const Verdict*> in_order;  // the grid's order, as the matrix above
+  in_order.reserve(verdicts.size());
+  for (const Verdict& v : verdicts) in_order.push_back(&v);
+  std::stable_sort(in_order.begin(), in_order.end(), [](const Verdict* a, const Verdict* b) {
+    return a->first_cell < b->first_cell;
+  });
+  std::vector<std::string> changed, quiet, moved_controls;
+  const Verdict* largest = nullptr;
+  for (const Verdict* p : in_order) {
+    const Verdict& v = *p;
+    if (v.variant == candidate) {
+      if (v.verdict == "no-divergence") {
+        quiet.push_back(v.group);
+        if (!largest || std::abs(v.gap) > std::abs(largest->gap)) largest = &v;
+      } else {
+        changed.push_back(v.group + ": " +
+                          (v.no_verdict_reason.empty()
+                               ? gap_text(v)
+                               : v.verdict + " (" + v.no_verdict_reason + ")"));
+      }
+    } else if (v.control && v.verdict != "no-divergence") {
+      moved_controls.push_back(v.variant + " in " + v.group + ": " + v.verdict);
+    }
+  }
+  const size_t groups = changed.size() + quiet.size();
+  std::string s = "summary: " + candidate;
+  if (candidate.size() > 10 && candidate.compare(candidate.size() - 10, 10, "=reference") == 0) {
+    // The reference is the baseline every arm is measured against: what moved is its controls.
+    size_t controls = 0;
+    for (const Verdict& v : verdicts) controls += v.control;
+    return s + " is the baseline here: " +
+           (moved_controls.empty()
+                ? "its controls stayed within the noise floor in all " + std::to_string(controls) +
+                      " of their groups\n"
+                : std::to_string(moved_controls.size()) + " of " + std::to_string(controls) +
+                      " control groups moved (below)\n") +
+           [&] {
+             std::string notes;
+             for (const auto& c : moved_controls) notes += "note: the control " + c + "\n";
+             return notes;
+           }();
+  }
+  if (groups == 0) return s + ": no verdicts (the grid's cells did not finish)\n";
+  if (changed.empty()) {
+    char b[96];
+    std::snprintf(b, sizeof b, " (largest gap %+.4f)", largest ? largest->gap : 0.0);
+    s += " left training within its controls' noise floor in all " + std::to_string(groups) +
+         " groups" + b + ": this grid shows no effect on the loss";
+  } else {
+    s += " changed training in " + std::to_string(changed.size()) + " of " +
+         std::to_string(groups) + " groups: ";
+    for (size_t i = 0; i < changed.size(); ++i) s += (i ? "; " : "") + changed[i];
+    if (!quiet.empty()) {
+      s += "; no divergence in ";
+      for (size_t i = 0; i < quiet.size(); ++i) s += (i ? ", " : "") + quiet[i];
+    }
+  }
+  s += "\n";
+  for (const auto& c : moved_controls)
+    s += "note: the control " + c + " (the noise floor there is not settled)\n";
+  return s;
+}
+
+}  // namespace divlab

@@ -1,0 +1,106 @@
+// `divlab check --train`'s grid per op and its summary sentence. (The end-to-end run is in
+// tests/py/test_check.py.)
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "experiments/check_train.h"
+#include "experiments/grid.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+// The grid check would run for `op`, loaded the way the sweep loads it.
+Grid loaded(Op op, const std::vector<std::string>& plugins = {}) {
+  const CheckTrainGrid g = check_train_grid(op, {"reference"}, Backend::Cpu, plugins);
+  const std::string path = temp_dir("check_train") + "/" + op_name(op) + ".grid.toml";
+  std::ofstream(path) << g.text;
+  return load_grid(path, g.quick);
+}
+const std::vector<std::string>* axis(const Grid& g, const std::string& key) {
+  for (const auto& [k, values] : g.axes)
+    if (k == key) return &values;
+  return nullptr;
+}
+bool every_cell_has(const Grid& g, const std::string& setting) {
+  for (const auto& cell : g.cells) {
+    bool found = false;
+    for (const auto& s : cell) found = found || s == setting;
+    if (!found) return false;
+  }
+  return true;
+}
+}  // namespace
+
+// Every op gets a grid that loads, whose last (fastest) axis is its kernels, on the backend asked.
+TEST(CheckTrain, EveryOpGetsAGridThatLoads) {
+  for (int i = 0; i < kOpCount; ++i) {
+    const Op op = Op(i);
+    SCOPED_TRACE(op_name(op));
+    const Grid g = loaded(op);
+    ASSERT_FALSE(g.axes.empty());
+    EXPECT_EQ(g.axes.back().first, std::string("kernels.") + op_name(op));
+    EXPECT_EQ(g.axes.back().second, std::vector<std::string>{"reference"});
+    EXPECT_TRUE(every_cell_has(g, "backend=cpu"));
+  }
+}
+
+// The kind of error decides the grid: hot rows for the token ops, unaligned sizes for the rest,
+// an update only under its own optimizer, the weight copy in the mode that calls it.
+TEST(CheckTrain, TheGridFollowsTheOpsKindOfError) {
+  const Grid tokens = loaded(Op::embed_rmsnorm_backward);
+  ASSERT_NE(axis(tokens, "data"), nullptr);
+  EXPECT_EQ(*axis(tokens, "data"), (std::vector<std::string>{"markov:0.8,0.8", "markov:0,0.8"}));
+  EXPECT_EQ(tokens.size(), 2u * 2 * 3);  // --quick: two chains, two optimizers, three seeds
+
+  const Grid dense = loaded(Op::linear_forward);
+  EXPECT_EQ(axis(dense, "data"), nullptr);
+  EXPECT_TRUE(every_cell_has(dense, "model.vocab=97"));
+  EXPECT_EQ(axis(dense, "train.optimizer")->size(), 2u);
+
+  EXPECT_EQ(*axis(loaded(Op::sgd_step), "train.optimizer"), std::vector<std::string>{"sgd"});
+  EXPECT_EQ(*axis(loaded(Op::adamw_step), "train.optimizer"),
+            std::vector<std::string>{"adamw train.lr=3e-3"});
+  EXPECT_TRUE(every_cell_has(loaded(Op::cast), "train.precision=bf16"));
+  EXPECT_FALSE(every_cell_has(dense, "train.precision=bf16"));
+}
+
+namespace {
+Verdict verdict(const std::string& group, const std::string& variant, const std::string& result,
+                int first_cell, bool control = false) {
+  Verdict v;
+  v.group = group, v.variant = variant, v.verdict = result, v.first_cell = first_cell;
+  v.control = control, v.gap = result == "no-divergence" ? 0.0001 : 0.5, v.p_welch = 0.01;
+  return v;
+}
+}  // namespace
+
+TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
+  const std::string bug = "linear_forward=tail_skip";
+  const std::string s = train_summary(
+      bug, {verdict("train.optimizer=adamw", bug, "no-divergence", 12),
+            verdict("train.optimizer=sgd", bug, "diverged", 0),
+            verdict("train.optimizer=sgd", "linear_forward=fp64_accum", "no-divergence", 0, true)});
+  EXPECT_EQ(s.rfind("summary: linear_forward=tail_skip changed training in 1 of 2 groups: "
+                    "train.optimizer=sgd: diverged (gap +0.5000, p 0.01",
+                    0),
+            0u)
+      << s;
+  EXPECT_NE(s.find("; no divergence in train.optimizer=adamw"), std::string::npos) << s;
+  EXPECT_EQ(s.find("note:"), std::string::npos) << s;
+
+  const std::string quiet =
+      train_summary(bug, {verdict("g", bug, "no-divergence", 0),
+                          verdict("g", "linear_forward=fp64_accum", "diverged", 0, true)});
+  EXPECT_NE(quiet.find("within its controls' noise floor in all 1 groups"), std::string::npos)
+      << quiet;
+  EXPECT_NE(quiet.find("note: the control linear_forward=fp64_accum in g: diverged"),
+            std::string::npos)
+      << quiet;
+}
+
+}  // namespace divlab
