@@ -280,9 +280,6 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
       if (written) written->insert(written->end(), outputs.begin(), outputs.end());
       kernel(ctx, args...);
     };
-    // Parameters and momenta are judged on the step's change to them (what an accumulated output
-    // is judged on); AdamW's second moment on its value (a pre-fill could make it negative).
-    const ArgSpec update = arg::acc(N, C, RowKey::None), moment = arg::out(N, C, RowKey::None);
     switch (which) {
       case Op::embedding_forward:  // its one output, row n = token n
         call_unspecified({arg::out(N, C, RowKey::Position)}, kk.embedding_forward, out[0], ids,
@@ -332,17 +329,17 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
         call(OpTag<Op::cast>{}, kk.cast, out[0], in[0], NC);
         break;
       case Op::sum_squares:
-        call_unspecified({arg::out(1, 1, RowKey::None)}, kk.sum_squares, out[0], in[0], NC);
+        call(OpTag<Op::sum_squares>{}, kk.sum_squares, out[0], in[0], NC);
         break;
       // A step in the middle of training: momentum on with Nesterov, weight decay, a clipping
       // scale below 1, AdamW's bias correction at step 7.
       case Op::sgd_step:
-        call_unspecified({update, update}, kk.sgd_step, out[0], out[1], in[0], NC, U(0.1), U(0.9),
-                         true, U(0.01), U(0.5));
+        call(OpTag<Op::sgd_step>{}, kk.sgd_step, out[0], out[1], in[0], NC, U(0.1), U(0.9), true,
+             U(0.01), U(0.5));
         break;
       case Op::adamw_step:
-        call_unspecified({update, update, moment}, kk.adamw_step, out[0], out[1], out[2], in[0], NC,
-                         U(1e-3), U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
+        call(OpTag<Op::adamw_step>{}, kk.adamw_step, out[0], out[1], out[2], in[0], NC, U(1e-3),
+             U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
         break;
       case Op::count:
         throw std::logic_error("call_op: Op::count is not an op");

@@ -49,6 +49,10 @@ constexpr bool parse_op(std::string_view name, Op* op) {
     if (name == op_name(static_cast<Op>(i))) return *op = static_cast<Op>(i), true;
   return false;
 }
+// Whether a plug-in may replace the op: the model's ops, not the optimizer's reduction and updates.
+constexpr bool pluggable(Op op) {
+  return op != Op::sum_squares && op != Op::sgd_step && op != Op::adamw_step;
+}
 // Beyond what is generated from this list, each op has: its directory (kernels/<op>/: reference,
 // variants, CUDA kernels, registered by register_<op>), an OpSpec (kernels/op_spec.h), a case in
 // kernels/op_cases.cpp (its inputs and call: a switch, so a missing case is a -Wswitch error),

@@ -5,7 +5,8 @@
 // OpSpec<op>::args(tuple of the call's arguments after the context) returns one ArgSpec per
 // argument, in order: its role and, for arrays, its extent as rows x cols computed from the
 // call's own size arguments. An op whose arguments do not determine every array's size has no
-// spec (embedding_forward: its tables' vocabulary is not an argument).
+// spec (embedding_forward: its tables' vocabulary is not an argument). "Output" means judged on
+// its value: a kernel may also read it (AdamW's second moment).
 #pragma once
 
 #include <array>
@@ -202,6 +203,45 @@ DIVLAB_OP_SPEC(cast) {
   const int64_t n = get<2>(a);
   using namespace arg;
   return std::array{out(1, n, RowKey::None), in(1, n), value()};
+}
+// out (one double), g, n
+DIVLAB_OP_SPEC(sum_squares) {
+  const int64_t n = get<2>(a);
+  using namespace arg;
+  return std::array{out(1, 1, RowKey::None), in(1, n), value()};
+}
+// p, momentum_buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale. Parameters and momenta
+// are updated in place: judged on the step's change to them, as an accumulated output is.
+DIVLAB_OP_SPEC(sgd_step) {
+  const int64_t n = get<3>(a);
+  using namespace arg;
+  return std::array{acc(1, n, RowKey::None),
+                    acc(1, n, RowKey::None),
+                    in(1, n),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
+}
+// p, m, v, g, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step. The second moment v is
+// read and rewritten too, but judged on its value (an Output): a pre-fill could make it negative.
+DIVLAB_OP_SPEC(adamw_step) {
+  const int64_t n = get<4>(a);
+  using namespace arg;
+  return std::array{acc(1, n, RowKey::None),
+                    acc(1, n, RowKey::None),
+                    out(1, n, RowKey::None),
+                    in(1, n),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
 }
 #undef DIVLAB_OP_SPEC
 

@@ -78,7 +78,7 @@ bool valid_name(const std::string& n) {
 // its name is taken.
 bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* why) {
   const std::string op = str(v.op), name = str(v.name);
-  if (op == "sum_squares" || op == "sgd_step" || op == "adamw_step") {
+  if (Op o{}; parse_op(op, &o) && !pluggable(o)) {
     *why = "op '" + op + "' is not replaceable by plug-ins (ABI 1 covers the model's ops)";
     return false;
   }

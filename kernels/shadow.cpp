@@ -131,14 +131,16 @@ void StagingPool::put(void* p, size_t bytes) {
 }
 
 std::vector<std::string> shadowable_ops() {
-  // Every op with a spec (kernels/op_spec.h) that a plug-in can replace, except
-  // attention_backward: it reads the probabilities its forward saved in the forward's own format
-  // (the fused cuDNN forward saves none), so a replay could not tell a bug from stale input.
+  // Every op with a spec (kernels/op_spec.h) that a plug-in can replace (not the bf16 weight copy
+  // or the optimizer's reduction and updates), except attention_backward: it reads the
+  // probabilities its forward saved in the forward's own format (the fused cuDNN forward saves
+  // none), so a replay could not tell a bug from stale input.
   std::vector<std::string> ops;
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_SHADOWABLE(name, Signature)                                                   \
-  if (OpSpec<Op::name>::known && Op::name != Op::cast && Op::name != Op::attention_backward) \
+#define DIVLAB_SHADOWABLE(name, Signature)                                      \
+  if (OpSpec<Op::name>::known && pluggable(Op::name) && Op::name != Op::cast && \
+      Op::name != Op::attention_backward)                                       \
     ops.push_back(#name);
   DIVLAB_OPS(DIVLAB_SHADOWABLE)
 #undef DIVLAB_SHADOWABLE
