@@ -9,11 +9,12 @@
 namespace divlab {
 
 // Adds `fp64_accum` to every op of the op list that has an op spec and none yet, except add and
-// cast (one rounding per value, so fp64 gives the reference's own bits); ops without a spec
-// (embedding_forward, the optimizer's) have none.
-// In the fp64 catalogue the variant is the reference itself, so fp64 runs name the same
-// variants as fp32 ones.
-template <class T>
-void register_fp64_controls(Catalogue<T>& cat);
+// cast (one rounding per value, so fp64 gives the reference's own bits); embedding_forward, which
+// has no spec, has none. In the fp64 catalogue the variant is the reference itself, so fp64 runs
+// name the same variants as fp32 ones. On a device (the GPU catalogues, both modes) the control
+// copies its arrays to the host, runs the CPU's fp64 reference there and copies the outputs
+// back: exact, and slow (a control for grids at small sizes, not for speed).
+template <class T, class A>
+void register_fp64_controls(Catalogue<T, A>& cat);
 
 }  // namespace divlab

@@ -4,6 +4,7 @@
 #include "kernels/bf16_activations.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/fp64_controls.h"
 
 namespace divlab::cuda {
 
@@ -20,6 +21,8 @@ Catalogue<float, A> build() {
   register_cross_entropy(cat);
   register_embed_rmsnorm_backward(cat);
   register_optimizer(cat);
+  // Every op's benign control: the CPU's fp64 reference on copies (kernels/fp64_controls.h).
+  register_fp64_controls(cat);
   const Catalogue<float>& cpu = cpu_catalogue<float>();
   cat.for_each_op([&](auto& mine, auto) {
     cpu.for_each_op([&](const auto& cpu_ops, auto) {

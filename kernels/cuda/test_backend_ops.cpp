@@ -4,9 +4,11 @@
 // normalised error measure, guard regions around every output, a fixed shape that is a multiple
 // of nothing and random ones, fresh inputs each run. Then every GPU variant against its CPU
 // namesake, and the documented failures of the GPU-only candidates (atomics) at their dose.
+#include <functional>
 #include <random>
 #include <set>
 
+#include "kernels/bf16_activations.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/every_op.h"
 
@@ -84,6 +86,35 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
   const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), x, call);
   const auto got = run_checked<float>(gpu_catalogue<bf16>().select({}), x, call);
   EXPECT_GT(compare(got[0], ref[0]).error, 1e-4);
+}
+
+// Every op's fp64 control on the GPU (the CPU's fp64 reference on copies of the device arrays)
+// computes what the CPU's computes, in both modes, bit for bit: the same reference on the same
+// values, rounded the same way (bf16 through fp32, as the CPU's adapters round it).
+TYPED_TEST(GpuOps, EveryFp64ControlMatchesTheCpusBitwise) {
+  std::mt19937_64 gen(test_seed());
+  const OpShape s = every_op_shapes(gen).front();
+  const auto& cpu =
+      [] {
+        if constexpr (std::is_same_v<TypeParam, bf16>)
+          return std::cref(cpu_bf16_catalogue());
+        else
+          return std::cref(cpu_catalogue<float>());
+      }()
+          .get();
+  int compared = 0;
+  gpu_catalogue<TypeParam>().for_each_op([&](const auto& variants, auto) {
+    const std::string& op = variants.op;
+    if (!variants.find("fp64_accum")) return;
+    const OpInputs x = every_op_inputs(op, s, this->kBf16, gen);
+    const OpRun got = call_op(op, gpu_catalogue<TypeParam>().select({{op, "fp64_accum"}}), x, s);
+    const OpRun want = call_op(op, cpu.select({{op, "fp64_accum"}}), x, s);
+    EXPECT_EQ(got.outputs, want.outputs)
+        << op << " at " << s.text() << " (seed " << test_seed() << ")";
+    ++compared;
+  });
+  // Every op but the three whose fp64 result is the reference's own (embedding_forward, add, cast).
+  EXPECT_EQ(compared, kOpCount - 3);
 }
 
 // Every GPU variant with a CPU namesake computes what its namesake computes, where it is
