@@ -120,21 +120,16 @@ struct Fp64Control<op, void (*)(const OpContext&, Args...)> {
   }
 };
 
-const VariantDoc kDoc{
-    "CONTROL: the fp64 reference on widened inputs, every output rounded to fp32 once (more "
-    "accurate than the reference)",
-    "", "", "nothing to mask: differs from the reference only by fp32 rounding", true};
-
 template <Op op, class T, class Variants>
 void add_control(Variants& variants, const MemoryOps* memory) {
   if (variants.find("fp64_accum")) return;
   if constexpr (std::is_same_v<T, double>)
-    variants.add("fp64_accum", variants.find("reference")->fn, kDoc);
+    variants.add("fp64_accum", variants.find("reference")->fn, fp64_control_doc());
   else
     variants.add(
         "fp64_accum",
         {&Fp64Control<op, typename Variants::Function>::call, const_cast<MemoryOps*>(memory)},
-        kDoc);
+        fp64_control_doc());
 }
 
 // Ops whose every output is one rounding of exact inputs: fp64 gives the reference's own bits.
@@ -143,6 +138,14 @@ constexpr bool rounds_once(Op op) {
 }
 
 }  // namespace
+
+const VariantDoc& fp64_control_doc() {
+  static const VariantDoc doc{
+      "CONTROL: the fp64 reference on widened inputs, every output rounded to fp32 once (more "
+      "accurate than the reference)",
+      "", "", "nothing to mask: differs from the reference only by fp32 rounding", true};
+  return doc;
+}
 
 template <class T, class A>
 void register_fp64_controls(Catalogue<T, A>& cat) {

@@ -17,4 +17,8 @@ namespace divlab {
 template <class T, class A>
 void register_fp64_controls(Catalogue<T, A>& cat);
 
+// The documentation these controls carry (an op's own hand-written `fp64_accum`, registered first,
+// keeps its own).
+const VariantDoc& fp64_control_doc();
+
 }  // namespace divlab
