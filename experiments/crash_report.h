@@ -22,7 +22,7 @@ namespace divlab {
 
 class CrashReport {
  public:
-  // `variants[op]`: the variant the run calls for op `op` (an Op's index).
+  // `variants[op]`: the variant the run calls for op `op` (an Op's index), with its plug-in.
   CrashReport(const OpNote& note, const std::vector<std::string>& variants);
   ~CrashReport();  // puts the previous handlers back
   CrashReport(const CrashReport&) = delete;

@@ -402,8 +402,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
 
   std::vector<std::string> variants(kOpCount, "reference");
   for (int i = 0; i < kOpCount; ++i)
-    if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end())
-      variants[size_t(i)] = it->second;
+    if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end()) {
+      const std::string library = plugin_of(it->first, it->second);
+      variants[size_t(i)] = it->second + (library.empty() ? "" : ", plug-in " + library);
+    }
   const CrashReport crash(note, variants);
 
   std::vector<TokenId> in(N), tgt(N);

@@ -242,6 +242,13 @@ std::string loaded_plugins_identity() {
   return out;
 }
 
+std::string plugin_of(const std::string& op, const std::string& variant) {
+  for (const auto& l : loaded())
+    for (const auto& added : l.added)
+      if (std::get<1>(added) == op && std::get<2>(added) == variant) return l.path;
+  return "";
+}
+
 std::vector<std::string> loaded_plugins() {
   std::vector<std::string> out;
   for (const auto& l : loaded()) out.push_back(l.path);

@@ -21,6 +21,9 @@ void load_plugins(const std::vector<std::string>& paths);
 // Removes every plug-in variant from the catalogues and unloads the libraries.
 void unload_plugins();
 
+// The library that added variant `variant` of `op` (as loaded), or "" for a built-in variant.
+std::string plugin_of(const std::string& op, const std::string& variant);
+
 // Loaded libraries, in load order.
 std::vector<std::string> loaded_plugins();
 

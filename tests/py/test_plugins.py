@@ -104,7 +104,7 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
                 "--plugins", lib, "--out", out, "--quiet")
         self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
         self.assertIn("divlab: crashed: SIGSEGV (Segmentation fault) in op add "
-                      "(variant segfaults_on_large) at step 0", r.stderr)
+                      f"(variant segfaults_on_large, plug-in {lib}) at step 0", r.stderr)
         with h5py.File(out, "r", swmr=True) as f:
             self.assertEqual(f.attrs["status"], "running")
 
