@@ -48,19 +48,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What a cell that ended badly said last: its log's last "divlab: " line (a crash report names
-// the op, its variant and the step; a failed run names the error), one line, for the manifest.
-std::string last_words(const std::string& log) {
+// What a cell that ended badly said last, one line for the manifest: a crash report (naming the
+// op, its variant and the step) for a cell a signal ended; for one that exited with an error, its
+// log's last line when that is divlab's error line (an earlier warning must not pass for it).
+std::string last_words(const std::string& log, bool signalled) {
   std::ifstream in(log);
-  std::string line, last;
-  while (std::getline(in, line))
+  std::string line, last, crash;
+  while (std::getline(in, line)) {
     if (line.rfind(CrashReport::kPrefix, 0) == 0)
-      last = line.substr(std::string(CrashReport::kPrefix).size());
-    else if (line.rfind("divlab: ", 0) == 0)
-      last = line.substr(8);
-  for (char& c : last)
+      crash = line.substr(std::string(CrashReport::kPrefix).size());
+    if (!line.empty()) last = line;
+  }
+  std::string said = signalled ? crash : last.rfind("divlab: ", 0) == 0 ? last.substr(8) : "";
+  for (char& c : said)
     if (c == '\t' || c == '\r') c = ' ';
-  return last;
+  return said;
 }
 
 std::string read_all(const std::string& path) {
@@ -466,7 +468,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       } else {
         const bool signalled = WIFSIGNALED(status);
         const int code = signalled ? WTERMSIG(status) : WEXITSTATUS(status);
-        const std::string said = last_words(cell_log_path(opt.out, run.cell));
+        const std::string said = last_words(cell_log_path(opt.out, run.cell), signalled);
         rec[run.cell] = {std::string(signalled ? "crashed (signal " : "failed (exit ") +
                              std::to_string(code) + ")" + (said.empty() ? "" : ": " + said),
                          signalled ? 128 + code : code, age};
