@@ -194,12 +194,23 @@ std::string TomlValue::toml() const {
       for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i].toml();
       return out + "]";
     }
-    case Kind::Float:  // 1.0 stays a float: "1" would read back as an integer
-      return text.find_first_of(".eEni") == std::string::npos ? text + ".0" : text;
     default:
       return text;
   }
 }
+
+namespace {
+// As toml(), with an integral float written 1.0: "1" would read back as an integer. (toml()
+// keeps "1": grid cells' override texts, and so grid ids, are made from it.)
+std::string typed_toml(const TomlValue& v) {
+  if (v.kind == TomlValue::Kind::Float && v.text.find_first_of(".eEni") == std::string::npos)
+    return v.text + ".0";
+  if (v.kind != TomlValue::Kind::Array) return v.toml();
+  std::string out = "[";
+  for (size_t i = 0; i < v.items.size(); ++i) out += (i ? ", " : "") + typed_toml(v.items[i]);
+  return out + "]";
+}
+}  // namespace
 
 std::string toml_document(const std::vector<TomlEntry>& entries) {
   std::string out;
@@ -216,7 +227,7 @@ std::string toml_document(const std::vector<TomlEntry>& entries) {
       key += (key.empty() ? "" : ".") + (bare ? part : quoted(part));
       start = dot + 1;
     }
-    out += key + " = " + e.value.toml() + "\n";
+    out += key + " = " + typed_toml(e.value) + "\n";
   }
   return out;
 }

@@ -131,6 +131,27 @@ TEST(Config, FloatTextReadsBackExactly) {
   }
 }
 
+// A document written from entries reads back as the same entries: keys, kinds (an integral float
+// stays a float) and values, strings with quotes and arrays included.
+TEST(Config, TomlDocumentReadsBackAsTheSameEntries) {
+  const std::string text =
+      "[set.train]\ngrad_clip = 1.0\nsteps = 80\nname = \"a \\\"b\\\"\"\n"
+      "[axes.train]\noptimizer = [\"sgd\", \"adamw train.lr=3e-3\"]\nlr = [1.0, 0.5, 2]\n"
+      "\"odd key\" = true\n";
+  const std::vector<TomlEntry> first = read_toml(text, "test");
+  const std::vector<TomlEntry> again = read_toml(toml_document(first), "written");
+  ASSERT_EQ(again.size(), first.size()) << toml_document(first);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(again[i].key, first[i].key);
+    EXPECT_EQ(again[i].value.kind, first[i].value.kind) << first[i].key;
+    EXPECT_EQ(again[i].value.toml(), first[i].value.toml()) << first[i].key;
+    ASSERT_EQ(again[i].value.items.size(), first[i].value.items.size());
+    for (size_t j = 0; j < first[i].value.items.size(); ++j)
+      EXPECT_EQ(again[i].value.items[j].kind, first[i].value.items[j].kind) << first[i].key;
+  }
+  EXPECT_EQ(first[0].value.kind, TomlValue::Kind::Float);  // grad_clip = 1.0
+}
+
 // Parsing is pure: a config naming a plug-in that does not exist and a variant no catalogue has
 // parses (nothing is loaded or looked up); resolving it is what refuses it.
 TEST(Config, ParsingLoadsNothingAndResolvingChecksKernels) {
