@@ -12,7 +12,7 @@
 namespace divlab {
 
 namespace {
-enum class GridKind { TokenRows, Dense, SgdOnly, AdamwOnly, Bf16Weights };
+enum class GridKind { TokenRows, Dense, SgdOnly, AdamwOnly, Bf16Weights, Llama };
 
 GridKind grid_kind(Op op) {
   switch (op) {
@@ -37,6 +37,16 @@ GridKind grid_kind(Op op) {
     case Op::cross_entropy:
     case Op::sum_squares:
       return GridKind::Dense;
+    case Op::rope_forward:
+    case Op::rope_backward:
+    case Op::gqa_forward:
+    case Op::gqa_backward:
+    case Op::swiglu_forward:
+    case Op::swiglu_backward:
+    case Op::softcap_forward:
+    case Op::softcap_backward:
+    case Op::add_rmsnorm_forward:
+      return GridKind::Llama;
     case Op::count:
       break;
   }
@@ -46,6 +56,11 @@ GridKind grid_kind(Op op) {
 TomlValue string_value(const std::string& s) {
   TomlValue v;
   v.kind = TomlValue::Kind::String, v.text = s;
+  return v;
+}
+TomlValue number_value(TomlValue::Kind kind, const std::string& text) {
+  TomlValue v;
+  v.kind = kind, v.text = text;
   return v;
 }
 TomlValue string_array(const std::vector<std::string>& items) {
@@ -77,10 +92,22 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
   if (!plugins.empty()) entries.push_back({"set.plugins", string_array(plugins)});
   if (kind == GridKind::Bf16Weights)
     entries.push_back({"set.train.precision", string_value("bf16")});
+  // The llama family's ops run in a llama model of the same size: 4 query heads sharing 2
+  // key/value heads (so a grouping error shows), and a soft-cap the logits reach in 80 steps
+  // (at Gemma's 30 these small logits would sit in its linear part and hide an omitted cap).
+  const bool llama = kind == GridKind::Llama;
+  if (llama) {
+    entries.push_back({"set.model.arch", string_value("llama")});
+    entries.push_back({"set.model.n_heads", number_value(TomlValue::Kind::Integer, "4")});
+    entries.push_back({"set.model.n_kv_heads", number_value(TomlValue::Kind::Integer, "2")});
+    entries.push_back({"set.model.logit_softcap", number_value(TomlValue::Kind::Float, "5.0")});
+  }
   for (TomlEntry& e : read_toml(text.str(), "grid '" + g.base + "'")) {
     if (starts_with(e.key, "axes.kernels.") || starts_with(e.key, "set.kernels.") ||
         e.key == "set.backend" || e.key == "set.plugins" ||
-        (kind == GridKind::Bf16Weights && e.key == "set.train.precision"))
+        (kind == GridKind::Bf16Weights && e.key == "set.train.precision") ||
+        (llama && (e.key == "set.model.arch" || e.key == "set.model.n_heads" ||
+                   e.key == "set.model.n_kv_heads" || e.key == "set.model.logit_softcap")))
       continue;
     if ((kind == GridKind::SgdOnly || kind == GridKind::AdamwOnly) &&
         e.key == "axes.train.optimizer") {

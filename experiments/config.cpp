@@ -118,7 +118,21 @@ const std::vector<KeySpec>& schema() {
       key("model.n_layers", DIVLAB_AT(model.n_layers), "2", "transformer blocks", Range::Positive),
       key("model.n_heads", DIVLAB_AT(model.n_heads), "4", "attention heads (must divide d_model)",
           Range::Positive),
+      key("model.arch", DIVLAB_AT(model.arch), "gpt2",
+          "model family: gpt2 (learned positions, GELU MLP) | llama (RoPE, grouped-query "
+          "attention, SwiGLU, fused residual add + RMSNorm)"),
+      key("model.n_kv_heads", DIVLAB_AT(model.n_kv_heads), "0",
+          "llama: key/value heads, dividing n_heads (0 = n_heads)", Range::NonNegative),
       key("model.seq_len", DIVLAB_AT(model.seq_len), "32", "context length T", Range::Positive),
+      key("model.mlp_hidden", DIVLAB_AT(model.mlp_hidden), "0",
+          "MLP width F (0 = 4 d_model for gpt2, round(8 d_model / 3) for llama)",
+          Range::NonNegative),
+      key("model.rope_base", DIVLAB_AT(model.rope_base), "10000",
+          "llama: RoPE frequency base (llama 3: 500000)", Range::Positive),
+      key("model.tied_embeddings", DIVLAB_AT(model.tied_embeddings), "false",
+          "the LM head is the token embedding (one tensor, wte.weight)"),
+      key("model.logit_softcap", DIVLAB_AT(model.logit_softcap), "0",
+          "final logits -> cap * tanh(logits / cap), Gemma 2 style (0 = off)", Range::NonNegative),
       key("model.norm_eps", DIVLAB_AT(model.norm_eps), "1e-5", "RMSNorm epsilon", Range::Positive),
       key("model.init_std", DIVLAB_AT(model.init_std), "0.02", "std of the normal weight init",
           Range::Positive),
@@ -441,13 +455,31 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   if (m.d_model % m.n_heads != 0)
     throw InputError("config key 'model.d_model' = " + std::to_string(m.d_model) +
                      " is not divisible by 'model.n_heads' = " + std::to_string(m.n_heads));
+  if (m.kv_heads() > m.n_heads || m.n_heads % m.kv_heads() != 0)
+    throw InputError("config key 'model.n_kv_heads' = " + std::to_string(m.n_kv_heads) +
+                     " does not divide 'model.n_heads' = " + std::to_string(m.n_heads));
+  if (!m.llama() && m.kv_heads() != m.n_heads)
+    throw InputError("config key 'model.n_kv_heads' = " + std::to_string(m.n_kv_heads) +
+                     ": grouped-query attention needs 'model.arch' = \"llama\"");
+  if (!m.llama() && m.rope_base != 10000)
+    throw InputError(
+        "config key 'model.rope_base': RoPE needs 'model.arch' = \"llama\" (gpt2 "
+        "learns its positions)");
+  if (m.llama() && m.head_dim() % 2 != 0)
+    throw InputError("config: 'model.d_model' / 'model.n_heads' = " + std::to_string(m.head_dim()) +
+                     " is odd; RoPE rotates channel pairs (llama needs an even head size)");
   if (o.nesterov && o.momentum == 0)
     throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");
   // Sizes in floating point first: the int64 products below and in every allocation are then
   // known not to overflow. 2^40 parameters is far beyond any machine's memory; the memory
   // prediction (per backend, before allocating) refuses what does not fit this one.
-  const double C = m.d_model, params = (2.0 * m.vocab + m.seq_len) * C +
-                                       double(m.n_layers) * (12 * C * C + 2 * C) + C;
+  const double C = m.d_model,
+               F = m.mlp_hidden > 0 ? m.mlp_hidden
+                   : m.llama()      ? std::round(8 * C / 3)
+                                    : 4 * C,
+               F_in = m.llama() ? 2 * F : F,
+               params = (2.0 * m.vocab + m.seq_len) * C +
+                        double(m.n_layers) * (4 * C * C + 3 * C * F + 2 * C) + C;
   if (params > std::ldexp(1.0, 40)) {
     char count[32];
     std::snprintf(count, sizeof count, "%.3g", params);
@@ -455,12 +487,31 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
                      std::string(count) + " parameters (at most 2^40)");
   }
   const int64_t tokens = int64_t(cfg.batch) * m.seq_len;
-  if (tokens > (int64_t(1) << 31) / std::max(m.vocab, 4 * m.d_model))
+  if (double(tokens) * std::max({double(m.vocab), F_in, 3 * C}) > std::ldexp(1.0, 31))
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
                      " positions is too large for model.vocab and model.d_model (2^31 elements)");
   if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
     throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
                      " needs 'shadow.variants' (op=variant entries)");
+  // A kernel the model never calls would label the run with a variant that never ran.
+  const auto never_called = [&](const std::string& op_text, std::string* why) {
+    Op op{};
+    if (!parse_op(op_text, &op) || model_calls(m, op)) return false;
+    if (op == Op::softcap_forward || op == Op::softcap_backward)
+      *why = "model.logit_softcap is 0 (no soft-cap)";
+    else if ((op == Op::gqa_forward || op == Op::gqa_backward) && m.llama())
+      *why = "model.n_kv_heads leaves every query head its own key/value head";
+    else
+      *why = std::string("a model.arch = \"") + name_of(m.arch) + "\" model never calls it";
+    return true;
+  };
+  std::string why;
+  for (const auto& [op, variant] : cfg.kernels)
+    if (variant != "reference" && never_called(op, &why))
+      throw InputError("config key 'kernels." + op + "' = '" + variant + "' never runs: " + why);
+  for (const auto& entry : cfg.shadow_variants)
+    if (never_called(entry.substr(0, entry.find('=')), &why))
+      throw InputError("config key 'shadow.variants': '" + entry + "' never runs: " + why);
   return cfg;
 }
 

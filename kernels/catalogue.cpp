@@ -1,5 +1,6 @@
 #include <sstream>
 
+#include "kernels/add_rmsnorm/add_rmsnorm.h"
 #include "kernels/attention/attention.h"
 #include "kernels/common/lowp.h"
 #include "kernels/cross_entropy/cross_entropy.h"
@@ -7,10 +8,14 @@
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/fp64_controls.h"
+#include "kernels/gqa/gqa.h"
 #include "kernels/linear/linear.h"
 #include "kernels/optimizer/optimizer.h"
 #include "kernels/registry.h"
 #include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/softcap/softcap.h"
+#include "kernels/swiglu/swiglu.h"
 
 namespace divlab {
 
@@ -26,11 +31,21 @@ Catalogue<T> build_cpu_catalogue() {
   register_cross_entropy(cat);
   register_embed_rmsnorm_backward(cat);
   register_optimizer(cat);
+  register_rope(cat);
+  register_gqa(cat);
+  register_swiglu(cat);
+  register_softcap(cat);
+  register_add_rmsnorm(cat);
   register_rmsnorm_variants(cat);
   register_linear_variants(cat);
   register_attention_variants(cat);
   register_cross_entropy_variants(cat);
   register_embed_rmsnorm_backward_variants(cat);
+  register_rope_variants(cat);
+  register_gqa_variants(cat);
+  register_swiglu_variants(cat);
+  register_softcap_variants(cat);
+  register_add_rmsnorm_variants(cat);
   register_fp64_controls(cat);
   return cat;
 }
@@ -87,9 +102,11 @@ KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>
     }
     const Partner* back = partner_of(named->first, named->second);
     if (named->second != partner->variant && !(back && back->op == op && back->variant == variant))
-      throw UnknownKernel("kernels." + op + " = '" + variant + "' runs only with kernels." +
-                          partner->op + " = '" + partner->variant +
-                          "' (they share saved state); got '" + named->second + "'");
+      throw UnknownKernel(
+          "kernels." + op + " = '" + variant + "' runs only with kernels." + partner->op + " = '" +
+          partner->variant +
+          "' (the two are one implementation: saved state, or a forward and its backward); got '" +
+          named->second + "'");
   }
   KernelSet<T, A> set;
   set.memory = memory;

@@ -13,6 +13,8 @@ namespace {
 
 constexpr double kEps = 1e-5;
 constexpr double kOutlierScale = 30;
+constexpr double kRopeBase = 500000;
+constexpr double kSoftcap = 30;
 
 bool is_prime(int n) {
   if (n < 2) return false;
@@ -95,6 +97,12 @@ std::string OpShape::text() const {
          std::to_string(NH) + " V" + std::to_string(V);
 }
 
+int OpShape::NKV() const {
+  int p = 2;
+  while (p < NH && NH % p != 0) ++p;
+  return NH <= 1 ? 1 : NH / p;
+}
+
 OpShape random_shape(std::mt19937_64& gen) {
   OpShape s;
   s.NH = std::vector<int>{1, 2, 3, 4, 6}[size_t(gen() % 5)];
@@ -151,7 +159,7 @@ Op op_named(const std::string& name) {
 
 // Every op of kernels/op_list.h has a case in the two switches below; a new op without one is a
 // -Wswitch warning (an error under DIVLAB_WERROR) here, not a silent gap in check and the tests.
-static_assert(kOpCount == 16, "an op was added: give it its inputs and its call below");
+static_assert(kOpCount == 25, "an op was added: give it its inputs and its call below");
 
 OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
                    Values values, std::mt19937_64& gen) {
@@ -249,6 +257,39 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
       x.outputs = {normal(NC, gen), normal(NC, gen), std::move(second)};
       break;
     }
+    case Op::rope_forward:
+    case Op::rope_backward:  // the packed q | k | v rows of NH + 2 NKV heads
+      x.values = {act(size_t(N * (NH + 2 * s.NKV()) * (C / NH)), (NH + 2 * s.NKV()) * (C / NH))};
+      x.outputs = {zeros(x.values[0].size())};
+      break;
+    case Op::gqa_forward:
+      x.values = {act(size_t(N * (NH + 2 * s.NKV()) * (C / NH)), (NH + 2 * s.NKV()) * (C / NH))};
+      x.outputs = {zeros(3 * NC)};
+      break;
+    case Op::gqa_backward:
+      x.values = {act(3 * NC, 3 * C)};
+      x.outputs = {zeros(size_t(N * (NH + 2 * s.NKV()) * (C / NH)))};
+      break;
+    case Op::swiglu_forward:  // F = C: rows of gate | up, 2C wide
+      x.values = {act(2 * NC, 2 * C)};
+      x.outputs = {zeros(NC)};
+      break;
+    case Op::swiglu_backward:
+      x.values = {act(NC, C), act(2 * NC, 2 * C)};
+      x.outputs = {zeros(2 * NC)};
+      break;
+    case Op::softcap_forward:  // logits: [N, V]
+      x.values = {act(size_t(N * V), V)};
+      x.outputs = {zeros(size_t(N * V))};
+      break;
+    case Op::softcap_backward:
+      x.values = {act(size_t(N * V), V), act(size_t(N * V), V)};
+      x.outputs = {zeros(size_t(N * V))};
+      break;
+    case Op::add_rmsnorm_forward:  // the stream, a block's output, the gain
+      x.values = {act(NC, C), act(NC, C), normal(size_t(C), gen, 1.0)};
+      x.outputs = {zeros(NC), zeros(NC), zeros(size_t(N))};
+      break;
     case Op::count:
       throw std::logic_error("op_inputs: Op::count is not an op");
   }
@@ -340,6 +381,40 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
       case Op::adamw_step:
         call(OpTag<Op::adamw_step>{}, kk.adamw_step, out[0], out[1], out[2], in[0], NC, U(1e-3),
              U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
+        break;
+      // RoPE at llama 3's base (500000), so a kernel fixed to another base shows.
+      case Op::rope_forward:
+        call(OpTag<Op::rope_forward>{}, kk.rope_forward, out[0], in[0], B, T, NH, s.NKV(), C / NH,
+             U(kRopeBase));
+        break;
+      case Op::rope_backward:
+        call(OpTag<Op::rope_backward>{}, kk.rope_backward, out[0], in[0], B, T, NH, s.NKV(), C / NH,
+             U(kRopeBase));
+        break;
+      case Op::gqa_forward:
+        call(OpTag<Op::gqa_forward>{}, kk.gqa_forward, out[0], in[0], N, NH, s.NKV(), C / NH);
+        break;
+      case Op::gqa_backward:
+        call(OpTag<Op::gqa_backward>{}, kk.gqa_backward, out[0], in[0], N, NH, s.NKV(), C / NH);
+        break;
+      case Op::swiglu_forward:
+        call(OpTag<Op::swiglu_forward>{}, kk.swiglu_forward, out[0], in[0], N, C);
+        break;
+      case Op::swiglu_backward:
+        call(OpTag<Op::swiglu_backward>{}, kk.swiglu_backward, out[0], in[0], in[1], N, C);
+        break;
+      // Gemma 2's cap on final logits.
+      case Op::softcap_forward:
+        call(OpTag<Op::softcap_forward>{}, kk.softcap_forward, out[0], in[0], int64_t(N) * V,
+             U(kSoftcap));
+        break;
+      case Op::softcap_backward:
+        call(OpTag<Op::softcap_backward>{}, kk.softcap_backward, out[0], in[0], in[1],
+             int64_t(N) * V, U(kSoftcap));
+        break;
+      case Op::add_rmsnorm_forward:
+        call(OpTag<Op::add_rmsnorm_forward>{}, kk.add_rmsnorm_forward, out[0], out[1], out[2],
+             in[0], in[1], in[2], B, T, C, U(kEps));
         break;
       case Op::count:
         throw std::logic_error("call_op: Op::count is not an op");

@@ -19,6 +19,9 @@ namespace divlab {
 struct OpShape {
   int B = 1, T = 1, C = 1, NH = 1, V = 2;
   int64_t tokens() const { return int64_t(B) * T; }
+  // Key/value heads of the grouped-query ops: NH over its smallest prime factor, so groups of
+  // 2 and 3 heads (and NKV = 1 for one to three heads) occur; derived, so shapes draw as before.
+  int NKV() const;
   std::string text() const;  // "B3 T37 C72 NH4 V301"
 };
 

@@ -22,7 +22,16 @@
   X(cast, Cast)                                   \
   X(sum_squares, SumSquares)                      \
   X(sgd_step, SgdStep)                            \
-  X(adamw_step, AdamwStep)
+  X(adamw_step, AdamwStep)                        \
+  X(rope_forward, RopeForward)                    \
+  X(rope_backward, RopeBackward)                  \
+  X(gqa_forward, GqaForward)                      \
+  X(gqa_backward, GqaBackward)                    \
+  X(swiglu_forward, SwigluForward)                \
+  X(swiglu_backward, SwigluBackward)              \
+  X(softcap_forward, SoftcapForward)              \
+  X(softcap_backward, SoftcapBackward)            \
+  X(add_rmsnorm_forward, AddRmsnormForward)
 
 namespace divlab {
 
@@ -58,6 +67,6 @@ constexpr bool pluggable(Op op) {
 // kernels/op_cases.cpp (its inputs and call: a switch, so a missing case is a -Wswitch error),
 // and, where plug-ins may replace it, an ABI typedef (kernels/plugin_abi.h, tied to its signature
 // by a static_assert in plugins.cpp).
-static_assert(kOpCount == 16, "an op was added: give it what the comment above lists");
+static_assert(kOpCount == 25, "an op was added: give it what the comment above lists");
 
 }  // namespace divlab

@@ -243,6 +243,83 @@ DIVLAB_OP_SPEC(adamw_step) {
                     value(),
                     value()};
 }
+// y, x, B, T, NH, NKV, HD, base
+DIVLAB_OP_SPEC(rope_forward) {
+  const int64_t N = int64_t(get<2>(a)) * get<3>(a);
+  const int64_t W = (int64_t(get<4>(a)) + 2 * get<5>(a)) * get<6>(a);
+  using namespace arg;
+  return std::array{
+      out(N, W, RowKey::Position), in(N, W), value(), value(), value(), value(), value(), value()};
+}
+// dx, dy, B, T, NH, NKV, HD, base
+DIVLAB_OP_SPEC(rope_backward) {
+  const int64_t N = int64_t(get<2>(a)) * get<3>(a);
+  const int64_t W = (int64_t(get<4>(a)) + 2 * get<5>(a)) * get<6>(a);
+  using namespace arg;
+  return std::array{
+      out(N, W, RowKey::Position), in(N, W), value(), value(), value(), value(), value(), value()};
+}
+// qkv, x, N, NH, NKV, HD
+DIVLAB_OP_SPEC(gqa_forward) {
+  const int64_t N = get<2>(a), NH = get<3>(a), NKV = get<4>(a), HD = get<5>(a);
+  using namespace arg;
+  return std::array{out(N, 3 * NH * HD, RowKey::Position),
+                    in(N, (NH + 2 * NKV) * HD),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
+}
+// dx, dqkv, N, NH, NKV, HD
+DIVLAB_OP_SPEC(gqa_backward) {
+  const int64_t N = get<2>(a), NH = get<3>(a), NKV = get<4>(a), HD = get<5>(a);
+  using namespace arg;
+  return std::array{out(N, (NH + 2 * NKV) * HD, RowKey::Position),
+                    in(N, 3 * NH * HD),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
+}
+// y, x, N, F
+DIVLAB_OP_SPEC(swiglu_forward) {
+  const int64_t N = get<2>(a), F = get<3>(a);
+  using namespace arg;
+  return std::array{out(N, F, RowKey::Position), in(N, 2 * F), value(), value()};
+}
+// dx, dy, x, N, F
+DIVLAB_OP_SPEC(swiglu_backward) {
+  const int64_t N = get<3>(a), F = get<4>(a);
+  using namespace arg;
+  return std::array{out(N, 2 * F, RowKey::Position), in(N, F), in(N, 2 * F), value(), value()};
+}
+// y, x, n, cap
+DIVLAB_OP_SPEC(softcap_forward) {
+  const int64_t n = get<2>(a);
+  using namespace arg;
+  return std::array{out(1, n, RowKey::None), in(1, n), value(), value()};
+}
+// dx, dy, x, n, cap
+DIVLAB_OP_SPEC(softcap_backward) {
+  const int64_t n = get<3>(a);
+  using namespace arg;
+  return std::array{out(1, n, RowKey::None), in(1, n), in(1, n), value(), value()};
+}
+// xout, y, rstd, a, b, w, B, T, C, eps
+DIVLAB_OP_SPEC(add_rmsnorm_forward) {
+  const int64_t N = int64_t(get<6>(a)) * get<7>(a), C = get<8>(a);
+  using namespace arg;
+  return std::array{out(N, C, RowKey::Position),
+                    out(N, C, RowKey::Position),
+                    out(N, 1, RowKey::Position),
+                    in(N, C),
+                    in(N, C),
+                    in(1, C),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
+}
 #undef DIVLAB_OP_SPEC
 
 // The argument types of an op's function type, after the context.

@@ -72,6 +72,37 @@ struct OpSignatures {
   // y = x in activation storage (bf16: rounded to nearest even; a copy where A = T): the
   // weights before a forward, the residual gradient before the GEMMs that read it.
   using Cast = void (*)(const OpContext& ctx, A* y, const T* x, int64_t n);
+  // The llama family's ops (model.arch = "llama").
+  // Rotary position embedding on a packed row x [B*T, (NH + 2 NKV) HD] laid out q | k | v (NH
+  // query heads, NKV key/value heads, HD channels each): every q and k head's channel pairs (i,
+  // i + HD/2) rotate by angle t * base^(-2i/HD), t the row's position (n % T); v is copied.
+  using RopeForward = void (*)(const OpContext& ctx, A* y, const A* x, int B, int T_, int NH,
+                               int NKV, int HD, T base);
+  // dx = the inverse rotation of dy (overwrite); v's gradient copied.
+  using RopeBackward = void (*)(const OpContext& ctx, A* dx, const A* dy, int B, int T_, int NH,
+                                int NKV, int HD, T base);
+  // Grouped-query attention's key/value sharing: qkv[N, 3 NH HD] (the attention ops' layout)
+  // from x[N, (NH + 2 NKV) HD]; query head h reads key/value head h / (NH / NKV).
+  using GqaForward = void (*)(const OpContext& ctx, A* qkv, const A* x, int N, int NH, int NKV,
+                              int HD);
+  // dx = d gqa / dx^T dqkv (overwrite): each key/value head's gradient summed over its group.
+  using GqaBackward = void (*)(const OpContext& ctx, A* dx, const A* dqkv, int N, int NH, int NKV,
+                               int HD);
+  // SwiGLU: y[N, F] = silu(gate) * up, x[N, 2F] laid out gate | up per row.
+  using SwigluForward = void (*)(const OpContext& ctx, A* y, const A* x, int N, int F);
+  // dx[N, 2F] = (dy * up * silu'(gate) | dy * silu(gate)) (overwrite)
+  using SwigluBackward = void (*)(const OpContext& ctx, A* dx, const A* dy, const A* x, int N,
+                                  int F);
+  // Logit soft-capping (Gemma 2): y = cap * tanh(x / cap) over n values.
+  using SoftcapForward = void (*)(const OpContext& ctx, A* y, const A* x, int64_t n, T cap);
+  // dx = dy * (1 - tanh(x / cap)^2) (overwrite)
+  using SoftcapBackward = void (*)(const OpContext& ctx, A* dx, const A* dy, const A* x, int64_t n,
+                                   T cap);
+  // The fused residual add + RMSNorm: xout = a + b (the new residual stream), y = rmsnorm(xout) w,
+  // rstd saved; B and T are given because fused kernels are tuned per sequence length. Its
+  // backward is rmsnorm_backward's (the add passes the gradient through).
+  using AddRmsnormForward = void (*)(const OpContext& ctx, T* xout, A* y, T* rstd, const T* a,
+                                     const A* b, const T* w, int B, int T_, int C, T eps);
   // *out = sum of g^2 over n values, accumulated in double in a fixed order (for the global grad
   // norm). `out` lives in the backend's memory, so a step's norms come back in one download.
   using SumSquares = void (*)(const OpContext& ctx, double* out, const T* g, int64_t n);

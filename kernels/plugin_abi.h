@@ -74,6 +74,30 @@ typedef void (*divlab_embed_rmsnorm_backward)(float* dwte, float* dwpe, float* d
                                               const float* x0, const float* w_norm,
                                               const float* rstd, const divlab_token* tokens, int B,
                                               int T, int C, int V);
+/* The llama family's ops (model.arch = "llama"). x: [N, (NH + 2 NKV) HD] laid out q | k | v */
+/* (rope_forward) every q and k head's channel pairs (i, i + HD/2) rotated by (n % T) theta_i,
+ * theta_i = base^(-2i / HD); v copied. (rope_backward) the inverse rotation of dy. */
+typedef void (*divlab_rope_forward)(float* y, const float* x, int B, int T, int NH, int NKV, int HD,
+                                    float base);
+typedef void (*divlab_rope_backward)(float* dx, const float* dy, int B, int T, int NH, int NKV,
+                                     int HD, float base);
+/* (gqa_forward) qkv [N, 3 NH HD] from x, query head h reading key/value head h / (NH / NKV);
+ * (gqa_backward) dx from dqkv (overwrite), each kv head's gradient summed over its group */
+typedef void (*divlab_gqa_forward)(float* qkv, const float* x, int N, int NH, int NKV, int HD);
+typedef void (*divlab_gqa_backward)(float* dx, const float* dqkv, int N, int NH, int NKV, int HD);
+/* (swiglu_forward) y [N, F] = silu(gate) * up, x [N, 2F] = gate | up; (swiglu_backward) dx
+ * [N, 2F] (overwrite) */
+typedef void (*divlab_swiglu_forward)(float* y, const float* x, int N, int F);
+typedef void (*divlab_swiglu_backward)(float* dx, const float* dy, const float* x, int N, int F);
+/* (softcap_forward) y = cap tanh(x / cap); (softcap_backward) dx = dy (1 - tanh(x / cap)^2) */
+typedef void (*divlab_softcap_forward)(float* y, const float* x, int64_t n, float cap);
+typedef void (*divlab_softcap_backward)(float* dx, const float* dy, const float* x, int64_t n,
+                                        float cap);
+/* (add_rmsnorm_forward) xout = a + b; y = xout / sqrt(mean(xout^2) + eps) * w; rstd[n] saved;
+ * all [B T, C] but w [C] and rstd [B T] */
+typedef void (*divlab_add_rmsnorm_forward)(float* xout, float* y, float* rstd, const float* a,
+                                           const float* b, const float* w, int B, int T, int C,
+                                           float eps);
 
 typedef struct {
   const char* op;         /* e.g. "embed_rmsnorm_backward" (see the op names above) */

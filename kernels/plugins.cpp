@@ -67,6 +67,16 @@ static_assert(std::is_same_v<divlab_add, WithoutContext<Fp32Ops::Add>>);
 static_assert(std::is_same_v<divlab_cross_entropy, WithoutContext<Fp32Ops::CrossEntropy>>);
 static_assert(
     std::is_same_v<divlab_embed_rmsnorm_backward, WithoutContext<Fp32Ops::EmbedRmsnormBackward>>);
+static_assert(std::is_same_v<divlab_rope_forward, WithoutContext<Fp32Ops::RopeForward>>);
+static_assert(std::is_same_v<divlab_rope_backward, WithoutContext<Fp32Ops::RopeBackward>>);
+static_assert(std::is_same_v<divlab_gqa_forward, WithoutContext<Fp32Ops::GqaForward>>);
+static_assert(std::is_same_v<divlab_gqa_backward, WithoutContext<Fp32Ops::GqaBackward>>);
+static_assert(std::is_same_v<divlab_swiglu_forward, WithoutContext<Fp32Ops::SwigluForward>>);
+static_assert(std::is_same_v<divlab_swiglu_backward, WithoutContext<Fp32Ops::SwigluBackward>>);
+static_assert(std::is_same_v<divlab_softcap_forward, WithoutContext<Fp32Ops::SoftcapForward>>);
+static_assert(std::is_same_v<divlab_softcap_backward, WithoutContext<Fp32Ops::SoftcapBackward>>);
+static_assert(
+    std::is_same_v<divlab_add_rmsnorm_forward, WithoutContext<Fp32Ops::AddRmsnormForward>>);
 
 bool valid_name(const std::string& n) {
   return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {

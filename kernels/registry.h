@@ -23,9 +23,10 @@ struct VariantDoc {
   bool benign = false;     // a control: same math up to rounding; must never be called divergent
 };
 
-// A variant whose saved state only one implementation of another op can read (the fused
-// attention forward saves no probabilities): choosing it chooses that one too, and a different
-// explicit choice for that op is refused (Catalogue::select).
+// A variant that runs only with one implementation of another op: a forward whose saved state
+// only its own backward reads (the fused attention forward saves no probabilities), or a forward
+// written with its backward as one kernel pair (RoPE's variants). Choosing it chooses that one
+// too, and a different explicit choice for that op is refused (Catalogue::select).
 struct Partner {
   std::string op, variant;
 };

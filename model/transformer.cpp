@@ -9,8 +9,52 @@
 
 namespace divlab {
 
+int ModelConfig::hidden() const {
+  if (mlp_hidden > 0) return mlp_hidden;
+  return llama() ? int(std::lround(8.0 * d_model / 3.0)) : 4 * d_model;
+}
+
+bool model_calls(const ModelConfig& cfg, Op op) {
+  const bool llama = cfg.llama(), gqa = llama && cfg.kv_heads() != cfg.n_heads;
+  switch (op) {
+    case Op::gelu_forward:
+    case Op::gelu_backward:
+    case Op::add:
+      return !llama;
+    case Op::rope_forward:
+    case Op::rope_backward:
+    case Op::swiglu_forward:
+    case Op::swiglu_backward:
+    case Op::add_rmsnorm_forward:
+      return llama;
+    case Op::gqa_forward:
+    case Op::gqa_backward:
+      return gqa;
+    case Op::softcap_forward:
+    case Op::softcap_backward:
+      return cfg.logit_softcap > 0;
+    case Op::embedding_forward:
+    case Op::rmsnorm_forward:
+    case Op::rmsnorm_backward:
+    case Op::linear_forward:
+    case Op::linear_backward:
+    case Op::attention_forward:
+    case Op::attention_backward:
+    case Op::cross_entropy:
+    case Op::embed_rmsnorm_backward:
+    case Op::cast:
+    case Op::sum_squares:
+    case Op::sgd_step:
+    case Op::adamw_step:
+      return true;
+    case Op::count:
+      break;
+  }
+  throw std::logic_error("model_calls: Op::count is not an op");
+}
+
 std::vector<ParamInfo> param_layout(const ModelConfig& cfg) {
-  const int64_t V = cfg.vocab, C = cfg.d_model, T = cfg.seq_len;
+  const int64_t V = cfg.vocab, C = cfg.d_model, T = cfg.seq_len, F = cfg.hidden();
   std::vector<ParamInfo> out;
   int64_t offset = 0;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool is_norm = false) {
@@ -20,18 +64,18 @@ std::vector<ParamInfo> param_layout(const ModelConfig& cfg) {
     offset += size;
   };
   add("wte.weight", {V, C});
-  add("wpe.weight", {T, C});
+  if (!cfg.llama()) add("wpe.weight", {T, C});
   for (int l = 0; l < cfg.n_layers; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     add(p + "ln1.weight", {C}, true);
-    add(p + "attn.qkv.weight", {3 * C, C});
+    add(p + "attn.qkv.weight", {cfg.qkv_width(), C});
     add(p + "attn.proj.weight", {C, C});
     add(p + "ln2.weight", {C}, true);
-    add(p + "mlp.fc.weight", {4 * C, C});
-    add(p + "mlp.proj.weight", {C, 4 * C});
+    add(p + "mlp.fc.weight", {cfg.mlp_in_width(), C});  // llama: gate rows, then up rows
+    add(p + "mlp.proj.weight", {C, F});
   }
   add("ln_f.weight", {C}, true);
-  add("lm_head.weight", {V, C});
+  if (!cfg.tied_embeddings) add("lm_head.weight", {V, C});
   return out;
 }
 
@@ -50,15 +94,17 @@ Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& ke
       layout_(param_layout(cfg)) {
   if (cfg.d_model % cfg.n_heads != 0)
     throw std::invalid_argument("d_model must be divisible by n_heads");
+  if (cfg.n_heads % cfg.kv_heads() != 0)
+    throw std::invalid_argument("n_kv_heads must divide n_heads");
   auto offset_of = [&](const std::string& name) {
     for (const auto& p : layout_)
       if (p.name == name) return p.offset;
     throw std::logic_error("no parameter " + name);
   };
   wte_ = offset_of("wte.weight");
-  wpe_ = offset_of("wpe.weight");
+  wpe_ = cfg.llama() ? -1 : offset_of("wpe.weight");
   lnf_ = offset_of("ln_f.weight");
-  head_ = offset_of("lm_head.weight");
+  head_ = cfg.tied_embeddings ? wte_ : offset_of("lm_head.weight");
   for (int l = 0; l < cfg.n_layers; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     layers_.push_back({offset_of(p + "ln1.weight"), offset_of(p + "attn.qkv.weight"),
@@ -66,6 +112,8 @@ Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& ke
                        offset_of(p + "mlp.fc.weight"), offset_of(p + "mlp.proj.weight")});
   }
   const int64_t n = param_count(cfg), N = N_, C = cfg.d_model, V = cfg.vocab, S = cfg.seq_len;
+  const int64_t F = cfg.hidden(), Fin = cfg.mlp_in_width(), W = cfg.qkv_width();
+  const bool gqa = cfg.llama() && cfg.kv_heads() != cfg.n_heads;
   const MemoryOps& mem = *kernels.memory;
   auto buf = [&](int64_t size) { return Buffer<T>(mem, size); };
   auto act = [&](int64_t size) { return Buffer<A>(mem, size); };
@@ -76,28 +124,41 @@ Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& ke
   for (int l = 0; l <= cfg.n_layers; ++l) resid_.push_back(buf(N * C));
   acts_.resize(cfg.n_layers);
   for (auto& a : acts_) {
-    a.ln1 = act(N * C), a.rstd1 = buf(N), a.qkv = act(N * 3 * C);
+    a.ln1 = act(N * C), a.rstd1 = buf(N);
+    if (cfg.llama()) a.qkv_raw = act(N * W), a.qkv_rot = act(N * W);
+    if (!cfg.llama() || gqa) a.qkv = act(N * 3 * C);
     a.att = act(int64_t(B_) * cfg.n_heads * S * S), a.atty = act(N * C), a.xmid = buf(N * C);
-    a.ln2 = act(N * C), a.rstd2 = buf(N), a.h = act(N * 4 * C), a.g = act(N * 4 * C);
+    a.ln2 = act(N * C), a.rstd2 = buf(N), a.h = act(N * Fin), a.g = act(N * F);
   }
   lnf_out_ = act(N * C), rstdf_ = buf(N), logits_ = act(N * V), dlogits_ = act(N * V);
+  if (cfg.logit_softcap > 0) logits_raw_ = act(N * V), dlogits_raw_ = act(N * V);
+  if (cfg.llama()) {
+    zero_positions_ = buf(S * C), position_grad_sink_ = buf(S * C);
+    zero_positions_.zero(stream());
+  }
   losses_ = buf(N), host_losses_.resize(N);
   dres_ = buf(N * C), dln_ = act(N * C), dqkv_ = act(N * 3 * C), datty_ = act(N * C);
+  if (cfg.llama()) dqkv_raw_ = act(N * W);
+  if (gqa) dqkv_rot_ = act(N * W);
   if (kSplit) dres_act_ = act(N * C);
-  dh_ = act(N * 4 * C), dg_ = act(N * 4 * C), tmp_ = act(N * C);
+  dh_ = act(N * Fin), dg_ = act(N * F), tmp_ = act(N * C);
 }
 
 template <class T, class A>
 int64_t Transformer<T, A>::allocated_bytes(const ModelConfig& cfg, int batch) {
-  const int64_t N = int64_t(batch) * cfg.seq_len, C = cfg.d_model, V = cfg.vocab;
+  const int64_t N = int64_t(batch) * cfg.seq_len, C = cfg.d_model, V = cfg.vocab, S = cfg.seq_len;
   const int64_t n = param_count(cfg), split = std::is_same_v<T, A> ? 0 : 1;
+  const int64_t F = cfg.hidden(), Fin = cfg.mlp_in_width(), W = cfg.qkv_width();
+  const int64_t llama = cfg.llama(), gqa = cfg.llama() && cfg.kv_heads() != cfg.n_heads;
+  const int64_t capped = cfg.logit_softcap > 0;
   const int64_t t = sizeof(T), a = sizeof(A);
-  const int64_t att = int64_t(batch) * cfg.n_heads * cfg.seq_len * cfg.seq_len;
+  const int64_t att = int64_t(batch) * cfg.n_heads * S * S;
+  const int64_t qkv = (1 - llama + gqa) * 3 * N * C + llama * 2 * N * W;
   const int64_t layer_t = N * C + 2 * N;
-  const int64_t layer_a = 3 * N * C + 3 * N * C + att + 2 * N * 4 * C;
-  const int64_t stream_t = 2 * n + (cfg.n_layers + 1) * N * C + 2 * N + N * C;
-  const int64_t stream_a =
-      split * n + N * C + 2 * N * V + N * C * (3 + split) + 2 * N * 4 * C + N * 3 * C;
+  const int64_t layer_a = 3 * N * C + qkv + att + N * Fin + N * F;
+  const int64_t stream_t = 2 * n + (cfg.n_layers + 1) * N * C + 2 * N + N * C + llama * 2 * S * C;
+  const int64_t stream_a = split * n + N * C + (2 + 2 * capped) * N * V + N * C * (3 + split) +
+                           N * Fin + N * F + N * 3 * C + llama * N * W + gqa * N * W;
   return t * (stream_t + cfg.n_layers * layer_t) + a * (stream_a + cfg.n_layers * layer_a) +
          int64_t(sizeof(TokenId)) * 2 * N;
 }
@@ -142,13 +203,26 @@ void Transformer<T, A>::init(uint64_t seed) {
 
 template <class T, class A>
 T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool for_backward) {
-  const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
+  cast_weights();
+  tokens_.upload(inputs, N_, 0, stream());
+  targets_.upload(targets, N_, 0, stream());
+  return cfg_.llama() ? forward_llama(for_backward) : forward_gpt2(for_backward);
+}
+
+template <class T, class A>
+void Transformer<T, A>::backward() {
+  grads_.zero(stream());
+  dres_.zero(stream());
+  cfg_.llama() ? backward_llama() : backward_gpt2();
+}
+
+template <class T, class A>
+T Transformer<T, A>::forward_gpt2(bool for_backward) {
+  const int C = cfg_.d_model, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
+  const int F = cfg_.hidden();
   const T eps = T(cfg_.norm_eps);
   const T* P = params_.data();
-  cast_weights();
   const A* W = linear_weights();
-  tokens_.upload(inputs, N, 0, stream());
-  targets_.upload(targets, N, 0, stream());
   k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_,
                        Tn, C);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
@@ -170,11 +244,11 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
     k_.rmsnorm_forward(contexts_.next(), a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N,
                        C, eps);
     observe("forward", "rmsnorm_forward", l, "ln2", a.ln2.data(), int64_t(N) * C);
-    k_.linear_forward(contexts_.next(), a.h.data(), a.ln2.data(), W + w.fc, N, C, 4 * C);
-    observe("forward", "linear_forward", l, "mlp.fc", a.h.data(), int64_t(N) * 4 * C);
-    k_.gelu_forward(contexts_.next(), a.g.data(), a.h.data(), int64_t(N) * 4 * C);
-    observe("forward", "gelu_forward", l, "mlp.gelu", a.g.data(), int64_t(N) * 4 * C);
-    k_.linear_forward(contexts_.next(), tmp_.data(), a.g.data(), W + w.fc2, N, 4 * C, C);
+    k_.linear_forward(contexts_.next(), a.h.data(), a.ln2.data(), W + w.fc, N, C, F);
+    observe("forward", "linear_forward", l, "mlp.fc", a.h.data(), int64_t(N) * F);
+    k_.gelu_forward(contexts_.next(), a.g.data(), a.h.data(), int64_t(N) * F);
+    observe("forward", "gelu_forward", l, "mlp.gelu", a.g.data(), int64_t(N) * F);
+    k_.linear_forward(contexts_.next(), tmp_.data(), a.g.data(), W + w.fc2, N, F, C);
     observe("forward", "linear_forward", l, "mlp.proj", tmp_.data(), int64_t(N) * C);
     k_.add(contexts_.next(), resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
     observe("forward", "add", l, "resid.out", resid_[l + 1].data(), int64_t(N) * C);
@@ -182,13 +256,26 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
   k_.rmsnorm_forward(contexts_.next(), lnf_out_.data(), rstdf_.data(), resid_.back().data(),
                      P + lnf_, N, C, eps);
   observe("forward", "rmsnorm_forward", -1, "ln_f", lnf_out_.data(), int64_t(N) * C);
-  k_.linear_forward(contexts_.next(), logits_.data(), lnf_out_.data(), W + head_, N, C, V);
-  observe("forward", "linear_forward", -1, "lm_head (logits)", logits_.data(), int64_t(N) * V);
+  return head_forward(W, for_backward);
+}
+
+template <class T, class A>
+T Transformer<T, A>::head_forward(const A* W, bool for_backward) {
+  const int C = cfg_.d_model, V = cfg_.vocab, N = N_;
+  const int64_t NV = int64_t(N) * V;
+  const bool capped = cfg_.logit_softcap > 0;
+  A* head_out = capped ? logits_raw_.data() : logits_.data();
+  k_.linear_forward(contexts_.next(), head_out, lnf_out_.data(), W + head_, N, C, V);
+  observe("forward", "linear_forward", -1, "lm_head (logits)", head_out, NV);
+  if (capped) {
+    k_.softcap_forward(contexts_.next(), logits_.data(), logits_raw_.data(), NV,
+                       T(cfg_.logit_softcap));
+    observe("forward", "softcap_forward", -1, "logits (soft-capped)", logits_.data(), NV);
+  }
   k_.cross_entropy(contexts_.next(), losses_.data(), for_backward ? dlogits_.data() : nullptr,
                    logits_.data(), targets_.data(), N, V, T(1) / T(N));
   observe("forward", "cross_entropy", -1, "losses", losses_.data(), N);
-  if (for_backward)
-    observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), int64_t(N) * V);
+  if (for_backward) observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), NV);
   // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
   losses_.download(host_losses_.data(), N, 0, stream());
   double sum = 0;
@@ -197,18 +284,33 @@ T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool
 }
 
 template <class T, class A>
-void Transformer<T, A>::backward() {
+void Transformer<T, A>::head_backward(const A* W, T* G) {
+  const int C = cfg_.d_model, V = cfg_.vocab, N = N_;
+  const A* dhead = dlogits_.data();
+  if (cfg_.logit_softcap > 0) {
+    k_.softcap_backward(contexts_.next(), dlogits_raw_.data(), dlogits_.data(), logits_raw_.data(),
+                        int64_t(N) * V, T(cfg_.logit_softcap));
+    observe("backward", "softcap_backward", -1, "grad logits (before the cap)", dlogits_raw_.data(),
+            int64_t(N) * V);
+    dhead = dlogits_raw_.data();
+  }
+  // Tied: the head's gradient lands in the token embedding's, which the scatter adds to later.
+  k_.linear_backward(contexts_.next(), dln_.data(), G + head_, dhead, lnf_out_.data(), W + head_, N,
+                     C, V);
+  observe("backward", "linear_backward", -1,
+          cfg_.tied_embeddings ? "grad wte.weight (tied head)" : "grad lm_head.weight", G + head_,
+          int64_t(V) * C);
+  observe("backward", "linear_backward", -1, "grad ln_f", dln_.data(), int64_t(N) * C);
+}
+
+template <class T, class A>
+void Transformer<T, A>::backward_gpt2() {
   const int C = cfg_.d_model, V = cfg_.vocab, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
+  const int F = cfg_.hidden();
   const T* P = params_.data();
   const A* W = linear_weights();
   T* G = grads_.data();
-  grads_.zero(stream());
-  dres_.zero(stream());
-
-  k_.linear_backward(contexts_.next(), dln_.data(), G + head_, dlogits_.data(), lnf_out_.data(),
-                     W + head_, N, C, V);
-  observe("backward", "linear_backward", -1, "grad lm_head.weight", G + head_, int64_t(V) * C);
-  observe("backward", "linear_backward", -1, "grad ln_f", dln_.data(), int64_t(N) * C);
+  head_backward(W, G);
   k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + lnf_, dln_.data(), resid_.back().data(),
                       P + lnf_, rstdf_.data(), N, C);
   observe("backward", "rmsnorm_backward", -1, "grad resid (final)", dres_.data(), int64_t(N) * C);
@@ -217,15 +319,14 @@ void Transformer<T, A>::backward() {
     LayerActs& a = acts_[l];
     // dres holds d loss / d resid_[l + 1] = d / d(xmid + mlp(ln2(xmid))).
     k_.linear_backward(contexts_.next(), dg_.data(), G + w.fc2, residual_grad_for_gemm(),
-                       a.g.data(), W + w.fc2, N, 4 * C, C);
-    observe("backward", "linear_backward", l, "grad mlp.proj.weight", G + w.fc2,
-            int64_t(4) * C * C);
-    observe("backward", "linear_backward", l, "grad mlp.gelu", dg_.data(), int64_t(N) * 4 * C);
-    k_.gelu_backward(contexts_.next(), dh_.data(), dg_.data(), a.h.data(), int64_t(N) * 4 * C);
-    observe("backward", "gelu_backward", l, "grad mlp.fc", dh_.data(), int64_t(N) * 4 * C);
+                       a.g.data(), W + w.fc2, N, F, C);
+    observe("backward", "linear_backward", l, "grad mlp.proj.weight", G + w.fc2, int64_t(F) * C);
+    observe("backward", "linear_backward", l, "grad mlp.gelu", dg_.data(), int64_t(N) * F);
+    k_.gelu_backward(contexts_.next(), dh_.data(), dg_.data(), a.h.data(), int64_t(N) * F);
+    observe("backward", "gelu_backward", l, "grad mlp.fc", dh_.data(), int64_t(N) * F);
     k_.linear_backward(contexts_.next(), dln_.data(), G + w.fc, dh_.data(), a.ln2.data(), W + w.fc,
-                       N, C, 4 * C);
-    observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(4) * C * C);
+                       N, C, F);
+    observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(F) * C);
     observe("backward", "linear_backward", l, "grad ln2", dln_.data(), int64_t(N) * C);
     k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(),
                         P + w.ln2, a.rstd2.data(), N, C);

@@ -1,7 +1,13 @@
-// A decoder-only transformer: token + learned position embeddings, n pre-RMSNorm blocks (causal
-// multi-head attention; GELU MLP of width 4C), a final RMSNorm, an untied LM head, mean
-// cross-entropy. Forward and backward side by side; every op goes through a KernelSet, so this
-// file never knows which backend or which variant runs.
+// A decoder-only transformer of one of two families, over B x T tokens, mean cross-entropy:
+//   gpt2:  token + learned position embeddings; n blocks of pre-RMSNorm causal multi-head
+//          attention and a GELU MLP (width 4C); a final RMSNorm; an untied LM head.
+//   llama: token embeddings only; n blocks of pre-RMSNorm attention with RoPE on q and k and
+//          grouped-query key/value heads, and a SwiGLU MLP; every residual add fused with the
+//          RMSNorm after it (add_rmsnorm_forward); the final RMSNorm.
+// Either may tie the LM head to the token embedding and soft-cap the final logits (Gemma 2).
+// Forward and backward side by side; every op goes through a KernelSet, so these files never
+// know which backend or which variant runs (gpt2's blocks in transformer.cpp, llama's in
+// llama.cpp).
 #pragma once
 
 #include <cstdint>
@@ -9,20 +15,48 @@
 #include <string>
 #include <vector>
 
+#include "common/named_enum.h"
 #include "kernels/common/lowp.h"
 #include "kernels/registry.h"
 
 namespace divlab {
 
+enum class Arch { Gpt2, Llama };
+template <>
+struct EnumNames<Arch> {
+  static constexpr std::pair<Arch, const char*> table[] = {{Arch::Gpt2, "gpt2"},
+                                                           {Arch::Llama, "llama"}};
+};
+
 struct ModelConfig {
+  Arch arch = Arch::Gpt2;
   int vocab = 256;
   int d_model = 64;
   int n_layers = 2;
   int n_heads = 4;
+  int n_kv_heads = 0;  // llama: key/value heads (0: n_heads, multi-head attention)
   int seq_len = 32;
+  int mlp_hidden = 0;            // the MLP's width F (0: 4C for gpt2, round(8C / 3) for llama)
+  double rope_base = 10000;      // llama: RoPE's frequency base
+  bool tied_embeddings = false;  // the LM head is the token embedding (one tensor, wte)
+  double logit_softcap = 0;      // final logits -> cap tanh(logits / cap) (0: off)
   double norm_eps = 1e-5;
   double init_std = 0.02;
+
+  bool llama() const { return arch == Arch::Llama; }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int head_dim() const { return d_model / n_heads; }
+  int hidden() const;
+  // The width of the attention projection's output: 3C, or (NH + 2 NKV) HD with fewer kv heads.
+  int64_t qkv_width() const { return int64_t(n_heads + 2 * kv_heads()) * head_dim(); }
+  // The MLP's first projection: F (gpt2) or gate | up, 2F (llama).
+  int64_t mlp_in_width() const { return llama() ? 2 * int64_t(hidden()) : hidden(); }
 };
+
+// Whether a model of this config calls `op` in its forward or backward. The optimizer's ops and
+// the bf16 cast depend on the run, not the model, and count as called. A kernel or shadow choice
+// for an op the model never calls would label a run with a kernel that never ran.
+bool model_calls(const ModelConfig& cfg, Op op);
 
 // One named parameter tensor inside the flat parameter buffer.
 struct ParamInfo {
@@ -115,8 +149,19 @@ class Transformer {
   };
   struct LayerActs {
     Buffer<A> ln1, qkv, att, atty, ln2, h, g;
+    Buffer<A> qkv_raw, qkv_rot;  // llama: the projection's output, then rotated (qkv: expanded)
     Buffer<T> rstd1, xmid, rstd2;
   };
+  // llama's attention input: the rotated projection, expanded where kv heads are shared.
+  const A* attention_input(const LayerActs& a) const;
+  T forward_gpt2(bool for_backward);
+  T forward_llama(bool for_backward);
+  void backward_gpt2();
+  void backward_llama();
+  // Shared by both families: the logits from lnf_out_ (soft-capped if configured) and the loss;
+  // and their backward, into dln_ and the head's (or the tied embedding's) gradient.
+  T head_forward(const A* W, bool for_backward);
+  void head_backward(const A* W, T* G);
 
   ModelConfig cfg_;
   KernelSet<T, A> k_;
@@ -124,7 +169,7 @@ class Transformer {
   int B_, N_;
   std::vector<ParamInfo> layout_;
   std::vector<Layer> layers_;
-  int64_t wte_, wpe_, lnf_, head_;
+  int64_t wte_, wpe_, lnf_, head_;  // wpe_: -1 for llama; head_ = wte_ when tied
   Buffer<T> params_, grads_;
   Buffer<A> weights_;  // the parameters in A, where A != T
 
@@ -133,11 +178,14 @@ class Transformer {
   std::vector<Buffer<T>> resid_;  // resid_[l]: input of block l; resid_[L]: final stream
   std::vector<LayerActs> acts_;
   Buffer<A> lnf_out_, logits_, dlogits_;
+  Buffer<A> logits_raw_, dlogits_raw_;             // before the soft-cap (only with one)
+  Buffer<T> zero_positions_, position_grad_sink_;  // llama: no position table (zeros; discarded)
   Buffer<T> rstdf_, losses_;
   std::vector<T> host_losses_;
   // Gradient scratch, reused every step.
   Buffer<T> dres_;
   Buffer<A> dres_act_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
+  Buffer<A> dqkv_rot_, dqkv_raw_;  // llama: the gradient through the kv expansion and RoPE
 };
 
 }  // namespace divlab

@@ -17,10 +17,9 @@ ModelConfig small_model() {
   m.init_std = 0.3;  // large enough that every path carries a visible gradient
   return m;
 }
-}  // namespace
 
-TEST(Model, GradcheckEveryParameterInDouble) {
-  const ModelConfig m = small_model();
+// Every parameter's gradient against central differences, for one model config.
+void gradcheck(const ModelConfig& m, const std::string& what) {
   const int B = 2, N = B * m.seq_len;
   Transformer<double> model(m, cpu_catalogue<double>().select({}), B);
   model.init(test_seed());
@@ -37,8 +36,71 @@ TEST(Model, GradcheckEveryParameterInDouble) {
   for (const auto& p : model.layout()) {
     std::vector<double> a(analytic.begin() + p.offset, analytic.begin() + p.offset + p.size);
     std::vector<double> n(numeric.begin() + p.offset, numeric.begin() + p.offset + p.size);
-    EXPECT_CLOSE(a, n, kGradcheckTol, p.name);
+    EXPECT_CLOSE(a, n, kGradcheckTol, what + ": " + p.name);
   }
+}
+
+ModelConfig small_llama() {
+  ModelConfig m = small_model();
+  m.arch = Arch::Llama, m.n_heads = 4, m.n_kv_heads = 2, m.d_model = 8, m.rope_base = 500000;
+  return m;
+}
+
+// Counts what a model allocates: the host's memory, with every allocation's size added up.
+int64_t g_allocated = 0;
+MemoryOps counting_memory() {
+  MemoryOps m = host_memory();
+  m.allocate = [](size_t bytes) {
+    g_allocated += int64_t(bytes);
+    return host_memory().allocate(bytes);
+  };
+  return m;
+}
+}  // namespace
+
+TEST(Model, GradcheckEveryParameterInDouble) {
+  gradcheck(small_model(), "gpt2");
+}
+
+TEST(Model, GradcheckLlamaEveryParameterInDouble) {
+  gradcheck(small_llama(), "llama, 4 query heads sharing 2 kv heads");
+  ModelConfig mqa = small_llama();
+  mqa.n_kv_heads = 1, mqa.mlp_hidden = 5;
+  gradcheck(mqa, "llama, multi-query, F = 5");
+}
+
+TEST(Model, GradcheckTiedAndSoftCappedInDouble) {
+  for (ModelConfig m : {small_model(), small_llama()}) {
+    m.tied_embeddings = true, m.logit_softcap = 0.7;  // logits of scale 1 reach into the cap
+    gradcheck(m, std::string(name_of(m.arch)) + " tied, soft-capped");
+  }
+}
+
+// The memory prediction (Transformer::allocated_bytes) is what the constructor allocates, for
+// every family and option, so a device refuses exactly what will not fit.
+TEST(Model, AllocatedBytesPredictsTheAllocation) {
+  ModelConfig gqa = small_llama(), capped = small_model(), tied = small_llama();
+  capped.logit_softcap = 30, tied.tied_embeddings = true, tied.n_kv_heads = 4;
+  const MemoryOps memory = counting_memory();
+  for (const ModelConfig& m : {small_model(), gqa, capped, tied}) {
+    for (int batch : {1, 3}) {
+      KernelSet<float> k = cpu_catalogue<float>().select({});
+      k.memory = &memory;
+      g_allocated = 0;
+      { Transformer<float> model(m, k, batch); }
+      EXPECT_EQ(g_allocated, Transformer<float>::allocated_bytes(m, batch))
+          << name_of(m.arch) << " batch " << batch;
+    }
+  }
+}
+
+TEST(Model, TiedHeadIsTheTokenEmbedding) {
+  ModelConfig m = small_llama();
+  m.tied_embeddings = true;
+  for (const auto& p : param_layout(m)) EXPECT_NE(p.name, "lm_head.weight");
+  ModelConfig untied = m;
+  untied.tied_embeddings = false;
+  EXPECT_EQ(param_count(untied) - param_count(m), int64_t(m.vocab) * m.d_model);
 }
 
 TEST(Model, LossAtInitIsLogVocab) {

@@ -4,6 +4,7 @@
 // a candidate 1 % off measured at 1 %).
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "kernels/op_spec.h"
 #include "kernels/shadow.h"
@@ -134,29 +135,16 @@ struct OnePercentOff<op, void (*)(const OpContext&, Args...)> {
 };
 }  // namespace
 
-TEST(Shadow, EveryShadowableOpIsRecordedReplayedAndCompared) {
-  Catalogue<float> cat = cpu_catalogue<float>();
-  const KernelSet<float> reference = cat.select({});
-  using S = OpSignatures<float>;
-// Op names and signatures are pasted into declarations, never expressions.
-// NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_ADD_OFF(name, Signature)                                          \
-  if constexpr (OpSpec<Op::name>::known)                                         \
-    cat.name.add("one_percent_off",                                              \
-                 {&OnePercentOff<Op::name, S::Signature>::call,                  \
-                  const_cast<void*>(static_cast<const void*>(&reference.name))}, \
-                 {"the reference, outputs scaled by 1.01", "", "", ""});
-  DIVLAB_OPS(DIVLAB_ADD_OFF)
-#undef DIVLAB_ADD_OFF
-  // NOLINTEND(bugprone-macro-parentheses)
-  const auto ops = shadowable_ops();
-  EXPECT_GE(ops.size(), 10u);
+namespace {
+// One training step of `m` with every op of `ops` shadowed by the reference and by the reference
+// scaled by 1.01: the first must agree, the second differ by exactly 1 %.
+void check_every_op_shadowed(const Catalogue<float>& cat, const KernelSet<float>& reference,
+                             const ModelConfig& m, const std::vector<std::string>& ops) {
   std::vector<std::string> entries;
   for (const auto& op : ops)
     entries.push_back(op + "=reference"), entries.push_back(op + "=one_percent_off");
   const auto specs = parse_shadow_specs(entries, cat);
   ShadowTap<float> tap(reference, specs, cat, 0);
-  const ModelConfig m = shadow_model();
   const int64_t N = int64_t(kBatch) * m.seq_len;
   Transformer<float> model(m, tap.kernels(), kBatch);
   model.init(test_seed());
@@ -173,5 +161,39 @@ TEST(Shadow, EveryShadowableOpIsRecordedReplayedAndCompared) {
     EXPECT_NEAR(off.rel_l2, 0.01, 1e-4) << ops[i];
     EXPECT_NEAR(off.cosine, 1.0, 1e-6) << ops[i];
   }
+}
+}  // namespace
+
+TEST(Shadow, EveryShadowableOpIsRecordedReplayedAndCompared) {
+  Catalogue<float> cat = cpu_catalogue<float>();
+  const KernelSet<float> reference = cat.select({});
+  using S = OpSignatures<float>;
+// Op names and signatures are pasted into declarations, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_ADD_OFF(name, Signature)                                          \
+  if constexpr (OpSpec<Op::name>::known)                                         \
+    cat.name.add("one_percent_off",                                              \
+                 {&OnePercentOff<Op::name, S::Signature>::call,                  \
+                  const_cast<void*>(static_cast<const void*>(&reference.name))}, \
+                 {"the reference, outputs scaled by 1.01", "", "", ""});
+  DIVLAB_OPS(DIVLAB_ADD_OFF)
+#undef DIVLAB_ADD_OFF
+  // NOLINTEND(bugprone-macro-parentheses)
+  EXPECT_GE(shadowable_ops().size(), 19u);
+  // Each family's model with everything it can call: the llama model with shared kv heads and a
+  // soft-cap; every shadowable op is called by one of them.
+  ModelConfig llama = shadow_model();
+  llama.arch = Arch::Llama, llama.n_heads = 4, llama.n_kv_heads = 2, llama.logit_softcap = 3;
+  std::set<std::string> covered;
+  for (const ModelConfig& m : {shadow_model(), llama}) {
+    std::vector<std::string> ops;
+    for (const auto& op : shadowable_ops()) {
+      Op o{};
+      if (parse_op(op, &o) && model_calls(m, o)) ops.push_back(op);
+    }
+    covered.insert(ops.begin(), ops.end());
+    check_every_op_shadowed(cat, reference, m, ops);
+  }
+  EXPECT_EQ(covered.size(), shadowable_ops().size());
 }
 }  // namespace divlab

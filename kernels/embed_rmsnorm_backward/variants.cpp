@@ -161,7 +161,9 @@ void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat) {
           "a row with many same-sign contributions stalls: once |acc| > 2^8 |x|, x is rounded "
           "away; frequent tokens' rows lose their small contributions",
           "skewed token streams (Zipf, real text) with many tokens per step: the hottest row "
-          "collects thousands of additions; SGD applies the shrunken gradient as is",
+          "collects thousands of additions; SGD applies the shrunken gradient as is; tied "
+          "embeddings (model.tied_embeddings), where the LM head's dense gradient is already in "
+          "the buffer, so even a rare token's few contributions are added to a larger value",
           "uniform tokens (a few additions per row); AdamW (invariant to a row's gradient "
           "scale); verifiers with Gaussian inputs and 99 % of elements"});
   op.add("fp16_accum", fp16_accum<T>,

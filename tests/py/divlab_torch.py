@@ -60,22 +60,123 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def add_head(model, vocab, d_model, eps, tied, softcap):
+    """The final norm and LM head as the model's own ln_f and lm_head (the trace's names); tied:
+    no lm_head, the token embedding serves."""
+    model.ln_f = RMSNorm(d_model, eps)
+    if not tied:
+        model.lm_head = nn.Linear(d_model, vocab, bias=False)
+    model.tied, model.softcap = tied, softcap
+
+
+def head_loss(model, x, targets):
+    """Logits (soft-capped Gemma-style if configured) and the mean cross-entropy."""
+    weight = model.wte.weight if model.tied else model.lm_head.weight
+    logits = F.linear(model.ln_f(x), weight)
+    if model.softcap > 0:
+        logits = model.softcap * torch.tanh(logits / model.softcap)
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class Transformer(nn.Module):
-    def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5, sdpa=False):
+    def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5, sdpa=False,
+                 tied=False, softcap=0.0):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, eps, sdpa) for _ in range(n_layers))
-        self.ln_f = RMSNorm(d_model, eps)
-        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        add_head(self, vocab, d_model, eps, tied, softcap)
 
     def forward(self, idx, targets):
         T = idx.shape[1]
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return head_loss(self, x, targets)
+
+
+def rotary(x, base):
+    """RoPE on (B, T, H, D), Hugging Face's rotate_half form: channel i pairs with i + D/2."""
+    T, D = x.shape[1], x.shape[3]
+    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angle = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(x.dtype)[None, :, None, :]
+    sin = torch.cat([angle.sin(), angle.sin()], -1).to(x.dtype)[None, :, None, :]
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, C, n_heads, n_kv_heads, rope_base):
+        super().__init__()
+        self.hd = C // n_heads
+        self.qkv = nn.Linear(C, (n_heads + 2 * n_kv_heads) * self.hd, bias=False)
+        self.proj = nn.Linear(C, C, bias=False)
+        self.n_heads, self.n_kv_heads, self.rope_base = n_heads, n_kv_heads, rope_base
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split([C, self.n_kv_heads * self.hd, self.n_kv_heads * self.hd], 2)
+        q = rotary(q.view(B, T, self.n_heads, self.hd), self.rope_base)
+        k = rotary(k.view(B, T, self.n_kv_heads, self.hd), self.rope_base)
+        v = v.view(B, T, self.n_kv_heads, self.hd)
+        group = self.n_heads // self.n_kv_heads  # query head h reads kv head h // group
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, C, hidden):
+        super().__init__()
+        self.fc = nn.Linear(C, 2 * hidden, bias=False)  # gate rows, then up rows
+        self.proj = nn.Linear(hidden, C, bias=False)
+
+    def forward(self, x):
+        gate, up = self.fc(x).chunk(2, dim=-1)
+        return self.proj(F.silu(gate) * up)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, n_heads, n_kv_heads, hidden, rope_base, eps):
+        super().__init__()
+        self.ln1, self.attn = RMSNorm(C, eps), LlamaAttention(C, n_heads, n_kv_heads, rope_base)
+        self.ln2, self.mlp = RMSNorm(C, eps), SwiGLU(C, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads, hidden, rope_base,
+                 eps=1e-5, tied=False, softcap=0.0):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, n_kv_heads, hidden, rope_base,
+                                               eps) for _ in range(n_layers))
+        add_head(self, vocab, d_model, eps, tied, softcap)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        return head_loss(self, x, targets)
+
+
+def from_config(m):
+    """The twin of a trace's [model] table (config_toml)."""
+    tied, cap = m.get("tied_embeddings", False), m.get("logit_softcap", 0.0)
+    if m.get("arch", "gpt2") == "llama":
+        C = m["d_model"]
+        hidden = m["mlp_hidden"] or round(8 * C / 3)
+        return Llama(m["vocab"], C, m["n_layers"], m["n_heads"], m["n_kv_heads"] or m["n_heads"],
+                     hidden, m["rope_base"], m["norm_eps"], tied, cap)
+    return Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
+                       m["norm_eps"], tied=tied, softcap=cap)
 
 
 def lr_at(cfg, step):

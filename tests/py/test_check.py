@@ -27,13 +27,27 @@ CAUGHT_BY = {
     "attention_forward=mask_off_by_one": "shape aligned",  # a different function everywhere
     "attention_forward=no_max_subtraction": "values large",  # large attention scores
     "cross_entropy=no_max_subtraction": "values large",  # large logits
+    "rope_forward=base_10000": "shape aligned",  # a base other than 10000 (check: 500000)
+    "rope_forward=interleaved_pairs": "shape aligned",  # any sequence longer than one
+    "rope_forward=position_plus_one": "shape tiny",  # every position
+    "gqa_backward=interleaved_groups": "shape aligned",  # 1 < NKV < NH
+    "swiglu_backward=swapped_halves": "shape tiny",  # any input
+    "softcap_forward=omitted": "values large",  # logits of realistic scale
+    "add_rmsnorm_forward=tested_lengths_only": "shape odd",  # an untested sequence length
+}
+# variant -> a condition that must pass: what its documentation says masks it.
+MASKED_BY = {
+    "softcap_forward=omitted": "shape aligned",  # Gaussian logits, near zero for a cap of 30
+    "add_rmsnorm_forward=tested_lengths_only": "shape aligned",  # a tested length
 }
 # Controls and references: fp32-grade everywhere. bf16_rne: nothing wrong beyond bf16 itself, so
 # it passes where bf16 arithmetic is accepted (--grade bf16) and fails the fp32 grade alone.
 PASS_FP32 = ["embed_rmsnorm_backward=reference", "embed_rmsnorm_backward=fp32_reordered",
              "embed_rmsnorm_backward=fp64_accum", "linear_forward=reference",
              "attention_forward=reference", "rmsnorm_backward=reference",
-             "cross_entropy=reference", "gelu_backward=reference"]
+             "cross_entropy=reference", "gelu_backward=reference", "rope_backward=reference",
+             "gqa_backward=reference", "swiglu_backward=reference", "softcap_forward=reference",
+             "add_rmsnorm_forward=reference"]
 PASS_BF16 = ["linear_forward=bf16_rne"]
 # racy_scatter is left out: whether two threads collide during one call is a matter of timing
 # (tests/kernels cover it with a forced collision).
@@ -72,6 +86,8 @@ class Check(unittest.TestCase):
             self.assertEqual(r.returncode, 1, f"{target}: {r.stdout}{r.stderr}")
             self.assertTrue(any(f.startswith(condition) for f in failing(r.stdout)),
                             f"{target} not caught by '{condition}':\n{r.stdout}")
+        for target, condition in MASKED_BY.items():
+            self.assertNotIn(condition, failing(results[target].stdout), target)
         for target in PASS_FP32:
             r = results[target]
             self.assertEqual(r.returncode, 0, f"{target}: {r.stdout}")

@@ -1,4 +1,4 @@
-"""Parity with PyTorch on the CPU: the same weights and batches give the same loss, the same
+"""Parity with PyTorch on the CPU, for both model families: the same weights and batches give the same loss, the same
 gradient for every parameter, and the same losses over 20 optimizer steps (SGD and AdamW)."""
 import os
 import subprocess
@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import torch
 
-from divlab_torch import Transformer, optimizer_for
+from divlab_torch import from_config, optimizer_for
 
 DUMP = os.environ["DIVLAB_PARITY_DUMP"]
 MODEL = ["model.vocab=97", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
@@ -24,19 +24,20 @@ def normalised_error(a, b):
 
 
 class Parity(unittest.TestCase):
+    MODEL = MODEL
+
     def run_dump(self, precision, optimizer_keys, steps):
         path = os.path.join(tempfile.mkdtemp(), "dump.h5")
         self.seed = int(np.random.randint(1 << 30))
-        keys = MODEL + optimizer_keys + [f"train.precision={precision}", f"train.steps={steps}",
-                                         f"train.seed={self.seed}"]
+        keys = self.MODEL + optimizer_keys + [f"train.precision={precision}",
+                                              f"train.steps={steps}", f"train.seed={self.seed}"]
         subprocess.run([DUMP, path] + keys, check=True)
         return h5py.File(path, "r")
 
     def torch_model(self, f, dtype):
         cfg = tomllib.loads(f.attrs["config_toml"])
         m = cfg["model"]
-        model = Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
-                            m["norm_eps"]).to(dtype)
+        model = from_config(m).to(dtype)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
@@ -110,6 +111,13 @@ class Parity(unittest.TestCase):
     def test_20_steps_adamw(self):
         self.check_training(["train.optimizer=adamw", "train.lr=3e-3", "train.weight_decay=0.1",
                              "train.warmup_steps=3", "train.schedule=cosine"])
+
+
+class LlamaParity(Parity):
+    """The llama family with everything on: RoPE at llama 3's base, 4 query heads sharing 2
+    key/value heads, SwiGLU, tied embeddings and a soft-cap the logits reach."""
+    MODEL = MODEL + ["model.arch=llama", "model.n_kv_heads=2", "model.rope_base=500000",
+                     "model.tied_embeddings=true", "model.logit_softcap=2"]
 
 
 if __name__ == "__main__":
