@@ -21,6 +21,11 @@ Catalogue<float, A> build() {
   register_cross_entropy(cat);
   register_embed_rmsnorm_backward(cat);
   register_optimizer(cat);
+  register_rope(cat);
+  register_gqa(cat);
+  register_swiglu(cat);
+  register_softcap(cat);
+  register_add_rmsnorm(cat);
   // Every op's benign control: the CPU's fp64 reference on copies (kernels/fp64_controls.h).
   register_fp64_controls(cat);
   const Catalogue<float>& cpu = cpu_catalogue<float>();

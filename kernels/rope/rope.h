@@ -9,15 +9,9 @@
 
 #include "kernels/common/parallel.h"
 #include "kernels/registry.h"
+#include "kernels/rope/scheme.h"
 
 namespace divlab {
-
-// How one implementation pairs and rotates: the reference's choices, or a variant's mistakes.
-struct RopeScheme {
-  bool interleaved = false;  // pairs (2i, 2i + 1) (GPT-J, Meta's complex form) instead of halves
-  int position_offset = 0;   // the position t + offset is used
-  double fixed_base = 0;     // nonzero: this base, whatever the call passes
-};
 
 // y = R(sign * angle) x on every q and k head of the packed rows (kernels/ops.h); v copied.
 // sign +1: the forward rotation; -1: its inverse, the backward.

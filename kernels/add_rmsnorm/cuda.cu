@@ -1,0 +1,77 @@
+// The fused residual add + RMSNorm on the GPU: one block per row reads a and b once, writes the
+// new stream and sums its squares (fixed tree), then scales. The tested-lengths variant launches
+// the same kernel over the rows its tuned length covers.
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/storage.cuh"
+
+namespace divlab::cuda {
+
+namespace {
+constexpr int kThreads = 256;
+
+template <class A>
+__global__ void add_rmsnorm_kernel(float* xout, A* y, float* rstd, const float* a, const A* b,
+                                   const float* w, int C, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  float ss = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = a[row * C + c] + load(b[row * C + c]);
+    xout[row * C + c] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss, shared);  // its barriers also order the stores above before the reads
+  const float r = 1.0f / sqrtf(ss / float(C) + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    y[row * C + c] = store<A>(xout[row * C + c] * r * w[c]);
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+template <class A>
+void add_rmsnorm_rows(const OpContext& ctx, float* xout, A* y, float* rstd, const float* a,
+                      const A* b, const float* w, int64_t rows, int C, float eps) {
+  if (rows > 0)
+    add_rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream_of(ctx)>>>(xout, y, rstd, a, b, w, C,
+                                                                        eps);
+  DIVLAB_LAUNCHED(ctx, "add_rmsnorm_forward");
+}
+
+template <class A>
+void add_rmsnorm_forward(const OpContext& ctx, float* xout, A* y, float* rstd, const float* a,
+                         const A* b, const float* w, int B, int T_, int C, float eps) {
+  add_rmsnorm_rows(ctx, xout, y, rstd, a, b, w, int64_t(B) * T_, C, eps);
+}
+
+// The CPU variant's seven lengths (kernels/add_rmsnorm/variants.cpp).
+template <class A>
+void tested_lengths_only(const OpContext& ctx, float* xout, A* y, float* rstd, const float* a,
+                         const A* b, const float* w, int B, int T_, int C, float eps) {
+  constexpr std::array<int, 7> kTestedLengths = {16, 32, 64, 128, 256, 512, 1024};
+  int fitted = 0;
+  for (int t : kTestedLengths)
+    if (t <= T_) fitted = t;
+  if (fitted == 0)
+    throw std::invalid_argument("add_rmsnorm_forward: no kernel for sequence length " +
+                                std::to_string(T_));
+  add_rmsnorm_rows(ctx, xout, y, rstd, a, b, w, int64_t(B) * fitted, C, eps);
+}
+}  // namespace
+
+template <class A>
+void register_add_rmsnorm(Catalogue<float, A>& cat) {
+  cat.add_rmsnorm_forward.what = "fused residual add + RMSNorm forward (llama blocks)";
+  cat.add_rmsnorm_forward.add("reference", add_rmsnorm_forward<A>,
+                              {"one block per row, fixed-tree sum of squares", "", "", ""});
+  cat.add_rmsnorm_forward.add("tested_lengths_only", tested_lengths_only<A>,
+                              {"the reference kernel over the tested length's rows", "", "", ""});
+}
+
+template void register_add_rmsnorm(Catalogue<float>&);
+template void register_add_rmsnorm(Catalogue<float, bf16>&);
+}  // namespace divlab::cuda
