@@ -36,15 +36,24 @@ bool every_cell_has(const Grid& g, const std::string& setting) {
 }
 }  // namespace
 
-// Every op gets a grid that loads, whose last (fastest) axis is its kernels, on the backend asked.
+// Every op gets a grid that loads, whose last (fastest) axis is its kernels, on the backend asked;
+// with one of its variants as the candidate, so the grid's model calls the op (a kernel choice
+// for an op the model never calls does not load).
 TEST(CheckTrain, EveryOpGetsAGridThatLoads) {
   for (int i = 0; i < kOpCount; ++i) {
     const Op op = Op(i);
     SCOPED_TRACE(op_name(op));
-    const Grid g = loaded(op);
+    std::vector<std::string> arms = {"reference"};
+    cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
+      if (ops.op == op_name(op) && ops.entries.size() > 1) arms.push_back(ops.entries[1].name);
+    });
+    const CheckTrainGrid c = check_train_grid(op, arms, Backend::Cpu, {});
+    const std::string path = temp_dir("check_train") + "/" + op_name(op) + ".arms.toml";
+    std::ofstream(path) << c.text;
+    const Grid g = load_grid(path, c.quick);
     ASSERT_FALSE(g.axes.empty());
     EXPECT_EQ(g.axes.back().first, std::string("kernels.") + op_name(op));
-    EXPECT_EQ(g.axes.back().second, std::vector<std::string>{"reference"});
+    EXPECT_EQ(g.axes.back().second, arms);
     EXPECT_TRUE(every_cell_has(g, "backend=cpu"));
   }
 }
@@ -66,6 +75,13 @@ TEST(CheckTrain, TheGridFollowsTheOpsKindOfError) {
   EXPECT_EQ(*axis(loaded(Op::adamw_step), "train.optimizer"),
             std::vector<std::string>{"adamw train.lr=3e-3"});
   EXPECT_TRUE(every_cell_has(loaded(Op::cast), "train.precision=bf16"));
+  // The llama family's ops in a llama model with shared kv heads and a soft-cap.
+  for (Op op : {Op::rope_forward, Op::gqa_backward, Op::softcap_forward, Op::add_rmsnorm_forward}) {
+    const Grid llama = loaded(op);
+    EXPECT_TRUE(every_cell_has(llama, "model.arch=llama")) << op_name(op);
+    EXPECT_TRUE(every_cell_has(llama, "model.n_kv_heads=2")) << op_name(op);
+  }
+  EXPECT_FALSE(every_cell_has(dense, "model.arch=llama"));
   EXPECT_FALSE(every_cell_has(dense, "train.precision=bf16"));
 }
 
