@@ -181,11 +181,26 @@ int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std
       std::printf("\n");
     });
   };
+  std::string elsewhere;  // plug-in variants of a dtype this mode does not run
   try {
-    with_backend_catalogue(backend, precision, list);  // fp64 lists the fp32 variants
+    with_backend_catalogue(backend, precision, [&](const auto& catalogue) {
+      list(catalogue);  // fp64 lists the fp32 variants
+      for (const auto& v : plugin_variants()) {
+        bool here = false;
+        catalogue.for_each_op(
+            [&](const auto& ops, auto) { here = here || (ops.op == v.op && ops.find(v.name)); });
+        if (!here && (only_op.empty() || v.op == only_op))
+          elsewhere += "\n  " + v.op + "=" + v.name + ": " +
+                       (v.dtype == "bf16" ? "a bf16 kernel (--precision bf16 lists it)"
+                                          : "an " + v.dtype + " kernel (the fp32 mode runs it)");
+      }
+    });
   } catch (const BackendError& e) {
     throw InputError(std::string("--backend/--precision: ") + e.what());
   }
+  if (!elsewhere.empty() && !markdown)
+    std::printf("plug-in variants this mode (%s) does not run:%s\n", name_of(precision),
+                elsewhere.c_str());
   if (!found) {
     std::string valid;
     for (const auto& o : op_names()) valid += (valid.empty() ? "" : ", ") + o;

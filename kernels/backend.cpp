@@ -84,6 +84,16 @@ std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue
 #endif
 }
 
+const Fp16Conversions& device_fp16_conversions(const std::string& device) {
+  if (device == "cpu") return host_fp16_conversions();
+  if (device != "cuda") throw BackendError("device '" + device + "': expected cpu or cuda");
+#ifdef DIVLAB_HAVE_CUDA
+  return cuda::fp16_conversions();
+#else
+  throw BackendError("a cuda plug-in needs the cuda build of divlab (cmake --preset cuda)");
+#endif
+}
+
 std::string open_backend(Backend backend) {
   if (backend == Backend::Cpu) return "cpu";
 #ifdef DIVLAB_HAVE_CUDA

@@ -15,6 +15,7 @@
 #include "common/named_enum.h"
 #include "kernels/bf16_activations.h"
 #include "kernels/common/lowp.h"
+#include "kernels/fp16_activations.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -51,6 +52,10 @@ std::vector<Catalogue<float>*> device_catalogues(const std::string& device);
 // (kernels/bf16_activations.h), and the conversions its adapters use.
 std::pair<Catalogue<float, bf16>*, const Bf16Conversions*> device_bf16_catalogue(
     const std::string& device);
+
+// The conversions `device`'s fp32 mode runs fp16 plug-in kernels with
+// (kernels/fp16_activations.h).
+const Fp16Conversions& device_fp16_conversions(const std::string& device);
 
 // The catalogue for `backend` and `precision`, storing T (and activations in A). Touches no
 // device, so configurations can be checked anywhere. Throws BackendError for a combination this

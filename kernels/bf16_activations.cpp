@@ -153,10 +153,10 @@ Catalogue<float, bf16> build_cpu() {
     for (const auto& e : ops.entries)
       adopt_fp32_variant(c, f, ops.op, e.name, host_bf16_conversions());
   });
-  // The partner rules travel with the variants they pair (none on the CPU today).
+  // The ops' descriptions, and the partner rules with the variants they pair.
   f.for_each_op([&](const auto& ops, auto) {
     c.for_each_op([&](auto& mine, auto) {
-      if (mine.op == ops.op) mine.partners = ops.partners;
+      if (mine.op == ops.op) mine.partners = ops.partners, mine.what = ops.what;
     });
   });
   c.cast.what = f.cast.what;

@@ -11,6 +11,7 @@
 #include "kernels/gqa/gqa.h"
 #include "kernels/linear/linear.h"
 #include "kernels/optimizer/optimizer.h"
+#include "kernels/plugins.h"
 #include "kernels/registry.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -114,11 +115,14 @@ KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>
     const auto it = effective.find(ops.op);
     const std::string name = it == effective.end() ? "reference" : it->second;
     const auto* entry = ops.find(name);
-    if (!entry)
+    if (!entry) {
+      if (const std::string note = plugin_mode_note(ops.op, name); !note.empty())
+        throw UnknownKernel("kernels." + ops.op + " = '" + name + "': not in this mode: " + note);
       throw UnknownKernel("kernels." + ops.op + " = '" + name +
                           "': unknown variant; valid: " + join(ops.names()) +
                           " (a plug-in's variant appears once its library is loaded: plugins = "
                           "[\"path/lib.so\"], or --plugins)");
+    }
     set.*member = entry->fn;
   });
   return set;

@@ -6,7 +6,16 @@
 
 #include <string_view>
 
-#define DIVLAB_OPS(X)                             \
+#define DIVLAB_OPS(X)        \
+  DIVLAB_MODEL_OPS(X)        \
+  X(cast, Cast)              \
+  X(sum_squares, SumSquares) \
+  X(sgd_step, SgdStep)       \
+  X(adamw_step, AdamwStep)
+// The model's ops, which plug-ins may replace (each has its function types in
+// kernels/plugin_abi.h); the four after them are the bf16 weight copy and the optimizer's
+// reduction and updates.
+#define DIVLAB_MODEL_OPS(X)                       \
   X(embedding_forward, EmbeddingForward)          \
   X(rmsnorm_forward, RmsnormForward)              \
   X(rmsnorm_backward, RmsnormBackward)            \
@@ -19,10 +28,6 @@
   X(add, Add)                                     \
   X(cross_entropy, CrossEntropy)                  \
   X(embed_rmsnorm_backward, EmbedRmsnormBackward) \
-  X(cast, Cast)                                   \
-  X(sum_squares, SumSquares)                      \
-  X(sgd_step, SgdStep)                            \
-  X(adamw_step, AdamwStep)                        \
   X(rope_forward, RopeForward)                    \
   X(rope_backward, RopeBackward)                  \
   X(gqa_forward, GqaForward)                      \
@@ -58,15 +63,23 @@ constexpr bool parse_op(std::string_view name, Op* op) {
     if (name == op_name(static_cast<Op>(i))) return *op = static_cast<Op>(i), true;
   return false;
 }
-// Whether a plug-in may replace the op: the model's ops, not the optimizer's reduction and updates.
+// Whether a plug-in may replace the op: the model's ops (DIVLAB_MODEL_OPS), listed first.
+constexpr int kModelOpCount = [] {
+  int n = 0;
+#define DIVLAB_COUNT_OP(name, Signature) ++n;
+  DIVLAB_MODEL_OPS(DIVLAB_COUNT_OP)
+#undef DIVLAB_COUNT_OP
+  return n;
+}();
 constexpr bool pluggable(Op op) {
-  return op != Op::sum_squares && op != Op::sgd_step && op != Op::adamw_step;
+  return static_cast<int>(op) < kModelOpCount;
 }
 // Beyond what is generated from this list, each op has: its directory (kernels/<op>/: reference,
 // variants, CUDA kernels, registered by register_<op>), an OpSpec (kernels/op_spec.h), a case in
 // kernels/op_cases.cpp (its inputs and call: a switch, so a missing case is a -Wswitch error),
-// and, where plug-ins may replace it, an ABI typedef (kernels/plugin_abi.h, tied to its signature
-// by a static_assert in plugins.cpp).
+// and, where plug-ins may replace it, its ABI function types (kernels/plugin_abi.h, tied to its
+// signature by static_asserts generated in kernels/plugin_calls.h).
 static_assert(kOpCount == 25, "an op was added: give it what the comment above lists");
+static_assert(kModelOpCount == 21 && !pluggable(Op::cast) && pluggable(Op::add_rmsnorm_forward));
 
 }  // namespace divlab

@@ -1,39 +1,192 @@
-/* divlab plug-in ABI, version 1.
+/* divlab plug-in ABI, versions 2 (current) and 1 (still loaded).
  *
- * A plug-in is a shared library that exports one C function,
+ * A plug-in is a shared library that exports one C function returning a table of candidate
+ * kernels:
  *
- *     const divlab_plugin* divlab_plugin_register(void);
+ *     const divlab_plugin2* divlab_plugin_register2(void);     (ABI 2)
+ *     const divlab_plugin*  divlab_plugin_register(void);      (ABI 1, read without the above)
  *
- * returning a table of candidate kernels. divlab loads it with `--plugins path/libx.so` (train,
- * check, kernels), `--set plugins=[path/libx.so]` or `plugins = ["..."]` in a config; its
- * variants then appear in `divlab kernels` and can be selected with kernels.<op> = "name",
- * shadowed (shadow.variants) and swept in grids like the built-in ones. The table and its strings
- * must stay valid while the library is loaded.
+ * divlab loads it with `--plugins path/libx.so` or `plugins = ["..."]` (a config, a grid, or
+ * `--set plugins=[...]`) in every command; its variants then appear in `divlab kernels` and can
+ * be selected with kernels.<op> = "name", shadowed (shadow.variants), checked and swept in grids
+ * like the built-in ones. The table and its strings must stay valid while the library is loaded.
  *
- * Tensors: fp32, row-major, contiguous. N = B * T rows (batch-major, then position). In bf16
- * mode divlab stores activations in bf16 and calls the variant with widened fp32 copies.
+ * Tensors: row-major, contiguous. N = B * T rows (batch-major, then position). Token ids are
+ * int32 in [0, V). Conventions as in kernels/ops.h: a backward ADDS into parameter gradients and
+ * into residual-stream gradients (dresid), and OVERWRITES plain input gradients. This header is
+ * C (usable from C, C++ and CUDA) and is the whole contract: a plug-in needs no other divlab
+ * header and links against nothing of divlab.
+ *
+ * ABI 2: every kernel receives the call's context first (a stream, a seed, scratch memory) and
+ * declares the dtype of the activations it reads and writes, so a kernel plugs in as written:
+ *   fp32  the fp32 mode's kernel (train.precision = "fp32"); in the bf16 mode divlab runs it on
+ *         widened fp32 copies of its bf16 activations and rounds its activation outputs to bf16.
+ *   bf16  the bf16 mode's kernel (train.precision = "bf16", check --precision bf16): its
+ *         activation arguments are bf16 arrays (in CUDA code divlab_bf16 is __nv_bfloat16).
+ *   fp16  IEEE half activations (in CUDA, __half). divlab has no fp16 mode: in the fp32 mode
+ *         such a kernel runs on copies of its activation inputs rounded to fp16 and its
+ *         activation outputs are widened back, which is what storing those activations in
+ *         fp16 would do around it.
+ * Whatever the dtype, parameters and their gradients, the residual stream (x, dresid, a),
+ * RMSNorm's rstd, the losses and every scalar stay float: mixed precision's master copies. In
+ * the function types below, A is the declared dtype and every other array is float.
  *   device "cpu":  host pointers; the kernel may use any number of threads.
- *   device "cuda": device pointers; launch on the default (legacy) stream; do not synchronise
- *                 (the run's own stream is a blocking one, so the two are ordered).
- * Token ids are int32 in [0, V). Conventions as in kernels/ops.h: a backward ADDS into parameter
- * gradients and into residual-stream gradients (dresid), and OVERWRITES plain input gradients.
- * This header is C (usable from C, C++ and CUDA) and is the whole contract: a plug-in needs no
- * other divlab header and links against nothing of divlab.
- */
+ *   device "cuda": device pointers; launch on ctx->stream and do not synchronise the device.
+ * A variant that computes the op's math and differs from the reference only by rounding (another
+ * summation order, wider accumulation) can declare itself a benign control (DIVLAB_CONTROL):
+ * analyses then use it in the noise floor against which candidates are judged. */
 #ifndef DIVLAB_PLUGIN_ABI_H
 #define DIVLAB_PLUGIN_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define DIVLAB_PLUGIN_ABI_VERSION 1u
-
 typedef int32_t divlab_token;
 
-/* One function type per op (the `op` string in parentheses). */
+/* ---- ABI 2 ---- */
+#define DIVLAB_PLUGIN_ABI2_VERSION 2u
+
+/* The activations' dtype a variant is written for (divlab_variant2::dtype). */
+#define DIVLAB_FP32 1u
+#define DIVLAB_BF16 2u
+#define DIVLAB_FP16 3u
+/* divlab_variant2::flags */
+#define DIVLAB_CONTROL 1u /* a benign control: the op's math, different only in rounding */
+
+/* 16-bit floats as plain data (the top half of an fp32; IEEE binary16). CUDA code gets CUDA's own
+ * types, the same two bytes, so a kernel written for them needs no casts. */
+#if defined(__CUDACC__)
+typedef __nv_bfloat16 divlab_bf16;
+typedef __half divlab_fp16;
+#else
+typedef struct {
+  uint16_t bits;
+} divlab_bf16;
+typedef struct {
+  uint16_t bits;
+} divlab_fp16;
+#endif
+
+/* What every ABI 2 kernel receives first. */
+typedef struct divlab_op_context {
+  uint32_t size;     /* sizeof(divlab_op_context) in the calling divlab: fields only get appended */
+  uint32_t reserved; /* 0 */
+  /* cuda: the cudaStream_t to launch on; the run's work is ordered on it, so a kernel queued
+   * there needs no synchronisation (NULL is the legacy default stream). cpu: NULL. */
+  void* stream;
+  /* This call's seed, fresh for every call: a kernel that draws random bits (stochastic
+   * rounding) draws them from it. A pure function of the run's seed, the step and the call, so
+   * a repeated or resumed run draws the same bits. */
+  uint64_t seed;
+  /* Scratch memory in the device's memory (host or device): region 0 to 7, at least `bytes`,
+   * 256-byte aligned, owned by divlab. Valid until the kernel returns and, on cuda, for the work
+   * it queued on ctx->stream; asking again for a region may move it (its contents are then
+   * lost). NULL if it cannot be had (a region out of range, memory exhausted). */
+  void* (*workspace)(const struct divlab_op_context* ctx, int region, size_t bytes);
+  void* divlab_private; /* divlab's; do not touch */
+} divlab_op_context;
+
+/* The ABI 2 function types: divlab2_<op>_<dtype>, with A the activation type (semantics: the
+ * ABI 1 comment of the same op below). */
+/* A is a type name, pasted into declarations (never an expression to parenthesise). */
+/* NOLINTBEGIN(bugprone-macro-parentheses) */
+#define DIVLAB2_FUNCTION_TYPES(dtype, A)                                                           \
+  typedef void (*divlab2_embedding_forward_##dtype)(const divlab_op_context* ctx, float* x,        \
+                                                    const divlab_token* tokens, const float* wte,  \
+                                                    const float* wpe, int B, int T, int C);        \
+  typedef void (*divlab2_rmsnorm_forward_##dtype)(const divlab_op_context* ctx, A* y, float* rstd, \
+                                                  const float* x, const float* w, int N, int C,    \
+                                                  float eps);                                      \
+  typedef void (*divlab2_rmsnorm_backward_##dtype)(                                                \
+      const divlab_op_context* ctx, float* dresid, float* dw, const A* dy, const float* x,         \
+      const float* w, const float* rstd, int N, int C);                                            \
+  typedef void (*divlab2_linear_forward_##dtype)(const divlab_op_context* ctx, A* y, const A* x,   \
+                                                 const A* W, int N, int in, int out);              \
+  typedef void (*divlab2_linear_backward_##dtype)(const divlab_op_context* ctx, A* dx, float* dW,  \
+                                                  const A* dy, const A* x, const A* W, int N,      \
+                                                  int in, int out);                                \
+  typedef void (*divlab2_attention_forward_##dtype)(const divlab_op_context* ctx, A* out, A* att,  \
+                                                    const A* qkv, int B, int T, int C, int NH);    \
+  typedef void (*divlab2_attention_backward_##dtype)(const divlab_op_context* ctx, A* dqkv,        \
+                                                     const A* dout, const A* qkv, const A* att,    \
+                                                     int B, int T, int C, int NH);                 \
+  typedef void (*divlab2_gelu_forward_##dtype)(const divlab_op_context* ctx, A* y, const A* x,     \
+                                               int64_t n);                                         \
+  typedef void (*divlab2_gelu_backward_##dtype)(const divlab_op_context* ctx, A* dx, const A* dy,  \
+                                                const A* x, int64_t n);                            \
+  typedef void (*divlab2_add_##dtype)(const divlab_op_context* ctx, float* y, const float* a,      \
+                                      const A* b, int64_t n);                                      \
+  typedef void (*divlab2_cross_entropy_##dtype)(                                                   \
+      const divlab_op_context* ctx, float* losses, A* dlogits, const A* logits,                    \
+      const divlab_token* targets, int N, int V, float dloss);                                     \
+  typedef void (*divlab2_embed_rmsnorm_backward_##dtype)(                                          \
+      const divlab_op_context* ctx, float* dwte, float* dwpe, float* dw_norm, const A* dy_norm,    \
+      const float* dresid, const float* x0, const float* w_norm, const float* rstd,                \
+      const divlab_token* tokens, int B, int T, int C, int V);                                     \
+  typedef void (*divlab2_rope_forward_##dtype)(const divlab_op_context* ctx, A* y, const A* x,     \
+                                               int B, int T, int NH, int NKV, int HD, float base); \
+  typedef void (*divlab2_rope_backward_##dtype)(const divlab_op_context* ctx, A* dx, const A* dy,  \
+                                                int B, int T, int NH, int NKV, int HD,             \
+                                                float base);                                       \
+  typedef void (*divlab2_gqa_forward_##dtype)(const divlab_op_context* ctx, A* qkv, const A* x,    \
+                                              int N, int NH, int NKV, int HD);                     \
+  typedef void (*divlab2_gqa_backward_##dtype)(const divlab_op_context* ctx, A* dx, const A* dqkv, \
+                                               int N, int NH, int NKV, int HD);                    \
+  typedef void (*divlab2_swiglu_forward_##dtype)(const divlab_op_context* ctx, A* y, const A* x,   \
+                                                 int N, int F);                                    \
+  typedef void (*divlab2_swiglu_backward_##dtype)(const divlab_op_context* ctx, A* dx,             \
+                                                  const A* dy, const A* x, int N, int F);          \
+  typedef void (*divlab2_softcap_forward_##dtype)(const divlab_op_context* ctx, A* y, const A* x,  \
+                                                  int64_t n, float cap);                           \
+  typedef void (*divlab2_softcap_backward_##dtype)(const divlab_op_context* ctx, A* dx,            \
+                                                   const A* dy, const A* x, int64_t n, float cap); \
+  typedef void (*divlab2_add_rmsnorm_forward_##dtype)(                                             \
+      const divlab_op_context* ctx, float* xout, A* y, float* rstd, const float* a, const A* b,    \
+      const float* w, int B, int T, int C, float eps);
+/* NOLINTEND(bugprone-macro-parentheses) */
+DIVLAB2_FUNCTION_TYPES(fp32, float)
+DIVLAB2_FUNCTION_TYPES(bf16, divlab_bf16)
+DIVLAB2_FUNCTION_TYPES(fp16, divlab_fp16)
+
+typedef struct {
+  const char* op;         /* e.g. "swiglu_forward" (the op names in parentheses below) */
+  const char* name;       /* variant name: letters, digits, '_'; must not clash with another */
+  const char* device;     /* "cpu" or "cuda" */
+  uint32_t dtype;         /* DIVLAB_FP32, DIVLAB_BF16 or DIVLAB_FP16 */
+  uint32_t flags;         /* 0, or DIVLAB_CONTROL */
+  void (*fn)(void);       /* divlab2_<op>_<dtype>, cast to void (*)(void) */
+  const char* summary;    /* one line: what it does */
+  const char* wrong;      /* what is wrong with it ("" if nothing known; a control must say "") */
+  const char* exposed_by; /* which inputs or settings make that visible ("" if unknown) */
+  const char* masked_by;  /* which hide it ("" if unknown) */
+} divlab_variant2;
+
+typedef struct {
+  uint32_t abi_version; /* DIVLAB_PLUGIN_ABI2_VERSION */
+  uint32_t count;
+  const divlab_variant2* variants;
+} divlab_plugin2;
+
+typedef const divlab_plugin2* (*divlab_plugin_register2_fn)(void);
+#define DIVLAB_PLUGIN_REGISTER2_SYMBOL "divlab_plugin_register2"
+
+/* What an ABI 2 plug-in defines. Declared here, inside extern "C", so that a C++ definition
+ * written without extern "C" still exports the unmangled name divlab loads. */
+const divlab_plugin2* divlab_plugin_register2(void);
+
+#define DIVLAB_PLUGIN_ABI_VERSION 1u /* the ABI 1 table's version */
+
+/* ---- ABI 1 (still loaded): fp32 tensors, no context. One function type per op (the `op`
+ * string in parentheses); the op semantics stated here hold for ABI 2 as well. */
 /* (embedding_forward) x[n] = wte[tokens[n]] + wpe[n % T]; x, wte [V, C], wpe [T, C] */
 typedef void (*divlab_embedding_forward)(float* x, const divlab_token* tokens, const float* wte,
                                          const float* wpe, int B, int T, int C);
@@ -102,7 +255,7 @@ typedef void (*divlab_add_rmsnorm_forward)(float* xout, float* y, float* rstd, c
 typedef struct {
   const char* op;         /* e.g. "embed_rmsnorm_backward" (see the op names above) */
   const char* name;       /* variant name: letters, digits, '_'; must not clash with another */
-  const char* device;     /* "cpu" or "cuda" */
+  const char* device;     /* "cpu" or "cuda" (launch on the legacy default stream) */
   void (*fn)(void);       /* the op's function type above, cast to void (*)(void) */
   const char* summary;    /* one line: what it does */
   const char* wrong;      /* what is wrong with it ("" if nothing known) */
@@ -111,7 +264,7 @@ typedef struct {
 } divlab_variant;
 
 typedef struct {
-  uint32_t abi_version; /* DIVLAB_PLUGIN_ABI_VERSION the plug-in was built with */
+  uint32_t abi_version; /* DIVLAB_PLUGIN_ABI_VERSION (1) */
   uint32_t count;
   const divlab_variant* variants;
 } divlab_plugin;
@@ -119,7 +272,7 @@ typedef struct {
 typedef const divlab_plugin* (*divlab_plugin_register_fn)(void);
 #define DIVLAB_PLUGIN_REGISTER_SYMBOL "divlab_plugin_register"
 
-/* What the plug-in defines. Declared here, inside extern "C", so that a C++ definition written
+/* What an ABI 1 plug-in defines. Declared here, inside extern "C", so that a C++ definition written
  * without extern "C" still exports the unmangled name divlab loads. */
 const divlab_plugin* divlab_plugin_register(void);
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -21,7 +22,8 @@
 #include "common/sha256.h"
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
-#include "kernels/plugin_abi.h"
+#include "kernels/fp16_activations.h"
+#include "kernels/plugin_calls.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -33,10 +35,9 @@ struct Loaded {
   std::string sha256;
   uint32_t abi = 0;
   void* handle;
-  // (catalogue, op, variant) of every entry this library added
-  std::vector<std::tuple<Catalogue<float>*, std::string, std::string>> added;
-  // ... and the same entries adapted into the bf16 modes (bf16 activations around the fp32 ABI)
-  std::vector<std::tuple<Catalogue<float, bf16>*, std::string, std::string>> adopted;
+  std::vector<PluginVariant> variants;
+  // Removes every entry this library added, newest first.
+  std::vector<std::function<void()>> undo;
 };
 std::vector<Loaded>& loaded() {
   static std::vector<Loaded> l;
@@ -47,75 +48,135 @@ std::string str(const char* s) {
   return s ? s : "";
 }
 
-// The plug-in ABI 1 function types are the internal op signatures at float without their
-// context, one for one: a plug-in's pointer is cast to its op's context-free type by the op's
-// name (add_variant) and called through Kernel::context_free, so a signature changed on one
-// side only must fail to build, not corrupt memory at run time.
-using Fp32Ops = OpSignatures<float>;
-static_assert(std::is_same_v<divlab_token, TokenId>);
-static_assert(std::is_same_v<divlab_embedding_forward, WithoutContext<Fp32Ops::EmbeddingForward>>);
-static_assert(std::is_same_v<divlab_rmsnorm_forward, WithoutContext<Fp32Ops::RmsnormForward>>);
-static_assert(std::is_same_v<divlab_rmsnorm_backward, WithoutContext<Fp32Ops::RmsnormBackward>>);
-static_assert(std::is_same_v<divlab_linear_forward, WithoutContext<Fp32Ops::LinearForward>>);
-static_assert(std::is_same_v<divlab_linear_backward, WithoutContext<Fp32Ops::LinearBackward>>);
-static_assert(std::is_same_v<divlab_attention_forward, WithoutContext<Fp32Ops::AttentionForward>>);
-static_assert(
-    std::is_same_v<divlab_attention_backward, WithoutContext<Fp32Ops::AttentionBackward>>);
-static_assert(std::is_same_v<divlab_gelu_forward, WithoutContext<Fp32Ops::GeluForward>>);
-static_assert(std::is_same_v<divlab_gelu_backward, WithoutContext<Fp32Ops::GeluBackward>>);
-static_assert(std::is_same_v<divlab_add, WithoutContext<Fp32Ops::Add>>);
-static_assert(std::is_same_v<divlab_cross_entropy, WithoutContext<Fp32Ops::CrossEntropy>>);
-static_assert(
-    std::is_same_v<divlab_embed_rmsnorm_backward, WithoutContext<Fp32Ops::EmbedRmsnormBackward>>);
-static_assert(std::is_same_v<divlab_rope_forward, WithoutContext<Fp32Ops::RopeForward>>);
-static_assert(std::is_same_v<divlab_rope_backward, WithoutContext<Fp32Ops::RopeBackward>>);
-static_assert(std::is_same_v<divlab_gqa_forward, WithoutContext<Fp32Ops::GqaForward>>);
-static_assert(std::is_same_v<divlab_gqa_backward, WithoutContext<Fp32Ops::GqaBackward>>);
-static_assert(std::is_same_v<divlab_swiglu_forward, WithoutContext<Fp32Ops::SwigluForward>>);
-static_assert(std::is_same_v<divlab_swiglu_backward, WithoutContext<Fp32Ops::SwigluBackward>>);
-static_assert(std::is_same_v<divlab_softcap_forward, WithoutContext<Fp32Ops::SoftcapForward>>);
-static_assert(std::is_same_v<divlab_softcap_backward, WithoutContext<Fp32Ops::SoftcapBackward>>);
-static_assert(
-    std::is_same_v<divlab_add_rmsnorm_forward, WithoutContext<Fp32Ops::AddRmsnormForward>>);
-
 bool valid_name(const std::string& n) {
   return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
   });
 }
 
-// Adds one variant to `cat`; returns false (with `why`) if its op is unknown or not pluggable, or
-// its name is taken.
-bool add_variant(Catalogue<float>& cat, const divlab_variant& v, std::string* why) {
-  const std::string op = str(v.op), name = str(v.name);
-  if (Op o{}; parse_op(op, &o) && !pluggable(o)) {
-    *why = "op '" + op + "' is not replaceable by plug-ins (ABI 1 covers the model's ops)";
-    return false;
-  }
-  bool done = false;
-  cat.for_each_op([&](auto& ops, auto) {
-    if (ops.op != op || done) return;
-    done = true;
-    if (ops.find(name)) {
-      *why = "variant '" + name + "' of " + op + " already exists";
-      return;
-    }
-    using Fn = typename std::decay_t<decltype(ops)>::Function;
-    ops.add(name, reinterpret_cast<typename Kernel<Fn>::ContextFree>(v.fn),
-            {str(v.summary) + " [plug-in]", str(v.wrong), str(v.exposed_by), str(v.masked_by)});
+// One variant as a library declared it, in either ABI.
+struct Declared {
+  std::string op, name, device;
+  uint32_t abi = 0, dtype = DIVLAB_FP32;
+  bool control = false;
+  void (*fn)(void) = nullptr;
+  VariantDoc doc;
+};
+
+const char* dtype_name(uint32_t dtype) {
+  return dtype == DIVLAB_FP32 ? "fp32" : dtype == DIVLAB_BF16 ? "bf16" : "fp16";
+}
+
+// Why `v` cannot go into a catalogue ("" if it can): an op the ABI lacks, a name taken.
+template <class Cat>
+std::string refusal(const Cat& cat, const Declared& v) {
+  Op o{};
+  if (!parse_op(v.op, &o)) return "unknown op '" + v.op + "'";
+  if (!pluggable(o))
+    return "op '" + v.op + "' is not replaceable by plug-ins (the ABI covers the model's ops)";
+  std::string why;
+  cat.for_each_op([&](const auto& ops, auto) {
+    if (ops.op == v.op && ops.find(v.name))
+      why = "variant '" + v.name + "' of " + v.op + " already exists";
   });
-  if (!done) *why = "unknown op '" + op + "'";
-  return done && why->empty();
+  return why;
+}
+
+// Adds `v` to `cat` as the plain kernel of its op: an ABI 1 kernel (no context) or an ABI 2
+// kernel whose dtype is the catalogue's activation type.
+template <class Cat>
+void add_native(Cat& cat, const Declared& v) {
+  cat.for_each_op([&](auto& ops, auto) {
+    if (ops.op != v.op) return;
+    using Fn = typename std::decay_t<decltype(ops)>::Function;
+    if (v.abi == 1)
+      ops.add(v.name, reinterpret_cast<typename Kernel<Fn>::ContextFree>(v.fn), v.doc);
+    else
+      ops.add(v.name, Kernel<Fn>(&Abi2<Fn>::call, reinterpret_cast<void*>(v.fn)), v.doc);
+  });
 }
 
 void remove_added(const Loaded& l) {
-  for (const auto& [cat, op, name] : l.adopted) drop_adopted_variant(*cat, op, name);
-  for (const auto& added : l.added) {
-    const std::string &op = std::get<1>(added), &name = std::get<2>(added);
-    std::get<0>(added)->for_each_op([&](auto& ops, auto) {
+  for (auto it = l.undo.rbegin(); it != l.undo.rend(); ++it) (*it)();
+}
+
+// Undoes the addition of `v` to `cat`.
+template <class Cat>
+std::function<void()> removal(Cat& cat, const Declared& v) {
+  return [&cat, op = v.op, name = v.name] {
+    cat.for_each_op([&](auto& ops, auto) {
       if (ops.op == op) ops.remove(name);
     });
+  };
+}
+
+// A table that cannot be used: what is wrong with it, for PluginError's line.
+struct TableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The library's table, as Declared records (ABI 2 if it exports that registration function,
+// else ABI 1). Reads every string the loader will read. Throws TableError.
+std::vector<Declared> read_table(void* handle, uint32_t* abi) {
+  std::vector<Declared> out;
+  const auto doc = [](const char* summary, const char* wrong, const char* exposed,
+                      const char* masked, bool control, uint32_t dtype) {
+    const std::string tag = dtype == DIVLAB_FP32 ? " [plug-in]"
+                            : dtype == DIVLAB_BF16
+                                ? " [plug-in, bf16 kernel]"
+                                : " [plug-in, fp16 kernel on fp16 copies of its activations]";
+    return VariantDoc{str(summary) + tag, str(wrong), str(exposed), str(masked), control};
+  };
+  const std::string speaks =
+      "; this divlab speaks ABI 1 and 2 (rebuild it against "
+      "kernels/plugin_abi.h)";
+  if (auto reg2 = reinterpret_cast<divlab_plugin_register2_fn>(
+          dlsym(handle, DIVLAB_PLUGIN_REGISTER2_SYMBOL))) {
+    const divlab_plugin2* p = reg2();
+    if (!p) throw TableError(DIVLAB_PLUGIN_REGISTER2_SYMBOL "() returned null");
+    if (p->abi_version != DIVLAB_PLUGIN_ABI2_VERSION)
+      throw TableError(DIVLAB_PLUGIN_REGISTER2_SYMBOL "(): built for plug-in ABI " +
+                       std::to_string(p->abi_version) + speaks);
+    *abi = 2;
+    for (uint32_t i = 0; p->variants && i < p->count; ++i) {
+      const divlab_variant2& v = p->variants[i];
+      const bool control = (v.flags & DIVLAB_CONTROL) != 0;
+      out.push_back({str(v.op), str(v.name), str(v.device), 2, v.dtype, control, v.fn,
+                     doc(v.summary, v.wrong, v.exposed_by, v.masked_by, control, v.dtype)});
+      if (v.flags & ~DIVLAB_CONTROL) out.back().abi = 0;  // refused by validate() below
+    }
+  } else if (auto reg = reinterpret_cast<divlab_plugin_register_fn>(
+                 dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))) {
+    const divlab_plugin* p = reg();
+    if (!p) throw TableError(DIVLAB_PLUGIN_REGISTER_SYMBOL "() returned null");
+    if (p->abi_version != DIVLAB_PLUGIN_ABI_VERSION)
+      throw TableError("built for plug-in ABI " + std::to_string(p->abi_version) + speaks);
+    *abi = 1;
+    for (uint32_t i = 0; p->variants && i < p->count; ++i) {
+      const divlab_variant& v = p->variants[i];
+      out.push_back({str(v.op), str(v.name), str(v.device), 1, DIVLAB_FP32, false, v.fn,
+                     doc(v.summary, v.wrong, v.exposed_by, v.masked_by, false, DIVLAB_FP32)});
+    }
+  } else {
+    throw TableError("does not export " DIVLAB_PLUGIN_REGISTER2_SYMBOL
+                     "() (ABI 2) or " DIVLAB_PLUGIN_REGISTER_SYMBOL
+                     "() (ABI 1): see kernels/plugin_abi.h");
   }
+  if (out.empty()) throw TableError("registers no variants");
+  return out;
+}
+
+// Why declared variant `v` is unusable before any catalogue is asked ("" if it is not).
+std::string invalid(const Declared& v) {
+  if (!valid_name(v.name)) return "a name needs letters, digits or '_'";
+  if (!v.fn) return "no function";
+  if (v.abi == 0) return "unknown flags (only DIVLAB_CONTROL is defined)";
+  if (v.dtype != DIVLAB_FP32 && v.dtype != DIVLAB_BF16 && v.dtype != DIVLAB_FP16)
+    return "dtype " + std::to_string(v.dtype) +
+           ": expected DIVLAB_FP32, DIVLAB_BF16 or DIVLAB_FP16";
+  if (v.doc.benign && !v.doc.wrong.empty())
+    return "declared a benign control (DIVLAB_CONTROL) but says what is wrong with it";
+  return "";
 }
 
 // A library can crash or hang in its constructors or its registration function. It is loaded,
@@ -128,18 +189,11 @@ std::string probe_in_child(const std::string& path) {
   if (pid < 0) return "";  // cannot fork: the load below is the only check
   if (pid == 0) {
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    auto reg = handle ? reinterpret_cast<divlab_plugin_register_fn>(
-                            dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))
-                      : nullptr;
-    const divlab_plugin* p = reg ? reg() : nullptr;
-    volatile size_t touched = 0;  // reads every string the loader will read
-    if (p && p->abi_version == DIVLAB_PLUGIN_ABI_VERSION && p->variants)
-      for (uint32_t i = 0; i < p->count; ++i)
-        for (const char* s :
-             {p->variants[i].op, p->variants[i].name, p->variants[i].device, p->variants[i].summary,
-              p->variants[i].wrong, p->variants[i].exposed_by, p->variants[i].masked_by})
-          touched += s ? std::strlen(s) : 0;
-    (void)touched;
+    if (handle) try {
+        uint32_t abi = 0;
+        read_table(handle, &abi);  // a table that is merely wrong is the parent's to report
+      } catch (...) {
+      }
     _exit(0);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -179,6 +233,41 @@ std::string file_sha256(const std::string& path) {
   return sha256_hex(bytes.str());
 }
 
+// Adds `v` to the catalogues of its device where its dtype runs (recording how to undo it):
+//   fp32 (and every ABI 1 kernel): the fp32 mode as it is, the bf16 mode through the adapters
+//        of kernels/bf16_activations.h;
+//   bf16: the bf16 mode as it is;
+//   fp16: the fp32 mode through the adapters of kernels/fp16_activations.h.
+// Throws TableError (an unknown op, a name taken) or BackendError (an unknown device).
+// `bf16_twin`: the library also declares a bf16 kernel of the same op, name and device, which the
+// bf16 mode runs instead of adapting this one.
+void register_variant(Loaded& l, const Declared& v, bool bf16_twin) {
+  const auto check = [&](const auto& cat) {
+    if (const std::string why = refusal(cat, v); !why.empty()) throw TableError(why);
+  };
+  const auto [bf16_cat, bf16_conv] = device_bf16_catalogue(v.device);
+  if (v.dtype == DIVLAB_BF16) {
+    check(*bf16_cat);
+    add_native(*bf16_cat, v);
+    l.undo.push_back(removal(*bf16_cat, v));
+    return;
+  }
+  const std::vector<Catalogue<float>*> cats = device_catalogues(v.device);
+  for (Catalogue<float>* cat : cats) {
+    check(*cat);
+    if (v.dtype == DIVLAB_FP16)
+      add_fp16_plugin_variant(*cat, v.op, v.name, v.fn, v.doc, device_fp16_conversions(v.device));
+    else
+      add_native(*cat, v);
+    l.undo.push_back(removal(*cat, v));
+  }
+  if (v.dtype == DIVLAB_FP32 && !bf16_twin) {
+    check(*bf16_cat);
+    adopt_fp32_variant(*bf16_cat, *cats.front(), v.op, v.name, *bf16_conv);
+    l.undo.push_back(removal(*bf16_cat, v));
+  }
+}
+
 void load_one(const std::string& path) {
   const std::string identity = identity_of(path);
   for (const auto& l : loaded())
@@ -190,39 +279,27 @@ void load_one(const std::string& path) {
   if (!handle) fail(std::string("cannot load: ") + dlerror());
   Loaded l{path, identity, file_sha256(identity), 0, handle, {}, {}};
   try {
-    auto reg =
-        reinterpret_cast<divlab_plugin_register_fn>(dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL));
-    if (!reg)
-      fail("does not export " DIVLAB_PLUGIN_REGISTER_SYMBOL "() (see kernels/plugin_abi.h)");
-    const divlab_plugin* p = reg();
-    if (!p) fail(DIVLAB_PLUGIN_REGISTER_SYMBOL "() returned null");
-    if (p->abi_version != DIVLAB_PLUGIN_ABI_VERSION)
-      fail("built for plug-in ABI " + std::to_string(p->abi_version) + "; this divlab speaks ABI " +
-           std::to_string(DIVLAB_PLUGIN_ABI_VERSION) +
-           " (rebuild it against kernels/plugin_abi.h)");
-    if (p->count == 0 || !p->variants) fail("registers no variants");
-    l.abi = p->abi_version;
-    for (uint32_t i = 0; i < p->count; ++i) {
-      const divlab_variant& v = p->variants[i];
-      const std::string name = str(v.name),
-                        where = "variant " + std::to_string(i) + " ('" + name + "')";
-      if (!valid_name(name)) fail(where + ": a name needs letters, digits or '_'");
-      if (!v.fn) fail(where + ": no function");
-      std::vector<Catalogue<float>*> cats;
+    std::vector<Declared> table;
+    try {
+      table = read_table(handle, &l.abi);
+    } catch (const TableError& e) {
+      fail(e.what());
+    }
+    for (size_t i = 0; i < table.size(); ++i) {
+      const Declared& v = table[i];
+      const std::string where = "variant " + std::to_string(i) + " ('" + v.name + "')";
+      if (const std::string why = invalid(v); !why.empty()) fail(where + ": " + why);
       try {
-        cats = device_catalogues(str(v.device));
+        const bool bf16_twin = std::any_of(table.begin(), table.end(), [&](const Declared& o) {
+          return o.dtype == DIVLAB_BF16 && o.op == v.op && o.name == v.name && o.device == v.device;
+        });
+        register_variant(l, v, v.dtype == DIVLAB_FP32 && bf16_twin);
       } catch (const BackendError& e) {
         fail(where + ": " + e.what());
+      } catch (const TableError& e) {
+        fail(where + ": " + e.what());
       }
-      for (Catalogue<float>* cat : cats) {
-        std::string why;
-        if (!add_variant(*cat, v, &why)) fail(where + ": " + why);
-        l.added.emplace_back(cat, str(v.op), name);
-      }
-      // The bf16 mode of the same device runs it on widened copies of its bf16 inputs.
-      const auto [bf16_cat, conv] = device_bf16_catalogue(str(v.device));
-      adopt_fp32_variant(*bf16_cat, *cats.front(), str(v.op), name, *conv);
-      l.adopted.emplace_back(bf16_cat, str(v.op), name);
+      l.variants.push_back({v.op, v.name, dtype_name(v.dtype), path});
     }
   } catch (...) {
     remove_added(l);
@@ -232,6 +309,17 @@ void load_one(const std::string& path) {
   loaded().push_back(std::move(l));
 }
 }  // namespace
+
+void* plugin_workspace(const divlab_op_context* ctx, int region, size_t bytes) {
+  if (!ctx || !ctx->divlab_private || region < 0 || region >= kPluginWorkspaceRegions)
+    return nullptr;
+  try {
+    return static_cast<Workspace*>(ctx->divlab_private)
+        ->get(kPluginWorkspaceSlot + region, std::max<size_t>(bytes, 1));
+  } catch (...) {  // out of memory: the ABI is C, so the kernel is told with a null
+    return nullptr;
+  }
+}
 
 void load_plugins(const std::vector<std::string>& paths) {
   for (const auto& p : paths) load_one(p);
@@ -252,10 +340,27 @@ std::string loaded_plugins_identity() {
   return out;
 }
 
+std::vector<PluginVariant> plugin_variants() {
+  std::vector<PluginVariant> out;
+  for (const auto& l : loaded()) out.insert(out.end(), l.variants.begin(), l.variants.end());
+  return out;
+}
+
 std::string plugin_of(const std::string& op, const std::string& variant) {
-  for (const auto& l : loaded())
-    for (const auto& added : l.added)
-      if (std::get<1>(added) == op && std::get<2>(added) == variant) return l.path;
+  for (const auto& v : plugin_variants())
+    if (v.op == op && v.name == variant) return v.path;
+  return "";
+}
+
+std::string plugin_mode_note(const std::string& op, const std::string& variant) {
+  for (const auto& v : plugin_variants()) {
+    if (v.op != op || v.name != variant) continue;
+    return "'" + variant + "' (plug-in " + v.path + ") is " + (v.dtype == "bf16" ? "a " : "an ") +
+           v.dtype + " kernel: it runs " +
+           (v.dtype == "bf16"
+                ? "in the bf16 mode (train.precision = \"bf16\", check --precision bf16)"
+                : "in the fp32 mode (train.precision = \"fp32\")");
+  }
   return "";
 }
 

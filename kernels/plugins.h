@@ -13,16 +13,29 @@ struct PluginError : std::runtime_error {
 };
 
 // Loads each library once (a path already loaded, under any spelling of it, is skipped) and adds
-// its variants to the fp32 catalogues of their device (cpu, or both cuda GEMM modes). All or
-// nothing per library: on any error nothing of that library is registered and it is unloaded again.
+// its variants to the catalogues of their device where their dtype runs (fp32 kernels in both
+// modes, bf16 kernels in the bf16 mode, fp16 kernels in the fp32 mode: kernels/plugin_abi.h).
+// All or nothing per library: on any error nothing of that library is registered and it is
+// unloaded again.
 // Throws PluginError.
 void load_plugins(const std::vector<std::string>& paths);
 
 // Removes every plug-in variant from the catalogues and unloads the libraries.
 void unload_plugins();
 
+// A loaded plug-in variant: its op, name, activation dtype ("fp32", "bf16", "fp16") and library.
+struct PluginVariant {
+  std::string op, name, dtype, path;
+};
+std::vector<PluginVariant> plugin_variants();
+
 // The library that added variant `variant` of `op` (as loaded), or "" for a built-in variant.
 std::string plugin_of(const std::string& op, const std::string& variant);
+
+// Where a plug-in variant of another dtype runs, when a mode that lacks it was asked for it: e.g.
+// "'my_swiglu' (plug-in PATH) is a bf16 kernel: it runs in the bf16 mode (...)". "" if `variant`
+// of `op` is no loaded plug-in's.
+std::string plugin_mode_note(const std::string& op, const std::string& variant);
 
 // Loaded libraries, in load order.
 std::vector<std::string> loaded_plugins();

@@ -138,9 +138,8 @@ std::vector<std::string> shadowable_ops() {
   std::vector<std::string> ops;
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_SHADOWABLE(name, Signature)                                      \
-  if (OpSpec<Op::name>::known && pluggable(Op::name) && Op::name != Op::cast && \
-      Op::name != Op::attention_backward)                                       \
+#define DIVLAB_SHADOWABLE(name, Signature)                                                  \
+  if (OpSpec<Op::name>::known && pluggable(Op::name) && Op::name != Op::attention_backward) \
     ops.push_back(#name);
   DIVLAB_OPS(DIVLAB_SHADOWABLE)
 #undef DIVLAB_SHADOWABLE

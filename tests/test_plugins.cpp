@@ -2,10 +2,16 @@
 // documentation, compute what they claim (the correct one matches fp64, the buggy one loses the
 // hot row), in the bf16 mode too, and go away on unload; broken libraries are refused with the
 // reason named.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "experiments/check.h"
 #include "kernels/bf16_activations.h"
+#include "kernels/plugin_abi.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
@@ -95,8 +101,17 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   EXPECT_NE(error_of(DIVLAB_NOT_A_PLUGIN).find("does not export divlab_plugin_register"),
             std::string::npos);
   const std::string abi = error_of(DIVLAB_BROKEN_ABI_PLUGIN);
-  EXPECT_NE(abi.find("built for plug-in ABI 999; this divlab speaks ABI 1"), std::string::npos)
+  EXPECT_NE(abi.find("built for plug-in ABI 999; this divlab speaks ABI 1 and 2"),
+            std::string::npos)
       << abi;
+  const std::string abi3 = error_of(DIVLAB_ABI3_PLUGIN);
+  EXPECT_NE(abi3.find("built for plug-in ABI 3"), std::string::npos) << abi3;
+  EXPECT_NE(error_of(DIVLAB_UNKNOWN_DTYPE_PLUGIN)
+                .find("variant 0 ('broken_add'): dtype 9: expected DIVLAB_FP32"),
+            std::string::npos);
+  EXPECT_NE(error_of(DIVLAB_WRONG_CONTROL_PLUGIN)
+                .find("declared a benign control (DIVLAB_CONTROL) but says what is wrong"),
+            std::string::npos);
   EXPECT_NE(error_of(DIVLAB_CLASHING_PLUGIN)
                 .find("variant 'reference' of rmsnorm_backward already exists"),
             std::string::npos);
@@ -111,6 +126,126 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   // Nothing of a refused library stays registered or loaded.
   EXPECT_TRUE(loaded_plugins().empty());
   EXPECT_EQ(cpu_catalogue<float>().rmsnorm_backward.find("from_the_future"), nullptr);
+  EXPECT_EQ(cpu_catalogue<float>().add.find("broken_add"), nullptr);
+}
+
+// An ABI 2 library: each kernel lands in the modes its dtype runs in, receives the call's
+// context (seed, stream, scratch memory), computes what it claims, and a control is a control.
+TEST(Plugins, Abi2KernelsRunInTheirDtypesModesWithTheirContext) {
+  Unload guard;
+  load_plugins({DIVLAB_ABI2_PLUGIN});
+  EXPECT_NE(loaded_plugins_identity().find(" abi:2"), std::string::npos);
+  const auto& f32 = cpu_catalogue<float>();
+  const auto& b16 = cpu_bf16_catalogue();
+  // bf16 kernels run in the bf16 mode only; asking the fp32 mode names where it runs.
+  EXPECT_TRUE(b16.swiglu_forward.find("abi2_bf16_swiglu"));
+  EXPECT_FALSE(f32.swiglu_forward.find("abi2_bf16_swiglu"));
+  try {
+    f32.select({{"swiglu_forward", "abi2_bf16_swiglu"}});
+    ADD_FAILURE() << "the fp32 mode selected a bf16 kernel";
+  } catch (const UnknownKernel& e) {
+    EXPECT_NE(std::string(e.what()).find("is a bf16 kernel: it runs in the bf16 mode"),
+              std::string::npos)
+        << e.what();
+  }
+  // fp16 kernels run in the fp32 mode (through fp16 copies); fp32 kernels in both.
+  EXPECT_TRUE(f32.gelu_forward.find("abi2_fp16_gelu"));
+  EXPECT_FALSE(b16.gelu_forward.find("abi2_fp16_gelu"));
+  EXPECT_TRUE(f32.add.find("abi2_context_add") && b16.add.find("abi2_context_add"));
+  EXPECT_TRUE(f32.is_benign("add", "abi2_context_add"));
+  EXPECT_TRUE(b16.is_benign("swiglu_forward", "abi2_bf16_swiglu"));
+  EXPECT_FALSE(b16.is_benign("swiglu_forward", "abi2_bf16_swiglu_vec8"));
+
+  std::mt19937_64 gen(test_seed());
+  // The context: the caller's seed and stream, the struct's size, working scratch memory.
+  {
+    const int64_t n = 1000;
+    const std::vector<float> a = randn<float>(n, gen), b = randn<float>(n, gen);
+    std::vector<float> y(n, NAN);
+    const OpContext ctx = test_context();
+    f32.select({{"add", "abi2_context_add"}}).add(ctx, y.data(), a.data(), b.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] + b[i]) << i;
+    void* lib = dlopen(DIVLAB_ABI2_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_TRUE(lib);
+    const auto last =
+        reinterpret_cast<const divlab_op_context* (*)()>(dlsym(lib, "abi2_last_context"))();
+    dlclose(lib);
+    EXPECT_EQ(last->size, sizeof(divlab_op_context));
+    EXPECT_EQ(last->seed, ctx.seed);
+    EXPECT_EQ(last->stream, nullptr);
+    // Regions 0-7 exist; others do not.
+    EXPECT_EQ(last->workspace(last, 8, 16), nullptr);
+  }
+  // bf16: the correct kernel within a bf16 rounding of the mode's reference, the packed one
+  // leaves each row's tail (F = 20: 4 values) unwritten.
+  {
+    const int N = 7, F = 20;
+    std::vector<bf16> x;
+    for (float v : randn<float>(size_t(N) * 2 * F, gen)) x.push_back(to_bf16(v));
+    const auto run = [&](const std::string& variant) {
+      std::vector<bf16> y(size_t(N) * F, to_bf16(4096.0f));  // exact in bf16
+      b16.select({{"swiglu_forward", variant}})
+          .swiglu_forward(test_context(), y.data(), x.data(), N, F);
+      std::vector<float> out(y.size());
+      std::transform(y.begin(), y.end(), out.begin(), [](bf16 v) { return widen(v); });
+      return out;
+    };
+    const auto ref = run("reference"), good = run("abi2_bf16_swiglu"),
+               packed = run("abi2_bf16_swiglu_vec8");
+    EXPECT_CLOSE(good, ref, 1e-2, "abi2_bf16_swiglu");
+    for (int n = 0; n < N; ++n)
+      for (int f = 0; f < F; ++f)
+        EXPECT_EQ(packed[size_t(n) * F + f] == 4096.0f, f >= 16) << n << "," << f;
+  }
+  // fp16: outputs are fp16 values, within fp16 rounding of the exact GELU.
+  {
+    const int64_t n = 4096;
+    const std::vector<float> x = randn<float>(n, gen, 3.0);
+    std::vector<float> y(n), exact(n);
+    f32.select({{"gelu_forward", "abi2_fp16_gelu"}})
+        .gelu_forward(test_context(), y.data(), x.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = widen(to_fp16(x[i]));
+      exact[i] = float(0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+      EXPECT_EQ(widen(to_fp16(y[i])), y[i]) << "output " << i << " is no fp16 value";
+    }
+    const auto c = compare(y, exact);
+    EXPECT_LT(c.error, 2e-3) << c.describe("abi2_fp16_gelu");
+    EXPECT_GT(c.error, 1e-5) << "fp16 outputs should carry fp16 rounding";
+  }
+  unload_plugins();
+  EXPECT_FALSE(b16.swiglu_forward.find("abi2_bf16_swiglu"));
+  EXPECT_FALSE(f32.gelu_forward.find("abi2_fp16_gelu"));
+}
+
+// ABI 1 libraries still load, and their kernels compute without a context.
+TEST(Plugins, Abi1LibrariesStillLoad) {
+  Unload guard;
+  load_plugins({DIVLAB_ABI1_PLUGIN});
+  EXPECT_NE(loaded_plugins_identity().find(" abi:1"), std::string::npos);
+  std::vector<float> a = {1, 2, 3}, b = {4, 5, 6}, y(3);
+  cpu_catalogue<float>()
+      .select({{"add", "segfaults_on_large"}})
+      .add(test_context(), y.data(), a.data(), b.data(), 3);
+  EXPECT_EQ(y, (std::vector<float>{5, 7, 9}));
+}
+
+// The host fp16 conversion the fp16 adapters use equals the compiler's _Float16 (where it has one).
+TEST(Plugins, HostFp16BitsMatchTheCompilers) {
+  std::mt19937_64 gen(test_seed());
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 200000; ++i) {
+    float x = lowp::from_bits(any(gen));
+    if (std::isnan(x)) continue;
+    const float r = lowp::fp16_rne(x);
+    EXPECT_EQ(lowp::fp16_value(lowp::fp16_bits(x)), r) << x;
+#ifdef __FLT16_MAX__
+    const auto h = static_cast<_Float16>(x);
+    uint16_t bits = 0;
+    std::memcpy(&bits, &h, 2);
+    ASSERT_EQ(lowp::fp16_bits(x), bits) << x;
+#endif
+  }
 }
 
 }  // namespace divlab

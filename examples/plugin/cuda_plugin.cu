@@ -1,5 +1,6 @@
-// An example CUDA plug-in: two GPU candidates for the fused embedding-gradient op, written only
-// against kernels/plugin_abi.h.
+// An example CUDA plug-in (ABI 2): two GPU candidates for the fused embedding-gradient op,
+// written only against kernels/plugin_abi.h. Every launch goes on the stream divlab gives
+// (ctx->stream) and the scratch comes from its workspace, so nothing here synchronises the device.
 //   example_cuda_fp32_atomic  correct up to fp32 rounding: float atomicAdd into dwte (the order,
 //                             and so the last bits, vary from run to run).
 //   example_cuda_bf16_atomic  the seed bug as written in the wild: atomicAdd into a bf16 buffer.
@@ -58,45 +59,42 @@ __global__ void add_bf16_kernel(float* dwte, const __nv_bfloat16* acc, size_t n)
 }
 
 template <bool bf16>
-void embed_rmsnorm_backward(float* dwte, float* dwpe, float* dw_norm, const float* dy_norm,
-                            const float* dresid, const float* x0, const float* w_norm,
-                            const float* rstd, const divlab_token* tokens, int B, int T, int C,
-                            int V) {
+void embed_rmsnorm_backward(const divlab_op_context* ctx, float* dwte, float* dwpe, float* dw_norm,
+                            const float* dy_norm, const float* dresid, const float* x0,
+                            const float* w_norm, const float* rstd, const divlab_token* tokens,
+                            int B, int T, int C, int V) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx->stream);
   const int N = B * T;
-  float *dx0 = nullptr, *prod = nullptr;
-  cudaMalloc(&dx0, sizeof(float) * size_t(N) * C);
-  cudaMalloc(&prod, sizeof(float) * size_t(N) * C);
-  rows_kernel<<<N, 256>>>(dx0, prod, dy_norm, dresid, x0, w_norm, rstd, C);
-  column_sum_kernel<<<(C + 127) / 128, 128>>>(dw_norm, prod, N, C, 1);
-  // dwpe[t] = sum over b of dx0[b, t]: rows b*T + t, i.e. B rows T*C apart, for each of T*C.
-  column_sum_kernel<<<(T * C + 127) / 128, 128>>>(dwpe, dx0, B, T * C, 1);
   const size_t total = size_t(N) * C, table = size_t(V) * C;
-  __nv_bfloat16* acc = nullptr;
-  if (bf16) {
-    cudaMalloc(&acc, sizeof(__nv_bfloat16) * table);
-    cudaMemset(acc, 0, sizeof(__nv_bfloat16) * table);
-  }
-  scatter_kernel<bf16><<<unsigned((total + 255) / 256), 256>>>(dwte, acc, dx0, tokens, C, total);
-  if (bf16) add_bf16_kernel<<<unsigned((table + 255) / 256), 256>>>(dwte, acc, table);
-  cudaFree(acc);
-  cudaFree(dx0);
-  cudaFree(prod);
+  auto* dx0 = static_cast<float*>(ctx->workspace(ctx, 0, sizeof(float) * total));
+  auto* prod = static_cast<float*>(ctx->workspace(ctx, 1, sizeof(float) * total));
+  auto* acc = static_cast<__nv_bfloat16*>(
+      bf16 ? ctx->workspace(ctx, 2, sizeof(__nv_bfloat16) * table) : nullptr);
+  if (!dx0 || !prod || (bf16 && !acc)) return;  // no scratch: dwte stays untouched (check says so)
+  rows_kernel<<<N, 256, 0, stream>>>(dx0, prod, dy_norm, dresid, x0, w_norm, rstd, C);
+  column_sum_kernel<<<(C + 127) / 128, 128, 0, stream>>>(dw_norm, prod, N, C, 1);
+  // dwpe[t] = sum over b of dx0[b, t]: rows b*T + t, i.e. B rows T*C apart, for each of T*C.
+  column_sum_kernel<<<(T * C + 127) / 128, 128, 0, stream>>>(dwpe, dx0, B, T * C, 1);
+  if (bf16) cudaMemsetAsync(acc, 0, sizeof(__nv_bfloat16) * table, stream);
+  scatter_kernel<bf16>
+      <<<unsigned((total + 255) / 256), 256, 0, stream>>>(dwte, acc, dx0, tokens, C, total);
+  if (bf16) add_bf16_kernel<<<unsigned((table + 255) / 256), 256, 0, stream>>>(dwte, acc, table);
 }
 
-const divlab_variant kVariants[] = {
-    {"embed_rmsnorm_backward", "example_cuda_fp32_atomic", "cuda",
+const divlab_variant2 kVariants[] = {
+    {"embed_rmsnorm_backward", "example_cuda_fp32_atomic", "cuda", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<false>),
      "example CUDA plug-in: float atomicAdd into dwte", "", "", ""},
-    {"embed_rmsnorm_backward", "example_cuda_bf16_atomic", "cuda",
+    {"embed_rmsnorm_backward", "example_cuda_bf16_atomic", "cuda", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<true>),
      "example CUDA plug-in: atomicAdd into a bf16 buffer",
      "a frequent token's row stalls once its sum is 2^8 times a contribution",
      "skewed token streams (Zipf, real text), many tokens per step", "uniform tokens; AdamW"},
 };
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
 
 }  // namespace
 
-extern "C" const divlab_plugin* divlab_plugin_register(void) {
+const divlab_plugin2* divlab_plugin_register2(void) {
   return &kPlugin;
 }

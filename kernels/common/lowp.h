@@ -86,6 +86,27 @@ inline float fp16_rne(float x) {
 #endif
 }
 
+// IEEE half bits of x rounded to nearest even (inf above 65504; NaN stays a NaN), and the value
+// of such bits: the storage of fp16 activations (plug-in kernels written for fp16).
+inline uint16_t fp16_bits(float x) {
+  const float r = fp16_rne(x);
+  const uint32_t u = bits(r);
+  const auto sign = uint16_t((u >> 16) & 0x8000u);
+  const float a = std::fabs(r);
+  if (std::isnan(r)) return sign | 0x7e00u;
+  if (std::isinf(r)) return sign | 0x7c00u;
+  if (a < 0x1p-14f) return sign | uint16_t(a * 0x1p24f);  // a subnormal: k 2^-24, k < 1024
+  const int exponent = int((u >> 23) & 0xffu) - 127;      // -14 .. 15
+  return sign | uint16_t((exponent + 15) << 10) | uint16_t((u >> 13) & 0x3ffu);
+}
+inline float fp16_value(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, m = h & 0x3ffu;
+  const int exponent = (h >> 10) & 0x1f;
+  if (exponent == 0) return from_bits(sign | bits(float(m) * 0x1p-24f));
+  if (exponent == 31) return from_bits(sign | 0x7f800000u | (m << 13));
+  return from_bits(sign | (uint32_t(exponent - 15 + 127) << 23) | (m << 13));
+}
+
 }  // namespace divlab::lowp
 
 namespace divlab {
@@ -100,6 +121,18 @@ DIVLAB_HOST_DEVICE inline float widen(bf16 x) {
 }
 DIVLAB_HOST_DEVICE inline bf16 to_bf16(float x) {  // round to nearest even
   return bf16{uint16_t(lowp::bits(lowp::bf16_rne(x)) >> 16)};
+}
+
+// IEEE half as a storage type: the activations of an fp16 plug-in kernel (kernels/plugin_abi.h),
+// which the fp32 mode runs on fp16 copies (kernels/fp16_activations.h). Host code only.
+struct fp16 {
+  uint16_t bits;
+};
+inline float widen(fp16 x) {
+  return lowp::fp16_value(x.bits);
+}
+inline fp16 to_fp16(float x) {  // round to nearest even
+  return fp16{lowp::fp16_bits(x)};
 }
 
 // Any storage value as a double, and a double stored as V (bf16: rounded to nearest even).

@@ -64,6 +64,11 @@ const Bf16Conversions& bf16_conversions() {
   return c;
 }
 
+const Fp16Conversions& fp16_conversions() {
+  static const Fp16Conversions c{&device_memory(), narrow_to_fp16, widen_fp16};
+  return c;
+}
+
 const Catalogue<float, bf16>& bf16_catalogue() {
   return mutable_bf16_catalogue();
 }

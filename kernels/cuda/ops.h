@@ -5,6 +5,7 @@
 
 #include "kernels/bf16_activations.h"
 #include "kernels/common/lowp.h"
+#include "kernels/fp16_activations.h"
 #include "kernels/registry.h"
 
 namespace divlab::cuda {
@@ -24,6 +25,10 @@ Catalogue<float, bf16>& mutable_bf16_catalogue();  // for plug-in variants (adap
 void widen_bf16(void* stream, float* out, const bf16* in, int64_t n);
 void round_to_bf16(void* stream, bf16* out, const float* in, int64_t n);
 const Bf16Conversions& bf16_conversions();
+// ... and between fp32 activations and the fp16 copies of fp16 plug-in kernels.
+void narrow_to_fp16(void* stream, fp16* out, const float* in, int64_t n);
+void widen_fp16(void* stream, float* out, const fp16* in, int64_t n);
+const Fp16Conversions& fp16_conversions();
 
 template <class A>
 void register_embedding(Catalogue<float, A>& cat);

@@ -2,6 +2,8 @@
 // reference (see cpu.cpp): s = sigmoid(2u) computed from e = exp(-2|u|). Activations are read and
 // written as A (storage.cuh), the residual stream as float. Each launcher runs 8 values per
 // thread in packs (pack.cuh) where its pointers allow, the same arithmetic per value either way.
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/runtime.h"
@@ -105,7 +107,31 @@ __global__ void widen_kernel(float* y, const bf16* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = load(x[i]);
 }
+// fp16 plug-in kernels' copies (kernels/fp16_activations.h): divlab::fp16 is __half's two bytes.
+__global__ void narrow_fp16_kernel(__half* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2half_rn(x[i]);
+}
+__global__ void widen_fp16_kernel(float* y, const __half* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __half2float(x[i]);
+}
 }  // namespace
+
+void narrow_to_fp16(void* stream, fp16* out, const float* in, int64_t n) {
+  if (n <= 0) return;
+  const OpContext ctx{stream};
+  narrow_fp16_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(reinterpret_cast<__half*>(out),
+                                                                     in, n);
+  DIVLAB_LAUNCHED(ctx, "narrow_to_fp16");
+}
+void widen_fp16(void* stream, float* out, const fp16* in, int64_t n) {
+  if (n <= 0) return;
+  const OpContext ctx{stream};
+  widen_fp16_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(
+      out, reinterpret_cast<const __half*>(in), n);
+  DIVLAB_LAUNCHED(ctx, "widen_fp16");
+}
 
 void widen_bf16(void* stream, float* out, const bf16* in, int64_t n) {
   if (n <= 0) return;

@@ -3,6 +3,12 @@
 // written.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "io/trace.h"
@@ -117,6 +123,70 @@ TEST(GpuPlugin, ExampleCudaPluginTrainsAndIsShadowed) {
     unlink(out.c_str());
     rmdir(dir.c_str());
   }
+}
+
+// The bf16 example plug-in (a kernel as a benchmark submission writes it: raw __nv_bfloat16
+// pointers, its own launch configuration, the given stream), plugged in as written: `check` in
+// the GPU's bf16 mode catches the kernel that skips each row's tail and passes the correct one;
+// a llama model trains with the correct one while the other is shadowed; a grid sweeps both.
+TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
+  REQUIRE_GPU();
+  for (const char* variant : {"example_cuda_bf16_swiglu", "example_cuda_bf16_swiglu_vec8"}) {
+    CheckOptions opt;
+    opt.target = std::string("swiglu_forward=") + variant;
+    opt.backend = Backend::Cuda, opt.precision = Precision::Bf16;
+    opt.plugins = {DIVLAB_EXAMPLE_CUDA_BF16_PLUGIN};
+    opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+    const CheckReport r = run_check(opt);
+    const bool packed = std::string(variant).find("vec8") != std::string::npos;
+    EXPECT_EQ(r.pass, !packed) << variant << "\n" << format_check(r);
+    if (packed) {
+      EXPECT_NE(std::find(r.failing.begin(), r.failing.end(), "shapes random"), r.failing.end())
+          << format_check(r);
+      EXPECT_TRUE(r.benchmark_verifier_passes) << "the benchmark's verifier would pass it";
+    }
+  }
+  const std::string dir = temp_dir("gpu_bf16_plugin"), out = dir + "/run.h5";
+  const std::vector<std::string> llama = {
+      "backend=cuda",
+      "train.precision=bf16",
+      std::string("plugins=[") + DIVLAB_EXAMPLE_CUDA_BF16_PLUGIN + "]",
+      "data=brown",
+      "model.vocab=96",
+      "model.arch=llama",
+      "model.n_heads=4",
+      "model.n_kv_heads=2",
+      "model.mlp_hidden=44",
+      "model.seq_len=32",
+      "train.batch=16",
+      "train.steps=20"};
+  std::vector<std::string> shadowed = llama;
+  for (const char* s : {"kernels.swiglu_forward=example_cuda_bf16_swiglu", "shadow.every=5",
+                        "shadow.variants=[swiglu_forward=example_cuda_bf16_swiglu_vec8]"})
+    shadowed.push_back(s);
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  EXPECT_EQ(train(load_config("", shadowed), opt).status, "completed");
+  const auto rel =
+      TraceReader(out).floats("/shadow/swiglu_forward/example_cuda_bf16_swiglu_vec8/rel_l2");
+  ASSERT_EQ(rel.size(), 4u);
+  for (double v : rel) EXPECT_GT(v, 1e-2);  // 4 of every 44 outputs per row never written
+  unlink(out.c_str());
+  // A grid over both and the reference, through the command line.
+  const std::string grid = dir + "/grid.toml", sweep = dir + "/sweep";
+  std::ofstream(grid) << "[set]\nbackend = \"cuda\"\ndata = \"brown\"\nplugins = [\""
+                      << DIVLAB_EXAMPLE_CUDA_BF16_PLUGIN
+                      << "\"]\n[set.model]\nvocab = 96\narch = \"llama\"\nn_heads = 4\n"
+                         "n_kv_heads = 2\nmlp_hidden = 44\nseq_len = 32\n[set.train]\n"
+                         "precision = \"bf16\"\nbatch = 16\nsteps = 20\n[axes.train]\n"
+                         "seed = [1, 2]\n[axes.kernels]\nswiglu_forward = [\"reference\", "
+                         "\"example_cuda_bf16_swiglu\", \"example_cuda_bf16_swiglu_vec8\"]\n";
+  const std::string cmd = std::string(DIVLAB_BIN) + " sweep --config " + grid + " --out " + sweep +
+                          " --jobs 1 > " + dir + "/sweep.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream log(dir + "/sweep.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("6 completed"), std::string::npos) << text;
 }
 
 }  // namespace divlab

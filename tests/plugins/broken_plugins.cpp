@@ -2,7 +2,9 @@
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
-// crash verdicts). A seventh library, no_register.cpp, exports no registration function.
+// crash verdicts), and in ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is
+// wrong with it), 9 (an ABI 2 table claiming version 3). Another library, no_register.cpp,
+// exports no registration function.
 #include <csignal>
 #include <cstdint>
 
@@ -38,6 +40,15 @@ const divlab_variant kVariants[] = {
     {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
      "", "", ""}};
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
+#elif BROKEN_KIND >= 7
+void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+const divlab_variant2 kVariants2[] = {
+    {"add", "broken_add", "cpu", BROKEN_KIND == 7 ? 9u : DIVLAB_FP32,
+     BROKEN_KIND == 8 ? DIVLAB_CONTROL : 0u, reinterpret_cast<void (*)(void)>(&add2), "",
+     BROKEN_KIND == 8 ? "it is wrong" : "", "", ""}};
+const divlab_plugin2 kPlugin2 = {BROKEN_KIND == 9 ? 3u : DIVLAB_PLUGIN_ABI2_VERSION, 1, kVariants2};
 #else
 const divlab_variant kVariants[] = {
     {"layernorm_backward", "mine", "cpu", reinterpret_cast<void (*)(void)>(&noop), "", "", "", ""}};
@@ -51,9 +62,15 @@ __attribute__((constructor)) void crash_on_load() {
 }
 #endif
 
+#if BROKEN_KIND >= 7
+const divlab_plugin2* divlab_plugin_register2(void) {
+  return &kPlugin2;
+}
+#else
 extern "C" const divlab_plugin* divlab_plugin_register(void) {
 #if BROKEN_KIND == 4
   std::raise(SIGSEGV);
 #endif
   return &kPlugin;
 }
+#endif

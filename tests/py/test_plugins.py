@@ -14,6 +14,8 @@ from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run, tmpdir
 
 PLUGIN = os.environ["DIVLAB_EXAMPLE_PLUGIN"]
 BROKEN = os.environ["DIVLAB_BROKEN_ABI_PLUGIN"]
+ABI2 = os.environ["DIVLAB_ABI2_PLUGIN"]
+LLAMA = ["model.arch=llama", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=44"]
 
 
 class DocumentedSnippet(unittest.TestCase):
@@ -64,7 +66,7 @@ class Plugins(unittest.TestCase):
             identity = f.attrs["plugins"]
         with open(PLUGIN, "rb") as lib:
             self.assertIn("sha256:" + hashlib.sha256(lib.read()).hexdigest(), identity)
-        self.assertIn("abi:1", identity)
+        self.assertIn("abi:2", identity)
         # Zipf(1.2) over 64 ids, 2048 tokens per step: the hottest rows collect hundreds of adds.
         self.assertEqual(len(rel), 4)
         self.assertTrue((rel > 1e-3).all(), rel)
@@ -114,6 +116,56 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
         assert_rejected(self, ["train", "--set", *SMALL, f"plugins=[{BROKEN}]", "--out",
                                "{d}/r.h5"], "this divlab speaks ABI 1")
         assert_rejected(self, ["kernels", "--plugins", BROKEN], "ABI 999")
+
+
+class Abi2Kernels(unittest.TestCase):
+    """A kernel author's bf16 kernel, plugged in as written (ABI 2, raw bf16 arrays): checked in
+    the bf16 mode, where it runs, and trained with; asking the fp32 mode for it says where it
+    runs instead of "unknown variant"."""
+
+    def test_check_catches_the_packed_kernel_and_passes_the_correct_one(self):
+        bad = run("check", "swiglu_forward=abi2_bf16_swiglu_vec8", "--plugins", ABI2,
+                  "--precision", "bf16")
+        self.assertEqual(bad.returncode, 1, bad.stdout + bad.stderr)
+        self.assertIn("[shapes random]", bad.stdout)
+        self.assertIn("smallest failing shape", bad.stdout)
+        self.assertIn("would have accepted this kernel", bad.stdout)  # the emulated verifier
+        good = run("check", "swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2,
+                   "--precision", "bf16")
+        self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+        assert_rejected(self, ["check", "swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2],
+                        "is a bf16 kernel: it runs in the bf16 mode")
+
+    def test_an_fp16_kernel_is_fp16_grade_and_underflows(self):
+        # Run on fp16 copies of its activations: more than fp32 rounding (the fp32 grade fails),
+        # well within the bf16 grade, except where fp16's range ends: values near 1e-10 flush
+        # to zero (bf16 keeps fp32's exponent range; fp16's smallest value is 6e-8).
+        strict = run("check", "gelu_forward=abi2_fp16_gelu", "--plugins", ABI2)
+        self.assertEqual(strict.returncode, 1, strict.stdout + strict.stderr)
+        self.assertIn("[fp32 grade] reduced-precision arithmetic", strict.stdout)
+        lenient = run("check", "gelu_forward=abi2_fp16_gelu", "--plugins", ABI2,
+                      "--grade", "bf16")
+        self.assertEqual(lenient.returncode, 1, lenient.stdout + lenient.stderr)
+        self.assertIn("verdict: FAIL under: [values tiny (x1e-10)]\n", lenient.stdout)
+
+    def test_trained_in_the_bf16_mode_and_refused_in_fp32(self):
+        d = tmpdir()
+        out = os.path.join(d, "r.h5")
+        run("train", "--set", *SMALL, *LLAMA, "train.precision=bf16",
+            "kernels.swiglu_forward=abi2_bf16_swiglu", "shadow.every=5",
+            "shadow.variants=[swiglu_forward=abi2_bf16_swiglu_vec8]",
+            "--plugins", ABI2, "--out", out, check=True)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "completed")
+            self.assertIn("abi:2", f.attrs["plugins"])
+            # The packed kernel shadowed on the run's own inputs (hidden size 44 = 5 x 8 + 4):
+            # the tails it leaves unwritten show at every shadowed step.
+            rel = f["shadow/swiglu_forward/abi2_bf16_swiglu_vec8/rel_l2"][:]
+            self.assertEqual(len(rel), 4)
+            self.assertTrue((rel > 1e-2).all(), rel)
+        assert_rejected(self, ["train", "--set", *SMALL, *LLAMA,
+                               "kernels.swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2,
+                               "--out", "{d}/r.h5"], "is a bf16 kernel")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+// How divlab calls a plug-in's kernel (kernels/plugin_abi.h), and the static_asserts that tie
+// the ABI's function types to the internal op signatures (kernels/ops.h), one for one: a
+// signature changed on one side only fails to build instead of corrupting memory at run time.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/common/lowp.h"
+#include "kernels/ops.h"
+#include "kernels/plugin_abi.h"
+
+namespace divlab {
+
+// An internal argument as ABI 2 spells it: the same bits under the header's type names.
+template <class V>
+struct AbiArg {
+  using type = V;
+  static V of(V v) { return v; }
+};
+template <class L, class H>
+struct AbiPointer {
+  using type = H;
+  static H of(L p) { return reinterpret_cast<H>(p); }
+};
+template <>
+struct AbiArg<bf16*> : AbiPointer<bf16*, divlab_bf16*> {};
+template <>
+struct AbiArg<const bf16*> : AbiPointer<const bf16*, const divlab_bf16*> {};
+template <>
+struct AbiArg<fp16*> : AbiPointer<fp16*, divlab_fp16*> {};
+template <>
+struct AbiArg<const fp16*> : AbiPointer<const fp16*, const divlab_fp16*> {};
+static_assert(sizeof(bf16) == sizeof(divlab_bf16) && sizeof(fp16) == sizeof(divlab_fp16));
+
+// Scratch for an ABI 2 kernel: regions 0-7 of the caller's workspace, above every slot divlab's
+// own kernels use. Null when it cannot be had (the ABI is C: nothing may throw through it).
+constexpr int kPluginWorkspaceSlot = 64, kPluginWorkspaceRegions = 8;
+void* plugin_workspace(const divlab_op_context* ctx, int region, size_t bytes);
+
+// An internal signature's ABI 2 counterpart, and the shim that calls an ABI 2 kernel (bound as
+// the Kernel's state) through it.
+template <class Fn>
+struct Abi2;
+template <class... Args>
+struct Abi2<void (*)(const OpContext&, Args...)> {
+  using Function = void (*)(const divlab_op_context*, typename AbiArg<Args>::type...);
+  static void call(const OpContext& ctx, Args... args) {
+    divlab_op_context c{};
+    c.size = sizeof c;
+    c.stream = ctx.stream;
+    c.seed = ctx.seed;
+    c.workspace = &plugin_workspace;
+    c.divlab_private = ctx.workspace;
+    // Function pointers round-trip through void* on every platform divlab builds on (POSIX).
+    reinterpret_cast<Function>(ctx.state)(&c, AbiArg<Args>::of(args)...);
+  }
+};
+
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_TIE_ABI(name, Signature)                                                         \
+  static_assert(std::is_same_v<divlab_##name, WithoutContext<OpSignatures<float>::Signature>>); \
+  static_assert(                                                                                \
+      std::is_same_v<divlab2_##name##_fp32, Abi2<OpSignatures<float>::Signature>::Function>);   \
+  static_assert(std::is_same_v<divlab2_##name##_bf16,                                           \
+                               Abi2<OpSignatures<float, bf16>::Signature>::Function>);          \
+  static_assert(std::is_same_v<divlab2_##name##_fp16,                                           \
+                               Abi2<OpSignatures<float, fp16>::Signature>::Function>);
+DIVLAB_MODEL_OPS(DIVLAB_TIE_ABI)
+#undef DIVLAB_TIE_ABI
+// NOLINTEND(bugprone-macro-parentheses)
+static_assert(std::is_same_v<divlab_token, TokenId>);
+
+}  // namespace divlab

@@ -1,0 +1,112 @@
+// An ABI 2 test library (CPU), one kernel per dtype, written only against kernels/plugin_abi.h:
+//   swiglu_forward abi2_bf16_swiglu       bf16, correct: fp32 math, one rounding per output
+//   swiglu_forward abi2_bf16_swiglu_vec8  bf16, rows in packs of 8 values; a row's tail past the
+//                                         last full pack is never written (wrong unless 8 | F)
+//   gelu_forward   abi2_fp16_gelu         fp16, correct for fp16 storage
+//   add            abi2_context_add       fp32, correct; keeps the context it was called with
+//                                         (abi2_last_context) and writes through a workspace
+// Half and bf16 conversions are written out here: the library includes nothing of divlab but the
+// ABI header and must build with compilers that lack _Float16.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/plugin_abi.h"
+
+namespace {
+
+float bits_to_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+uint32_t float_to_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float from_bf16(divlab_bf16 v) {
+  return bits_to_float(uint32_t(v.bits) << 16);
+}
+divlab_bf16 to_bf16(float x) {  // nearest even (finite inputs)
+  uint32_t u = float_to_bits(x);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return divlab_bf16{uint16_t(u >> 16)};
+}
+float from_fp16(divlab_fp16 v) {
+  const int e = (v.bits >> 10) & 0x1f, m = v.bits & 0x3ff;
+  const float mag = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(1024 + m), e - 25);
+  return (v.bits & 0x8000) ? -mag : mag;
+}
+divlab_fp16 to_fp16(float x) {  // nearest even; finite inputs below 65504
+  const float a = std::fabs(x);
+  int e = 0;
+  std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  const float quantum = std::ldexp(1.0f, e < -13 ? -24 : e - 11);
+  const float r = std::nearbyint(a / quantum) * quantum;  // the current rounding mode: even
+  uint16_t bits = 0;
+  if (r >= 0x1p-14f) {
+    std::frexp(r, &e);
+    bits = uint16_t(((e + 14) << 10) | (int(std::ldexp(r, 11 - e)) & 0x3ff));
+  } else {
+    bits = uint16_t(r * 0x1p24f);
+  }
+  return divlab_fp16{uint16_t(bits | (x < 0 ? 0x8000 : 0))};
+}
+
+float silu(float g) {
+  return g / (1.0f + std::exp(-g));
+}
+
+template <int kPack>
+void bf16_swiglu(const divlab_op_context*, divlab_bf16* y, const divlab_bf16* x, int N, int F) {
+  const int covered = kPack == 1 ? F : F / kPack * kPack;
+  for (int n = 0; n < N; ++n) {
+    const divlab_bf16* gate = x + size_t(n) * 2 * F;
+    for (int f = 0; f < covered; ++f)
+      y[size_t(n) * F + f] = to_bf16(silu(from_bf16(gate[f])) * from_bf16(gate[F + f]));
+  }
+}
+
+void fp16_gelu(const divlab_op_context*, divlab_fp16* y, const divlab_fp16* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = from_fp16(x[i]);
+    y[i] = to_fp16(0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))));
+  }
+}
+
+divlab_op_context last_context;
+
+void context_add(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                 int64_t n) {
+  last_context = *ctx;
+  // Sums through scratch memory, so a workspace that is not there, or too small, shows.
+  float* sum = static_cast<float*>(ctx->workspace(ctx, 7, sizeof(float) * size_t(n)));
+  if (!sum) return;  // the test sees y unwritten
+  for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];
+  std::memcpy(y, sum, sizeof(float) * size_t(n));
+}
+
+const divlab_variant2 kVariants[] = {
+    {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
+     reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
+    {"swiglu_forward", "abi2_bf16_swiglu_vec8", "cpu", DIVLAB_BF16, 0,
+     reinterpret_cast<void (*)(void)>(&bf16_swiglu<8>), "bf16 SwiGLU in packs of 8",
+     "a row's last F % 8 outputs are never written", "a hidden size 8 does not divide",
+     "hidden sizes that are multiples of 8"},
+    {"gelu_forward", "abi2_fp16_gelu", "cpu", DIVLAB_FP16, 0,
+     reinterpret_cast<void (*)(void)>(&fp16_gelu), "GELU on fp16 activations", "", "", ""},
+    {"add", "abi2_context_add", "cpu", DIVLAB_FP32, DIVLAB_CONTROL,
+     reinterpret_cast<void (*)(void)>(&context_add), "an add through scratch memory", "", "", ""},
+};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 4, kVariants};
+
+}  // namespace
+
+const divlab_plugin2* divlab_plugin_register2(void) {
+  return &kPlugin;
+}
+
+// For the test: the context abi2_context_add was last called with.
+extern "C" const divlab_op_context* abi2_last_context(void) {
+  return &last_context;
+}
