@@ -11,7 +11,8 @@
    with shadow mode at every step and every 10th (the seed bug shadowed on the embedding op),
    three rounds: its cost as a fraction of step time, the median round's.
 MFU: (6 x matmul parameters + 12 x layers x T x C) FLOPs per token against the GPU's dense bf16
-peak. Prints a table last.
+peak. Either model family (model.arch: gpt2, or llama with its grouped kv heads and SwiGLU).
+Prints a table last.
 """
 import argparse
 import os
@@ -50,12 +51,31 @@ def as_str(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def run_torch(cfg, steps, compiled):
-    V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
-    NH, T, B = int(cfg["model.n_heads"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
-    bf16 = as_str(cfg["train.precision"]) == "bf16"
+def model_table(cfg):
+    """The trace's model.* attributes as divlab_torch.from_config takes them."""
+    def value(v):
+        v = as_str(v) if isinstance(v, (bytes, str)) else v.item() if hasattr(v, "item") else v
+        return {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
+    return {k.split(".", 1)[1]: value(v) for k, v in cfg.items() if k.startswith("model.")}
+
+
+def torch_model(cfg):
+    """The same model in PyTorch (either family), with fused SDPA attention."""
     torch.manual_seed(0)
-    model = divlab_torch.Transformer(V, C, L, NH, T, sdpa=True).cuda()
+    return divlab_torch.from_config(model_table(cfg), sdpa=True)
+
+
+def matmul_params(cfg):
+    """Weights that multiply every token: every Linear, and the tied head's embedding."""
+    model = torch_model(cfg)
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return n + (model.wte.weight.numel() if model.tied else 0)
+
+
+def run_torch(cfg, steps, compiled):
+    V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
+    bf16 = as_str(cfg["train.precision"]) == "bf16"
+    model = torch_model(cfg).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=float(cfg["train.lr"]),
                           momentum=float(cfg["train.momentum"]))
     step_fn = torch.compile(model) if compiled else model
@@ -91,7 +111,7 @@ def main():
     V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
     T, B = int(cfg["model.seq_len"]), int(cfg["train.batch"])
     tokens = B * T
-    flops_per_token = 6 * (L * 12 * C * C + V * C) + 12 * L * T * C
+    flops_per_token = 6 * matmul_params(cfg) + 12 * L * T * C
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
     t_eager = run_torch(cfg, args.steps, compiled=False)
@@ -116,7 +136,8 @@ def main():
         extra = f"{t_eager / t:8.2f}x {t_compile / t:8.2f}x" if ratio else ""
         print(f"{label:34s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s} {extra}")
 
-    print(f"\nGPU speed: {name} ({as_str(device)}); V={V} C={C} L={L} T={T} B={B}, "
+    print(f"\nGPU speed: {name} ({as_str(device)}); {as_str(cfg['model.arch'])} V={V} C={C} "
+          f"L={L} T={T} B={B}, "
           f"precision {as_str(cfg['train.precision'])}, {args.steps} steps, median step")
     print(f"{'implementation':34s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s} "
           f"{'vs eager':>9s} {'vs compile':>9s}")

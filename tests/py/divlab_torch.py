@@ -98,8 +98,8 @@ class Transformer(nn.Module):
 def rotary(x, base):
     """RoPE on (B, T, H, D), Hugging Face's rotate_half form: channel i pairs with i + D/2."""
     T, D = x.shape[1], x.shape[3]
-    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    angle = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angle = torch.outer(torch.arange(T, dtype=torch.float64, device=x.device), inv_freq)
     cos = torch.cat([angle.cos(), angle.cos()], -1).to(x.dtype)[None, :, None, :]
     sin = torch.cat([angle.sin(), angle.sin()], -1).to(x.dtype)[None, :, None, :]
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
@@ -107,12 +107,13 @@ def rotary(x, base):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, C, n_heads, n_kv_heads, rope_base):
+    def __init__(self, C, n_heads, n_kv_heads, rope_base, sdpa=False):
         super().__init__()
         self.hd = C // n_heads
         self.qkv = nn.Linear(C, (n_heads + 2 * n_kv_heads) * self.hd, bias=False)
         self.proj = nn.Linear(C, C, bias=False)
         self.n_heads, self.n_kv_heads, self.rope_base = n_heads, n_kv_heads, rope_base
+        self.sdpa = sdpa  # fused scaled_dot_product_attention (the speed baseline)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -123,6 +124,9 @@ class LlamaAttention(nn.Module):
         group = self.n_heads // self.n_kv_heads  # query head h reads kv head h // group
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = scores.masked_fill(mask, float("-inf")).softmax(-1)
@@ -141,9 +145,10 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, C, n_heads, n_kv_heads, hidden, rope_base, eps):
+    def __init__(self, C, n_heads, n_kv_heads, hidden, rope_base, eps, sdpa=False):
         super().__init__()
-        self.ln1, self.attn = RMSNorm(C, eps), LlamaAttention(C, n_heads, n_kv_heads, rope_base)
+        self.ln1 = RMSNorm(C, eps)
+        self.attn = LlamaAttention(C, n_heads, n_kv_heads, rope_base, sdpa)
         self.ln2, self.mlp = RMSNorm(C, eps), SwiGLU(C, hidden)
 
     def forward(self, x):
@@ -153,11 +158,11 @@ class LlamaBlock(nn.Module):
 
 class Llama(nn.Module):
     def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads, hidden, rope_base,
-                 eps=1e-5, tied=False, softcap=0.0):
+                 eps=1e-5, tied=False, softcap=0.0, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, n_kv_heads, hidden, rope_base,
-                                               eps) for _ in range(n_layers))
+                                               eps, sdpa) for _ in range(n_layers))
         add_head(self, vocab, d_model, eps, tied, softcap)
 
     def forward(self, idx, targets):
@@ -167,16 +172,16 @@ class Llama(nn.Module):
         return head_loss(self, x, targets)
 
 
-def from_config(m):
-    """The twin of a trace's [model] table (config_toml)."""
+def from_config(m, sdpa=False):
+    """The twin of a trace's [model] table (config_toml); sdpa: fused attention (benchmarks)."""
     tied, cap = m.get("tied_embeddings", False), m.get("logit_softcap", 0.0)
     if m.get("arch", "gpt2") == "llama":
         C = m["d_model"]
         hidden = m["mlp_hidden"] or round(8 * C / 3)
         return Llama(m["vocab"], C, m["n_layers"], m["n_heads"], m["n_kv_heads"] or m["n_heads"],
-                     hidden, m["rope_base"], m["norm_eps"], tied, cap)
+                     hidden, m["rope_base"], m["norm_eps"], tied, cap, sdpa)
     return Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
-                       m["norm_eps"], tied=tied, softcap=cap)
+                       m["norm_eps"], tied=tied, softcap=cap, sdpa=sdpa)
 
 
 def lr_at(cfg, step):
