@@ -35,13 +35,17 @@ struct Scatter {
         exact[tokens[n] * C + c] += dresid[n * C + c];
       }
   }
-  std::vector<float> run(const std::string& variant) const {
+  // dwte after the variant, minus `prefill` if given: what the buffer held before (with tied
+  // embeddings, the LM head's gradient), so the result is the variant's own contribution.
+  std::vector<float> run(const std::string& variant, const std::vector<float>& prefill = {}) const {
     const int N = B * T;
     std::vector<float> dwte(int64_t(V) * C, 0.f), dwpe(int64_t(T) * C, 0.f), dw(C, 0.f);
+    if (!prefill.empty()) dwte = prefill;
     std::vector<float> zeros(int64_t(N) * C, 0.f), x0(int64_t(N) * C, 1.f), w(C, 1.f), rstd(N, 1.f);
     cpu_catalogue<float>().embed_rmsnorm_backward.find(variant)->fn(
         test_context(), dwte.data(), dwpe.data(), dw.data(), zeros.data(), dresid.data(), x0.data(),
         w.data(), rstd.data(), tokens.data(), B, T, C, V);
+    for (size_t i = 0; i < prefill.size(); ++i) dwte[i] = float(double(dwte[i]) - prefill[i]);
     return dwte;
   }
   // ||row_v - exact_v|| / ||exact_v||
@@ -77,6 +81,31 @@ TEST(Bf16Accum, ErrorGrowsWithContributionCount) {
   // The reference on the same inputs is within fp32 rounding.
   const auto ref = s.run("reference");
   EXPECT_LT(s.row_error(ref, 3), 1e-5);
+}
+
+// Tied embeddings (model.tied_embeddings): the LM head's dense gradient is in dwte before the
+// scatter adds to it, so the bf16 accumulator starts from a value larger than a rare token's few
+// contributions, which are then rounded against it: rows that are nearly exact untied lose a
+// large part of their gradient.
+TEST(Bf16Accum, TiedEmbeddingsLoseRareTokensToTheHeadsGradient) {
+  std::mt19937_64 gen(test_seed());
+  std::vector<int> counts(48);
+  for (int v = 0; v < 48; ++v) counts[v] = 1 + v % 4;  // every token rare: 1 to 4 uses
+  const Scatter s(counts, 32, 0.5, 1.5, gen);
+  const std::vector<float> head = randn<float>(s.exact.size(), gen, 100.0);
+  const auto untied = s.run("bf16_accum"), tied = s.run("bf16_accum", head);
+  const auto reference = s.run("reference", head);
+  double worst_untied = 0, worst_reference = 0, mean_tied = 0;
+  for (int v = 0; v < s.V; ++v) {
+    worst_untied = std::max(worst_untied, s.row_error(untied, v));
+    worst_reference = std::max(worst_reference, s.row_error(reference, v));
+    mean_tied += s.row_error(tied, v) / s.V;
+  }
+  EXPECT_LT(worst_untied, std::ldexp(1.0, -7)) << "a few bf16 roundings of a small sum";
+  EXPECT_LT(worst_reference, 1e-4) << "fp32 accumulation on top of the head's gradient";
+  // ulp(bf16) near |100| is 0.5: each contribution in (0.5, 1.5) is rounded to a multiple of it.
+  EXPECT_GT(mean_tied, 0.05) << "tied: rare rows rounded against the head's gradient";
+  EXPECT_GT(mean_tied, 10 * worst_untied);
 }
 
 TEST(Bf16Accum, SingleContributionIsOneBf16RoundingOfTheReference) {

@@ -15,6 +15,11 @@ from divlab_torch import from_config, optimizer_for
 DUMP = os.environ["DIVLAB_PARITY_DUMP"]
 MODEL = ["model.vocab=97", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
          "model.seq_len=16", "model.init_std=0.1", "train.batch=4", "data=zipf:1.1"]
+SGD = ["train.optimizer=sgd", "train.lr=0.5", "train.momentum=0.9", "train.nesterov=true",
+       "train.weight_decay=0.01", "train.warmup_steps=5", "train.schedule=cosine",
+       "train.grad_clip=1.0"]
+ADAMW = ["train.optimizer=adamw", "train.lr=3e-3", "train.weight_decay=0.1",
+         "train.warmup_steps=3", "train.schedule=cosine"]
 # (loss tolerance, gradient tolerance) per working precision, relative.
 TOL = {"fp32": 1e-5, "fp64": 1e-10}
 
@@ -34,14 +39,14 @@ class Parity(unittest.TestCase):
         subprocess.run([DUMP, path] + keys, check=True)
         return h5py.File(path, "r")
 
-    def torch_model(self, f, dtype):
+    def torch_model(self, f, dtype, device="cpu"):
         cfg = tomllib.loads(f.attrs["config_toml"])
         m = cfg["model"]
         model = from_config(m).to(dtype)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
-        return model, cfg
+        return model.to(device), cfg
 
     def batches(self, f, cfg):
         B, T = cfg["train"]["batch"], cfg["model"]["seq_len"]
@@ -62,9 +67,10 @@ class Parity(unittest.TestCase):
             err = normalised_error(f["grads/" + name][:], p.grad.double().flatten().numpy())
             self.assertLess(err, tol, f"{precision} gradient of {name}: normalised error {err}")
 
-    def torch_losses(self, f, dtype, steps):
-        model, cfg = self.torch_model(f, dtype)
+    def torch_losses(self, f, dtype, steps, device="cpu"):
+        model, cfg = self.torch_model(f, dtype, device)
         inputs, targets = self.batches(f, cfg)
+        inputs, targets = inputs.to(device), targets.to(device)
         opt, sched = optimizer_for(model, cfg)
         clip = cfg["train"]["grad_clip"]
         losses = []
@@ -79,17 +85,22 @@ class Parity(unittest.TestCase):
             sched.step()
         return losses
 
-    def check_training(self, optimizer_keys):
+    def our_losses(self, f, optimizer_keys, steps):
+        """divlab's losses for the dumped run: the dump's own (the CPU trainer's)."""
+        return f["losses"][:]
+
+    def check_training(self, optimizer_keys, device="cpu"):
         # Training amplifies fp32 rounding (lr 0.5 with Nesterov momentum most), so two correct
         # fp32 implementations drift apart by about as much as either drifts from fp64. The bound
         # per step: 1e-5, or 4x PyTorch's own fp32-vs-fp64 gap at that step where the dynamics
         # have amplified rounding beyond it (seen once in ten runs here: 5e-5 at step 8).
         steps = 20
         f = self.run_dump("fp32", optimizer_keys, steps)
-        t32 = self.torch_losses(f, torch.float32, steps)
-        t64 = self.torch_losses(f, torch.float64, steps)
+        t32 = self.torch_losses(f, torch.float32, steps, device)
+        t64 = self.torch_losses(f, torch.float64, steps, device)
+        losses = self.our_losses(f, optimizer_keys, steps)
         for s in range(steps):
-            ours = f["losses"][s]
+            ours = losses[s]
             rel = abs(ours - t32[s]) / t32[s]
             floor = abs(t32[s] - t64[s]) / t64[s]
             self.assertLess(rel, max(TOL["fp32"], 4 * floor),
@@ -103,14 +114,10 @@ class Parity(unittest.TestCase):
         self.check_one_batch("fp64", torch.float64)
 
     def test_20_steps_sgd_nesterov_cosine_clipped(self):
-        self.check_training(["train.optimizer=sgd", "train.lr=0.5", "train.momentum=0.9",
-                             "train.nesterov=true", "train.weight_decay=0.01",
-                             "train.warmup_steps=5", "train.schedule=cosine",
-                             "train.grad_clip=1.0"])
+        self.check_training(SGD)
 
     def test_20_steps_adamw(self):
-        self.check_training(["train.optimizer=adamw", "train.lr=3e-3", "train.weight_decay=0.1",
-                             "train.warmup_steps=3", "train.schedule=cosine"])
+        self.check_training(ADAMW)
 
 
 class LlamaParity(Parity):
