@@ -1,10 +1,7 @@
 // The fused residual add + RMSNorm on the GPU: one block per row reads a and b once, writes the
 // new stream and sums its squares (fixed tree), then scales. The tested-lengths variant launches
 // the same kernel over the rows its tuned length covers.
-#include <array>
-#include <stdexcept>
-#include <string>
-
+#include "kernels/add_rmsnorm/tested_lengths.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
@@ -48,18 +45,11 @@ void add_rmsnorm_forward(const OpContext& ctx, float* xout, A* y, float* rstd, c
   add_rmsnorm_rows(ctx, xout, y, rstd, a, b, w, int64_t(B) * T_, C, eps);
 }
 
-// The CPU variant's seven lengths (kernels/add_rmsnorm/variants.cpp).
+// The CPU variant's seven lengths (kernels/add_rmsnorm/tested_lengths.h).
 template <class A>
 void tested_lengths_only(const OpContext& ctx, float* xout, A* y, float* rstd, const float* a,
                          const A* b, const float* w, int B, int T_, int C, float eps) {
-  constexpr std::array<int, 7> kTestedLengths = {16, 32, 64, 128, 256, 512, 1024};
-  int fitted = 0;
-  for (int t : kTestedLengths)
-    if (t <= T_) fitted = t;
-  if (fitted == 0)
-    throw std::invalid_argument("add_rmsnorm_forward: no kernel for sequence length " +
-                                std::to_string(T_));
-  add_rmsnorm_rows(ctx, xout, y, rstd, a, b, w, int64_t(B) * fitted, C, eps);
+  add_rmsnorm_rows(ctx, xout, y, rstd, a, b, w, tested_length_rows(B, T_), C, eps);
 }
 }  // namespace
 

@@ -1,16 +1,9 @@
 // Candidate variants of the fused residual add + RMSNorm.
-#include <algorithm>
-#include <array>
-#include <stdexcept>
-#include <string>
-
 #include "kernels/add_rmsnorm/add_rmsnorm.h"
+#include "kernels/add_rmsnorm/tested_lengths.h"
 
 namespace divlab {
 namespace {
-
-// The seven sequence lengths a benchmark tested the kernel at.
-constexpr std::array<int, 7> kTestedLengths = {16, 32, 64, 128, 256, 512, 1024};
 
 // A kernel instantiated for each tested sequence length (a template parameter sizing its launch)
 // and dispatched to the longest one that fits: at any other length it normalises the first
@@ -18,13 +11,7 @@ constexpr std::array<int, 7> kTestedLengths = {16, 32, 64, 128, 256, 512, 1024};
 template <class T>
 void tested_lengths_only(T* xout, T* y, T* rstd, const T* a, const T* b, const T* w, int B, int T_,
                          int C, T eps) {
-  int fitted = 0;
-  for (int t : kTestedLengths)
-    if (t <= T_) fitted = t;
-  if (fitted == 0)
-    throw std::invalid_argument("add_rmsnorm_forward: no kernel for sequence length " +
-                                std::to_string(T_));
-  add_rmsnorm_rows(xout, y, rstd, a, b, w, int64_t(B) * fitted, C, eps);
+  add_rmsnorm_rows(xout, y, rstd, a, b, w, tested_length_rows(B, T_), C, eps);
 }
 }  // namespace
 

@@ -50,29 +50,17 @@ void rope(const OpContext& ctx, A* y, const A* x, int B, int T_, int NH, int NKV
   DIVLAB_LAUNCHED(ctx, "rope");
 }
 
-RopeScheme scheme_of(int which) {
-  switch (which) {
-    case 1:
-      return {false, 0, 10000.0};
-    case 2:
-      return {true, 0, 0.0};
-    case 3:
-      return {false, 1, 0.0};
-    default:
-      return {};
-  }
-}
-template <class A, int which, int sign>
+template <class A, const RopeScheme* scheme, int sign>
 void rope_with(const OpContext& ctx, A* y, const A* x, int B, int T_, int NH, int NKV, int HD,
                float base) {
-  rope(ctx, y, x, B, T_, NH, NKV, HD, base, sign, scheme_of(which));
+  rope(ctx, y, x, B, T_, NH, NKV, HD, base, sign, *scheme);
 }
 
-template <class A, int which>
+template <class A, const RopeScheme* scheme>
 void add_variant(Catalogue<float, A>& cat, const char* name) {
-  cat.rope_forward.add(name, rope_with<A, which, +1>, {"one thread per pair", "", "", ""});
-  cat.rope_backward.add(name, rope_with<A, which, -1>, {"one thread per pair", "", "", ""});
-  if (which != 0) cat.rope_forward.pair(name, "rope_backward", name);
+  cat.rope_forward.add(name, rope_with<A, scheme, +1>, {"one thread per pair", "", "", ""});
+  cat.rope_backward.add(name, rope_with<A, scheme, -1>, {"one thread per pair", "", "", ""});
+  if (scheme != &kRopeReference) cat.rope_forward.pair(name, "rope_backward", name);
 }
 }  // namespace
 
@@ -80,10 +68,10 @@ template <class A>
 void register_rope(Catalogue<float, A>& cat) {
   cat.rope_forward.what = "rotary position embedding of q and k (half-split pairs), v copied";
   cat.rope_backward.what = "RoPE backward: the inverse rotation";
-  add_variant<A, 0>(cat, "reference");
-  add_variant<A, 1>(cat, "base_10000");
-  add_variant<A, 2>(cat, "interleaved_pairs");
-  add_variant<A, 3>(cat, "position_plus_one");
+  add_variant<A, &kRopeReference>(cat, "reference");
+  add_variant<A, &kRopeBase10000>(cat, "base_10000");
+  add_variant<A, &kRopeInterleaved>(cat, "interleaved_pairs");
+  add_variant<A, &kRopePositionPlusOne>(cat, "position_plus_one");
 }
 
 template void register_rope(Catalogue<float>&);

@@ -10,4 +10,11 @@ struct RopeScheme {
   double fixed_base = 0;     // nonzero: this base, whatever the call passes
 };
 
+// The reference's scheme and the variants' (their names and docs: kernels/rope/variants.cpp);
+// kernels take a pointer to one as a template argument.
+inline constexpr RopeScheme kRopeReference{};
+inline constexpr RopeScheme kRopeBase10000{false, 0, 10000.0};
+inline constexpr RopeScheme kRopeInterleaved{true, 0, 0.0};
+inline constexpr RopeScheme kRopePositionPlusOne{false, 1, 0.0};
+
 }  // namespace divlab

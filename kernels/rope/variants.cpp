@@ -7,21 +7,12 @@
 namespace divlab {
 namespace {
 
-template <class T, RopeScheme (*scheme)(), int sign>
+template <class T, const RopeScheme* scheme, int sign>
 void rope_with(T* y, const T* x, int B, int T_, int NH, int NKV, int HD, T base) {
-  rope_apply(y, x, B, T_, NH, NKV, HD, base, sign, scheme());
-}
-RopeScheme fixed_base() {
-  return {false, 0, 10000.0};
-}
-RopeScheme interleaved() {
-  return {true, 0, 0.0};
-}
-RopeScheme off_by_one() {
-  return {false, 1, 0.0};
+  rope_apply(y, x, B, T_, NH, NKV, HD, base, sign, *scheme);
 }
 
-template <class T, RopeScheme (*scheme)()>
+template <class T, const RopeScheme* scheme>
 void add_pair(Catalogue<T>& cat, const char* name, const VariantDoc& doc) {
   cat.rope_forward.add(name, rope_with<T, scheme, +1>, doc);
   cat.rope_backward.add(name, rope_with<T, scheme, -1>, doc);
@@ -31,7 +22,7 @@ void add_pair(Catalogue<T>& cat, const char* name, const VariantDoc& doc) {
 
 template <class T>
 void register_rope_variants(Catalogue<T>& cat) {
-  add_pair<T, fixed_base>(
+  add_pair<T, &kRopeBase10000>(
       cat, "base_10000",
       {"the frequency base hard-coded to 10000 (llama 1 and 2's) instead of the model's",
        "every pair but the first rotates at the wrong frequency: a model trained with base "
@@ -39,14 +30,14 @@ void register_rope_variants(Catalogue<T>& cat) {
        "a base other than 10000 (model.rope_base); loading weights trained with the right base",
        "models configured with base 10000; training from scratch with the kernel on both sides "
        "(any base is a valid rotary encoding)"});
-  add_pair<T, interleaved>(
+  add_pair<T, &kRopeInterleaved>(
       cat, "interleaved_pairs",
       {"rotates channel pairs (2i, 2i + 1) (GPT-J / Meta's complex form) instead of (i, i + HD/2)",
        "a different permutation of the head's channels: q . k changes at every position but 0",
        "any sequence longer than one; weights converted between the two layouts",
        "position 0 (no rotation); training from scratch with the kernel on both sides (the "
        "pairing is a fixed permutation the projections can learn)"});
-  add_pair<T, off_by_one>(
+  add_pair<T, &kRopePositionPlusOne>(
       cat, "position_plus_one",
       {"positions counted from 1: row t rotates by (t + 1) theta",
        "every rotation is off by one step: the output differs from the reference everywhere",
