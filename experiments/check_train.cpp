@@ -105,6 +105,8 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
     entries.push_back({"set.model.n_heads", number_value(TomlValue::Kind::Integer, "4")});
     entries.push_back({"set.model.n_kv_heads", number_value(TomlValue::Kind::Integer, "2")});
     entries.push_back({"set.model.logit_softcap", number_value(TomlValue::Kind::Float, "5.0")});
+    // An MLP width no tile divides, like the grid's other sizes.
+    entries.push_back({"set.model.mlp_hidden", number_value(TomlValue::Kind::Integer, "107")});
   }
   for (TomlEntry& e : read_toml(text.str(), "grid '" + g.base + "'")) {
     if (starts_with(e.key, "axes.kernels.") || starts_with(e.key, "set.kernels.") ||

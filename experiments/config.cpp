@@ -125,7 +125,8 @@ const std::vector<KeySpec>& schema() {
           "llama: key/value heads, dividing n_heads (0 = n_heads)", Range::NonNegative),
       key("model.seq_len", DIVLAB_AT(model.seq_len), "32", "context length T", Range::Positive),
       key("model.mlp_hidden", DIVLAB_AT(model.mlp_hidden), "0",
-          "MLP width F (0 = 4 d_model for gpt2, round(8 d_model / 3) for llama)",
+          "MLP width F (0 = 4 d_model for gpt2; llama: 8 d_model / 3 rounded up to a multiple of "
+          "64)",
           Range::NonNegative),
       key("model.rope_base", DIVLAB_AT(model.rope_base), "10000",
           "llama: RoPE frequency base (llama 3: 500000)", Range::Positive),
@@ -475,7 +476,7 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   // prediction (per backend, before allocating) refuses what does not fit this one.
   const double C = m.d_model,
                F = m.mlp_hidden > 0 ? m.mlp_hidden
-                   : m.llama()      ? std::round(8 * C / 3)
+                   : m.llama()      ? std::ceil(std::floor(8 * C / 3) / 64) * 64
                                     : 4 * C,
                F_in = m.llama() ? 2 * F : F,
                params = (2.0 * m.vocab + m.seq_len) * C +

@@ -36,8 +36,8 @@ struct ModelConfig {
   int n_heads = 4;
   int n_kv_heads = 0;  // llama: key/value heads (0: n_heads, multi-head attention)
   int seq_len = 32;
-  int mlp_hidden = 0;            // the MLP's width F (0: 4C for gpt2, round(8C / 3) for llama)
-  double rope_base = 10000;      // llama: RoPE's frequency base
+  int mlp_hidden = 0;        // the MLP's width F (0: 4C for gpt2; llama: 8C / 3 rounded up to 64)
+  double rope_base = 10000;  // llama: RoPE's frequency base
   bool tied_embeddings = false;  // the LM head is the token embedding (one tensor, wte)
   double logit_softcap = 0;      // final logits -> cap tanh(logits / cap) (0: off)
   double norm_eps = 1e-5;

@@ -1,6 +1,8 @@
-// RoPE on the GPU: one thread per rotated pair, the angle in double as on the CPU (t theta
-// reaches thousands of radians); a second launch copies what is not rotated (v, and the last
-// channel of an odd head). The variants are the same kernel with another pairing, offset or base.
+// RoPE on the GPU: each (position, pair) angle in double as on the CPU (t theta reaches
+// thousands of radians), its cosine and sine computed once per call into a [T, HD/2] table, then
+// one thread per rotated pair reads them (double sin/cos per pair cost 5x the memory traffic); a
+// second launch copies what is not rotated (v, and the last channel of an odd head). The
+// variants are the same kernels with another pairing, offset or base.
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/storage.cuh"
@@ -9,16 +11,26 @@
 namespace divlab::cuda {
 
 namespace {
+// cos_sin[t * half + i] = (cos, sin) of position t's angle for pair i.
+__global__ void angle_table(float2* cos_sin, int T, int HD, double base, int offset) {
+  const int half = HD / 2;
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= int64_t(T) * half) return;
+  const int i = int(k % half), t = int(k / half);
+  const double angle = double(t + offset) * pow(base, -2.0 * i / HD);
+  cos_sin[k] = make_float2(float(cos(angle)), float(sin(angle)));
+}
+
 template <class A>
-__global__ void rotate_pairs(A* y, const A* x, int64_t N, int T, int rotated, int64_t W, int HD,
-                             double base, float sign, bool interleaved, int offset) {
+__global__ void rotate_pairs(A* y, const A* x, const float2* cos_sin, int64_t N, int T, int rotated,
+                             int64_t W, int HD, float sign, bool interleaved) {
   const int half = HD / 2;
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= N * rotated * half) return;
   const int i = int(k % half), h = int(k / half % rotated);
   const int64_t n = k / half / rotated;
-  const double angle = double(n % T + offset) * pow(base, -2.0 * i / HD);
-  const float c = float(cos(angle)), s = sign * float(sin(angle));
+  const float2 cs = cos_sin[(n % T) * half + i];
+  const float c = cs.x, s = sign * cs.y;
   const int64_t i0 = n * W + int64_t(h) * HD + (interleaved ? 2 * i : i);
   const int64_t i1 = n * W + int64_t(h) * HD + (interleaved ? 2 * i + 1 : i + half);
   const float a = load(x[i0]), d = load(x[i1]);
@@ -26,13 +38,16 @@ __global__ void rotate_pairs(A* y, const A* x, int64_t N, int T, int rotated, in
   y[i1] = store<A>(d * c + a * s);
 }
 
-// Every channel no pair covers: the value heads, and an odd head's last channel.
+// Every channel no pair covers: the value heads, and an odd head's last channel. `from`: the
+// first column the launch covers (the value heads' when HD is even, else 0).
 template <class A>
-__global__ void copy_unrotated(A* y, const A* x, int64_t N, int rotated, int64_t W, int HD) {
+__global__ void copy_unrotated(A* y, const A* x, int64_t N, int rotated, int64_t W, int HD,
+                               int64_t from) {
+  const int64_t span = W - from;
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= N * W) return;
-  const int64_t j = k % W;
-  if (j >= int64_t(rotated) * HD || (HD % 2 == 1 && j % HD == HD - 1)) y[k] = x[k];
+  if (k >= N * span) return;
+  const int64_t j = from + k % span, at = k / span * W + j;
+  if (j >= int64_t(rotated) * HD || (HD % 2 == 1 && j % HD == HD - 1)) y[at] = x[at];
 }
 
 template <class A>
@@ -41,12 +56,18 @@ void rope(const OpContext& ctx, A* y, const A* x, int B, int T_, int NH, int NKV
   const int64_t N = int64_t(B) * T_, W = (int64_t(NH) + 2 * NKV) * HD;
   const int rotated = NH + NKV;
   const double b = scheme.fixed_base > 0 ? scheme.fixed_base : double(base);
-  const int64_t pairs = N * rotated * (HD / 2);
-  if (pairs > 0)
+  const int64_t pairs = N * rotated * (HD / 2), angles = int64_t(T_) * (HD / 2);
+  if (pairs > 0) {
+    auto* cos_sin = scratch_as<float2>(ctx, Scratch::A, size_t(angles));
+    angle_table<<<blocks_for(angles, 256), 256, 0, stream_of(ctx)>>>(cos_sin, T_, HD, b,
+                                                                     scheme.position_offset);
     rotate_pairs<<<blocks_for(pairs, 256), 256, 0, stream_of(ctx)>>>(
-        y, x, N, T_, rotated, W, HD, b, float(sign), scheme.interleaved, scheme.position_offset);
-  if (N * W > 0)
-    copy_unrotated<<<blocks_for(N * W, 256), 256, 0, stream_of(ctx)>>>(y, x, N, rotated, W, HD);
+        y, x, cos_sin, N, T_, rotated, W, HD, float(sign), scheme.interleaved);
+  }
+  const int64_t from = HD % 2 == 0 ? int64_t(rotated) * HD : 0;
+  if (N * (W - from) > 0)
+    copy_unrotated<<<blocks_for(N * (W - from), 256), 256, 0, stream_of(ctx)>>>(y, x, N, rotated, W,
+                                                                                HD, from);
   DIVLAB_LAUNCHED(ctx, "rope");
 }
 

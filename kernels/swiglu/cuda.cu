@@ -1,5 +1,7 @@
-// SwiGLU on the GPU: one thread per (row, channel), the CPU's overflow-free sigmoid.
+// SwiGLU on the GPU: one thread per (row, channel), or per 8 channels (16-byte loads and stores)
+// where the width allows; the CPU's overflow-free sigmoid, the same arithmetic per value.
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/storage.cuh"
 
@@ -12,40 +14,82 @@ __device__ inline float sigmoid(float g) {
   return e / (1.0f + e);
 }
 
-template <class A>
+// V consecutive values of p (V = kPack: one 16-byte access; p then 16-byte aligned).
+template <int V, class A>
+struct Run {
+  float v[V];
+  __device__ void read(const A* p) {
+    if constexpr (V == kPack) {
+      const Pack<A> pack = load_pack(p, 0);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = load(pack.v[i]);
+    } else {
+      v[0] = load(*p);
+    }
+  }
+  __device__ void write(A* p) const {
+    if constexpr (V == kPack) {
+      Pack<A> pack;
+#pragma unroll
+      for (int i = 0; i < V; ++i) pack.v[i] = store<A>(v[i]);
+      store_pack(p, 0, pack);
+    } else {
+      *p = store<A>(v[0]);
+    }
+  }
+};
+
+// V values per thread: 1, or kPack (F a multiple of it, 16-byte aligned arrays).
+template <class A, int V>
 __global__ void swiglu_forward_kernel(A* y, const A* x, int64_t N, int F) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t k = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (k >= N * F) return;
   const int64_t n = k / F, f = k % F;
-  const float g = load(x[n * 2 * F + f]), u = load(x[n * 2 * F + F + f]);
-  y[k] = store<A>(g * sigmoid(g) * u);
+  Run<V, A> g, u, out;
+  g.read(x + n * 2 * F + f), u.read(x + n * 2 * F + F + f);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out.v[i] = g.v[i] * sigmoid(g.v[i]) * u.v[i];
+  out.write(y + k);
 }
 
 // `swap`: the gate's gradient stored in the up half and the up's in the gate half (the variant).
-template <class A>
+template <class A, int V>
 __global__ void swiglu_backward_kernel(A* dx, const A* dy, const A* x, int64_t N, int F,
                                        bool swap) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t k = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (k >= N * F) return;
   const int64_t n = k / F, f = k % F;
-  const float g = load(x[n * 2 * F + f]), u = load(x[n * 2 * F + F + f]), d = load(dy[k]);
-  const float s = sigmoid(g);
-  const float dup = d * g * s, dgate = d * u * s * (1.0f + g * (1.0f - s));
-  dx[n * 2 * F + (swap ? F : 0) + f] = store<A>(dgate);
-  dx[n * 2 * F + (swap ? 0 : F) + f] = store<A>(dup);
+  Run<V, A> g, u, d, dgate, dup;
+  g.read(x + n * 2 * F + f), u.read(x + n * 2 * F + F + f), d.read(dy + k);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const float s = sigmoid(g.v[i]);
+    dup.v[i] = d.v[i] * g.v[i] * s;
+    dgate.v[i] = d.v[i] * u.v[i] * s * (1.0f + g.v[i] * (1.0f - s));
+  }
+  dgate.write(dx + n * 2 * F + (swap ? F : 0) + f);
+  dup.write(dx + n * 2 * F + (swap ? 0 : F) + f);
 }
 
 template <class A>
 void swiglu_forward(const OpContext& ctx, A* y, const A* x, int N, int F) {
   const int64_t n = int64_t(N) * F;
-  if (n > 0) swiglu_forward_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(y, x, N, F);
+  if (n > 0 && F % kPack == 0 && packable({y, x}))
+    swiglu_forward_kernel<A, kPack>
+        <<<blocks_for(n / kPack, 256), 256, 0, stream_of(ctx)>>>(y, x, N, F);
+  else if (n > 0)
+    swiglu_forward_kernel<A, 1><<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(y, x, N, F);
   DIVLAB_LAUNCHED(ctx, "swiglu_forward");
 }
 template <class A, bool swap>
 void swiglu_backward(const OpContext& ctx, A* dx, const A* dy, const A* x, int N, int F) {
   const int64_t n = int64_t(N) * F;
-  if (n > 0)
-    swiglu_backward_kernel<<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(dx, dy, x, N, F, swap);
+  if (n > 0 && F % kPack == 0 && packable({dx, dy, x}))
+    swiglu_backward_kernel<A, kPack>
+        <<<blocks_for(n / kPack, 256), 256, 0, stream_of(ctx)>>>(dx, dy, x, N, F, swap);
+  else if (n > 0)
+    swiglu_backward_kernel<A, 1>
+        <<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(dx, dy, x, N, F, swap);
   DIVLAB_LAUNCHED(ctx, "swiglu_backward");
 }
 }  // namespace

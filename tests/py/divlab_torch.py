@@ -177,7 +177,7 @@ def from_config(m, sdpa=False):
     tied, cap = m.get("tied_embeddings", False), m.get("logit_softcap", 0.0)
     if m.get("arch", "gpt2") == "llama":
         C = m["d_model"]
-        hidden = m["mlp_hidden"] or round(8 * C / 3)
+        hidden = m["mlp_hidden"] or -(-int(8 * C / 3) // 64) * 64  # rounded up to 64
         return Llama(m["vocab"], C, m["n_layers"], m["n_heads"], m["n_kv_heads"] or m["n_heads"],
                      hidden, m["rope_base"], m["norm_eps"], tied, cap, sdpa)
     return Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
