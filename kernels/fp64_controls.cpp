@@ -134,7 +134,7 @@ void add_control(Variants& variants, const MemoryOps* memory) {
 
 // Ops whose every output is one rounding of exact inputs: fp64 gives the reference's own bits.
 constexpr bool rounds_once(Op op) {
-  return op == Op::add || op == Op::cast;
+  return op == Op::add || op == Op::cast || op == Op::embedding_forward;
 }
 
 }  // namespace

@@ -8,12 +8,12 @@
 
 namespace divlab {
 
-// Adds `fp64_accum` to every op of the op list that has an op spec and none yet, except add and
-// cast (one rounding per value, so fp64 gives the reference's own bits); embedding_forward, which
-// has no spec, has none. In the fp64 catalogue the variant is the reference itself, so fp64 runs
-// name the same variants as fp32 ones. On a device (the GPU catalogues, both modes) the control
-// copies its arrays to the host, runs the CPU's fp64 reference there and copies the outputs
-// back: exact, and slow (a control for grids at small sizes, not for speed).
+// Adds `fp64_accum` to every op of the op list that has an op spec and none yet, except add, cast
+// and embedding_forward (one rounding per value, so fp64 gives the reference's own bits). In the
+// fp64 catalogue the variant is the reference itself, so fp64 runs name the same variants as fp32
+// ones. On a device (the GPU catalogues, both modes) the control copies its arrays to the host,
+// runs the CPU's fp64 reference there and copies the outputs back: exact, and slow (a control for
+// grids at small sizes, not for speed).
 template <class T, class A>
 void register_fp64_controls(Catalogue<T, A>& cat);
 

@@ -315,16 +315,10 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
           if (a.is_written()) written->push_back(a);
       kernel(ctx, args...);
     };
-    // An op without a spec (its arguments do not give every array's size): its written arrays
-    // by hand, in the order of x.outputs.
-    auto call_unspecified = [&](std::vector<ArgSpec> outputs, const auto& kernel, auto&&... args) {
-      if (written) written->insert(written->end(), outputs.begin(), outputs.end());
-      kernel(ctx, args...);
-    };
     switch (which) {
-      case Op::embedding_forward:  // its one output, row n = token n
-        call_unspecified({arg::out(N, C, RowKey::Position)}, kk.embedding_forward, out[0], ids,
-                         in[0], in[1], B, T, C);
+      case Op::embedding_forward:
+        call(OpTag<Op::embedding_forward>{}, kk.embedding_forward, out[0], ids, in[0], in[1], B, T,
+             C, V);
         break;
       case Op::rmsnorm_forward:
         call(OpTag<Op::rmsnorm_forward>{}, kk.rmsnorm_forward, out[0], out[1], in[0], in[1], N, C,

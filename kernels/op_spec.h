@@ -4,8 +4,8 @@
 //
 // OpSpec<op>::args(tuple of the call's arguments after the context) returns one ArgSpec per
 // argument, in order: its role and, for arrays, its extent as rows x cols computed from the
-// call's own size arguments. An op whose arguments do not determine every array's size has no
-// spec (embedding_forward: its tables' vocabulary is not an argument). "Output" means judged on
+// call's own size arguments (every op's arguments determine its arrays' sizes; embedding_forward
+// takes its vocabulary for that alone). "Output" means judged on
 // its value: a kernel may also read it (AdamW's second moment).
 #pragma once
 
@@ -81,6 +81,19 @@ struct OpSpec {
 
 using std::get;
 
+// x, tokens, wte, wpe, B, T, C, V
+DIVLAB_OP_SPEC(embedding_forward) {
+  const int64_t B = get<4>(a), T = get<5>(a), C = get<6>(a), V = get<7>(a);
+  using namespace arg;
+  return std::array{out(B * T, C, RowKey::Position),
+                    ids(B * T),
+                    in(V, C),
+                    in(T, C),
+                    value(),
+                    value(),
+                    value(),
+                    value()};
+}
 // y, rstd, x, w, N, C, eps
 DIVLAB_OP_SPEC(rmsnorm_forward) {
   const int64_t N = get<4>(a), C = get<5>(a);

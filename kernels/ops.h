@@ -28,9 +28,10 @@ using TokenId = int32_t;
 // bf16, kernels/common/lowp.h) and keeps T = float, as mixed-precision training does.
 template <class T, class A = T>
 struct OpSignatures {
-  // x[n] = wte[tokens[n]] + wpe[n % T]
+  // x[n] = wte[tokens[n]] + wpe[n % T]; wte [V, C] (V sizes the table for copies of the call:
+  // shadow mode, the fp64 control), wpe [T, C]
   using EmbeddingForward = void (*)(const OpContext& ctx, T* x, const TokenId* tokens, const T* wte,
-                                    const T* wpe, int B, int T_, int C);
+                                    const T* wpe, int B, int T_, int C, int V);
   // y = x / sqrt(mean(x^2) + eps) * w; rstd[n] saved for the backward.
   using RmsnormForward = void (*)(const OpContext& ctx, A* y, T* rstd, const T* x, const T* w,
                                   int N, int C, T eps);

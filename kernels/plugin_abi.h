@@ -96,13 +96,13 @@ typedef struct divlab_op_context {
 } divlab_op_context;
 
 /* The ABI 2 function types: divlab2_<op>_<dtype>, with A the activation type (semantics: the
- * ABI 1 comment of the same op below). */
+ * ABI 1 comment of the same op below; ABI 2's embedding_forward also receives V, wte's rows). */
 /* A is a type name, pasted into declarations (never an expression to parenthesise). */
 /* NOLINTBEGIN(bugprone-macro-parentheses) */
 #define DIVLAB2_FUNCTION_TYPES(dtype, A)                                                           \
   typedef void (*divlab2_embedding_forward_##dtype)(const divlab_op_context* ctx, float* x,        \
                                                     const divlab_token* tokens, const float* wte,  \
-                                                    const float* wpe, int B, int T, int C);        \
+                                                    const float* wpe, int B, int T, int C, int V); \
   typedef void (*divlab2_rmsnorm_forward_##dtype)(const divlab_op_context* ctx, A* y, float* rstd, \
                                                   const float* x, const float* w, int N, int C,    \
                                                   float eps);                                      \
@@ -187,7 +187,8 @@ const divlab_plugin2* divlab_plugin_register2(void);
 
 /* ---- ABI 1 (still loaded): fp32 tensors, no context. One function type per op (the `op`
  * string in parentheses); the op semantics stated here hold for ABI 2 as well. */
-/* (embedding_forward) x[n] = wte[tokens[n]] + wpe[n % T]; x, wte [V, C], wpe [T, C] */
+/* (embedding_forward) x[n] = wte[tokens[n]] + wpe[n % T]; x [B T, C], wte [V, C], wpe [T, C]
+ * (ABI 2 passes V last) */
 typedef void (*divlab_embedding_forward)(float* x, const divlab_token* tokens, const float* wte,
                                          const float* wpe, int B, int T, int C);
 /* (rmsnorm_forward) y = x / sqrt(mean(x^2) + eps) * w; rstd[n] saved */

@@ -32,6 +32,21 @@ template <>
 struct AbiArg<const fp16*> : AbiPointer<const fp16*, const divlab_fp16*> {};
 static_assert(sizeof(bf16) == sizeof(divlab_bf16) && sizeof(fp16) == sizeof(divlab_fp16));
 
+// An op's ABI 1 function type: the internal one without its context (embedding_forward also
+// without V, which ABI 2 added), and the shim that calls such an embedding_forward.
+template <Op op, class Fn>
+struct Abi1 {
+  using Function = WithoutContext<Fn>;
+};
+template <class Fn>
+struct Abi1<Op::embedding_forward, Fn> {
+  using Function = void (*)(float*, const TokenId*, const float*, const float*, int, int, int);
+  static void call(const OpContext& ctx, float* x, const TokenId* tokens, const float* wte,
+                   const float* wpe, int B, int T, int C, int /*V*/) {
+    reinterpret_cast<Function>(ctx.state)(x, tokens, wte, wpe, B, T, C);
+  }
+};
+
 // Scratch for an ABI 2 kernel: regions 0-7 of the caller's workspace, above every slot divlab's
 // own kernels use. Null when it cannot be had (the ABI is C: nothing may throw through it).
 constexpr int kPluginWorkspaceSlot = 64, kPluginWorkspaceRegions = 8;
@@ -58,7 +73,8 @@ struct Abi2<void (*)(const OpContext&, Args...)> {
 
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_TIE_ABI(name, Signature)                                                         \
-  static_assert(std::is_same_v<divlab_##name, WithoutContext<OpSignatures<float>::Signature>>); \
+  static_assert(                                                                                \
+      std::is_same_v<divlab_##name, Abi1<Op::name, OpSignatures<float>::Signature>::Function>); \
   static_assert(                                                                                \
       std::is_same_v<divlab2_##name##_fp32, Abi2<OpSignatures<float>::Signature>::Function>);   \
   static_assert(std::is_same_v<divlab2_##name##_bf16,                                           \

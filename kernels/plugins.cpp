@@ -89,10 +89,16 @@ void add_native(Cat& cat, const Declared& v) {
   cat.for_each_op([&](auto& ops, auto) {
     if (ops.op != v.op) return;
     using Fn = typename std::decay_t<decltype(ops)>::Function;
-    if (v.abi == 1)
+    if (v.abi == 1 && v.op == "embedding_forward") {
+      if constexpr (std::is_same_v<Fn, OpSignatures<float>::EmbeddingForward>)
+        ops.add(v.name,
+                Kernel<Fn>(&Abi1<Op::embedding_forward, Fn>::call, reinterpret_cast<void*>(v.fn)),
+                v.doc);
+    } else if (v.abi == 1) {
       ops.add(v.name, reinterpret_cast<typename Kernel<Fn>::ContextFree>(v.fn), v.doc);
-    else
+    } else {
       ops.add(v.name, Kernel<Fn>(&Abi2<Fn>::call, reinterpret_cast<void*>(v.fn)), v.doc);
+    }
   });
 }
 

@@ -21,7 +21,7 @@ T Transformer<T, A>::forward_llama(bool for_backward) {
   const T* P = params_.data();
   const A* W = linear_weights();
   k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_,
-                       zero_positions_.data(), B_, Tn, C);
+                       zero_positions_.data(), B_, Tn, C, cfg_.vocab);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), NC);
   // Block 0's norm alone; every later norm is fused with the add before it.
   k_.rmsnorm_forward(contexts_.next(), acts_[0].ln1.data(), acts_[0].rstd1.data(), resid_[0].data(),

@@ -227,7 +227,7 @@ T Transformer<T, A>::forward_gpt2(bool for_backward) {
   const T* P = params_.data();
   const A* W = linear_weights();
   k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_,
-                       Tn, C);
+                       Tn, C, cfg_.vocab);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& w = layers_[l];

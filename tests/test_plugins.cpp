@@ -228,6 +228,15 @@ TEST(Plugins, Abi1LibrariesStillLoad) {
       .select({{"add", "segfaults_on_large"}})
       .add(test_context(), y.data(), a.data(), b.data(), 3);
   EXPECT_EQ(y, (std::vector<float>{5, 7, 9}));
+  // ABI 1's embedding_forward, called without the vocabulary ABI 2 added.
+  const std::vector<TokenId> tokens = {2, 0, 2};
+  const std::vector<float> wte = {1, 2, 3, 4, 5, 6}, wpe = {10, 20, 30, 40, 50, 60};  // V 3, C 2
+  std::vector<float> x(6);
+  cpu_catalogue<float>()
+      .select({{"embedding_forward", "abi1_embedding"}})
+      .embedding_forward(test_context(), x.data(), tokens.data(), wte.data(), wpe.data(), 1, 3, 2,
+                         3);
+  EXPECT_EQ(x, (std::vector<float>{15, 26, 31, 42, 55, 66}));
 }
 
 // The host fp16 conversion the fp16 adapters use equals the compiler's _Float16 (where it has one).

@@ -18,7 +18,8 @@ TEST(EmbedRmsnormBackward, GradcheckWithRepeatedTokens) {
   for (int n = 0; n < N; ++n) tokens[n] = TokenId(n % 3 == 0 ? 2 : gen() % V);
   std::vector<double> x0(N * C), y(N * C), rstd(N);
   auto objective = [&] {
-    embedding_forward_reference<double>(x0.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    embedding_forward_reference<double>(x0.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                                        V);
     rmsnorm_forward_reference<double>(y.data(), rstd.data(), x0.data(), w.data(), N, C, 1e-5);
     return dot(y, dy) + dot(x0, dres);
   };

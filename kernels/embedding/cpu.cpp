@@ -5,7 +5,7 @@ namespace divlab {
 
 template <class T>
 void embedding_forward_reference(T* x, const TokenId* tokens, const T* wte, const T* wpe, int B,
-                                 int T_, int C) {
+                                 int T_, int C, int /*V: the table's rows*/) {
   parallel_chunks(int64_t(B) * T_, kRowChunk, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const T* e = wte + int64_t(tokens[n]) * C;

@@ -15,7 +15,7 @@ __global__ void embedding_forward_kernel(float* x, const TokenId* tokens, const 
 }
 
 void embedding_forward(const OpContext& ctx, float* x, const TokenId* tokens, const float* wte,
-                       const float* wpe, int B, int T_, int C) {
+                       const float* wpe, int B, int T_, int C, int /*V*/) {
   const int64_t total = int64_t(B) * T_ * C;
   embedding_forward_kernel<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(x, tokens, wte, wpe,
                                                                                T_, C, total);

@@ -6,7 +6,7 @@
 namespace divlab {
 template <class T>
 void embedding_forward_reference(T* x, const TokenId* tokens, const T* wte, const T* wpe, int B,
-                                 int T_, int C);
+                                 int T_, int C, int V);
 template <class T>
 void register_embedding(Catalogue<T>& cat);
 }  // namespace divlab

@@ -11,7 +11,7 @@ TEST(Embedding, GathersTokenAndPositionRows) {
   std::vector<TokenId> tokens(B * T);
   for (auto& t : tokens) t = TokenId(gen() % V);
   std::vector<double> x(B * T * C);
-  embedding_forward_reference<double>(x.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  embedding_forward_reference<double>(x.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
   for (int n = 0; n < B * T; ++n)
     for (int c = 0; c < C; ++c)
       EXPECT_EQ(x[n * C + c], wte[tokens[n] * C + c] + wpe[(n % T) * C + c]);

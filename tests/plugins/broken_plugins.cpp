@@ -34,12 +34,20 @@ void segfaults_on_large(float* y, const float* a, const float* b, int64_t n) {
 void hangs_on_one_size(float* y, const float* a, const float* b, int64_t n) {
   for (volatile int64_t i = 0; i < n; i += n == 524288 ? 0 : 1) y[i] = a[i] + b[i];
 }
+// A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
+void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
+                    int T, int C) {
+  for (int n = 0; n < B * T; ++n)
+    for (int c = 0; c < C; ++c) x[n * C + c] = wte[tokens[n] * C + c] + wpe[(n % T) * C + c];
+}
 const divlab_variant kVariants[] = {
     {"add", "segfaults_on_large", "cpu", reinterpret_cast<void (*)(void)>(&segfaults_on_large), "",
      "", "", ""},
     {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
-     "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 2, kVariants};
+     "", "", ""},
+    {"embedding_forward", "abi1_embedding", "cpu",
+     reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 3, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
