@@ -17,7 +17,8 @@ CASES = os.path.join(ROOT, "tests", "bad_inputs", "cases.toml")
 SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing"),
          "{plugin_crashing}": os.environ.get("DIVLAB_CRASHING_PLUGIN", "/missing"),
          "{plugin_crashing_on_load}": os.environ.get("DIVLAB_CRASHING_ON_LOAD_PLUGIN",
-                                                     "/missing")}
+                                                     "/missing"),
+         "{plugin_abi2}": os.environ.get("DIVLAB_ABI2_PLUGIN", "/missing")}
 
 FIXTURE_GRID = SMALL_GRID_SET + """
 [axes.train]
