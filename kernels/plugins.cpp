@@ -57,10 +57,9 @@ bool valid_name(const std::string& n) {
 // One variant as a library declared it, in either ABI.
 struct Declared {
   std::string op, name, device;
-  uint32_t abi = 0, dtype = DIVLAB_FP32;
-  bool control = false;
+  uint32_t abi = 0, dtype = DIVLAB_FP32, flags = 0;
   void (*fn)(void) = nullptr;
-  VariantDoc doc;
+  VariantDoc doc;  // doc.benign: declared a control (DIVLAB_CONTROL)
 };
 
 const char* dtype_name(uint32_t dtype) {
@@ -147,9 +146,8 @@ std::vector<Declared> read_table(void* handle, uint32_t* abi) {
     for (uint32_t i = 0; p->variants && i < p->count; ++i) {
       const divlab_variant2& v = p->variants[i];
       const bool control = (v.flags & DIVLAB_CONTROL) != 0;
-      out.push_back({str(v.op), str(v.name), str(v.device), 2, v.dtype, control, v.fn,
+      out.push_back({str(v.op), str(v.name), str(v.device), 2, v.dtype, v.flags, v.fn,
                      doc(v.summary, v.wrong, v.exposed_by, v.masked_by, control, v.dtype)});
-      if (v.flags & ~DIVLAB_CONTROL) out.back().abi = 0;  // refused by validate() below
     }
   } else if (auto reg = reinterpret_cast<divlab_plugin_register_fn>(
                  dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))) {
@@ -160,7 +158,7 @@ std::vector<Declared> read_table(void* handle, uint32_t* abi) {
     *abi = 1;
     for (uint32_t i = 0; p->variants && i < p->count; ++i) {
       const divlab_variant& v = p->variants[i];
-      out.push_back({str(v.op), str(v.name), str(v.device), 1, DIVLAB_FP32, false, v.fn,
+      out.push_back({str(v.op), str(v.name), str(v.device), 1, DIVLAB_FP32, 0, v.fn,
                      doc(v.summary, v.wrong, v.exposed_by, v.masked_by, false, DIVLAB_FP32)});
     }
   } else {
@@ -176,7 +174,7 @@ std::vector<Declared> read_table(void* handle, uint32_t* abi) {
 std::string invalid(const Declared& v) {
   if (!valid_name(v.name)) return "a name needs letters, digits or '_'";
   if (!v.fn) return "no function";
-  if (v.abi == 0) return "unknown flags (only DIVLAB_CONTROL is defined)";
+  if (v.flags & ~DIVLAB_CONTROL) return "unknown flags (only DIVLAB_CONTROL is defined)";
   if (v.dtype != DIVLAB_FP32 && v.dtype != DIVLAB_BF16 && v.dtype != DIVLAB_FP16)
     return "dtype " + std::to_string(v.dtype) +
            ": expected DIVLAB_FP32, DIVLAB_BF16 or DIVLAB_FP16";
