@@ -356,14 +356,17 @@ std::string plugin_of(const std::string& op, const std::string& variant) {
   return "";
 }
 
+std::string mode_running(const std::string& dtype) {
+  return dtype == "bf16"   ? "the bf16 mode (train.precision = \"bf16\", check --precision bf16)"
+         : dtype == "fp16" ? "the fp32 mode (train.precision = \"fp32\")"
+                           : "the fp32 and bf16 modes";
+}
+
 std::string plugin_mode_note(const std::string& op, const std::string& variant) {
   for (const auto& v : plugin_variants()) {
     if (v.op != op || v.name != variant) continue;
     return "'" + variant + "' (plug-in " + v.path + ") is " + (v.dtype == "bf16" ? "a " : "an ") +
-           v.dtype + " kernel: it runs " +
-           (v.dtype == "bf16"
-                ? "in the bf16 mode (train.precision = \"bf16\", check --precision bf16)"
-                : "in the fp32 mode (train.precision = \"fp32\")");
+           v.dtype + " kernel: it runs in " + mode_running(v.dtype);
   }
   return "";
 }

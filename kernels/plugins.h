@@ -32,6 +32,12 @@ std::vector<PluginVariant> plugin_variants();
 // The library that added variant `variant` of `op` (as loaded), or "" for a built-in variant.
 std::string plugin_of(const std::string& op, const std::string& variant);
 
+// The mode that runs a plug-in kernel of activation dtype `dtype` ("fp32", "bf16", "fp16"):
+// bf16 kernels run in the bf16 mode, fp16 kernels in the fp32 mode on fp16 copies, fp32 kernels
+// in both (the bf16 mode through its adapters, unless the library has a bf16 twin). E.g. "the
+// bf16 mode (train.precision = \"bf16\", check --precision bf16)".
+std::string mode_running(const std::string& dtype);
+
 // Where a plug-in variant of another dtype runs, when a mode that lacks it was asked for it: e.g.
 // "'my_swiglu' (plug-in PATH) is a bf16 kernel: it runs in the bf16 mode (...)". "" if `variant`
 // of `op` is no loaded plug-in's.
