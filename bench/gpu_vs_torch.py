@@ -5,9 +5,16 @@
 1. divlab: `divlab train` on the config with backend = cuda (trace writing included); the
    median step time over the steps after the first few, from the trace's /metrics/wall_s.
 2. The same model (tests/py/divlab_torch.py, fused SDPA attention), batch, token count and
-   precision in PyTorch: eager, then torch.compile; SGD with momentum; bf16 autocast when divlab
-   runs bf16; loss.item() every step (divlab records every step's loss too).
-3. divlab again, over --shadow-steps steps (more where a run would last under 3 s), plain and
+   precision in PyTorch: eager, then torch.compile in each mode of --torch-modes (default,
+   reduce-overhead = CUDA graphs; max-autotune on request: its GEMM autotuning takes minutes at
+   GPT-2 small), each in a child process with a time limit (a mode that does not finish in it is
+   reported, not waited for); SGD with momentum; bf16 autocast when divlab runs bf16;
+   loss.item() every step (divlab records every step's loss too). The ratios are against eager
+   and against the fastest compile mode that ran.
+3. llm.c, where --llmc names a checkout and the config has the shape of one of its GPT-2 models
+   (bench/llmc.py: built in a scratch copy with cuDNN attention, its default flags, uniform
+   random tokens; its own per-step times).
+4. divlab again, over --shadow-steps steps (more where a run would last under 3 s), plain and
    with shadow mode at every step and every 10th (the seed bug shadowed on the embedding op),
    three rounds: its cost as a fraction of step time, the median round's.
 MFU: (6 x matmul parameters + 12 x layers x T x C) FLOPs per token against the GPU's dense bf16
@@ -15,7 +22,10 @@ peak. Either model family (model.arch: gpt2, or llama with its grouped kv heads 
 Prints a table last.
 """
 import argparse
+import ctypes
+import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "py"))
 import divlab_torch  # noqa: E402
+import llmc  # noqa: E402  (bench/, beside this file)
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
@@ -72,13 +83,34 @@ def matmul_params(cfg):
     return n + (model.wte.weight.numel() if model.tied else 0)
 
 
-def run_torch(cfg, steps, compiled):
+def die_with_parent():
+    """Child processes get SIGKILL when this script dies, however it dies (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_torch_child(cfg, steps, mode, timeout):
+    """run_torch in a child process: seconds per step, or None when it ran past `timeout`."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-child", mode, "--steps", str(steps),
+           "--cfg-json", json.dumps({k: as_str(v) if isinstance(v, (bytes, str)) else
+                                     v.item() if hasattr(v, "item") else v
+                                     for k, v in cfg.items()})]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        raise RuntimeError(f"PyTorch ({mode}) failed: {done.stderr.strip()[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def run_torch(cfg, steps, mode):
     V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
     bf16 = as_str(cfg["train.precision"]) == "bf16"
     model = torch_model(cfg).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=float(cfg["train.lr"]),
                           momentum=float(cfg["train.momentum"]))
-    step_fn = torch.compile(model) if compiled else model
+    step_fn = model if mode == "eager" else torch.compile(model, mode=mode)
     torch.backends.cuda.matmul.allow_tf32 = False
     times = []
     for s in range(steps):
@@ -99,23 +131,50 @@ def run_torch(cfg, steps, compiled):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--divlab", required=True)
-    p.add_argument("--config", required=True)
+    p.add_argument("--divlab")
+    p.add_argument("--config")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--shadow-steps", type=int, default=400,
                    help="steps of each run that measures shadow mode's cost (0: not measured)")
     p.add_argument("--set", action="append", default=[])
+    p.add_argument("--torch-modes", default="eager,default,reduce-overhead",
+                   help="comma-separated: eager and torch.compile modes (default, "
+                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)")
+    p.add_argument("--torch-timeout", type=float, default=900,
+                   help="seconds one PyTorch mode may take, compilation included")
+    p.add_argument("--llmc", help="an llm.c checkout (github.com/karpathy/llm.c) to build and time")
+    p.add_argument("--cudnn-frontend", help="cudnn-frontend's include folder for llm.c's build "
+                   "(default: LLMC/../cudnn-frontend/include)")
+    p.add_argument("--torch-child", help=argparse.SUPPRESS)
+    p.add_argument("--cfg-json", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.torch_child:
+        print(run_torch(json.loads(args.cfg_json), args.steps, args.torch_child))
+        return
+    if not args.divlab or not args.config:
+        p.error("--divlab and --config are required")
+    modes = [m for m in args.torch_modes.split(",") if m]
 
     t_div, _, cfg, device = run_divlab(args, [])
     V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])
+    H = int(cfg["model.n_heads"])
     T, B = int(cfg["model.seq_len"]), int(cfg["train.batch"])
     tokens = B * T
     flops_per_token = 6 * matmul_params(cfg) + 12 * L * T * C
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    t_eager = run_torch(cfg, args.steps, compiled=False)
-    t_compile = run_torch(cfg, args.steps, compiled=True)
+    t_torch = {m: run_torch_child(cfg, args.steps, m, args.torch_timeout) for m in modes}
+    t_llmc, llmc_note = None, None
+    if args.llmc:
+        model, llmc_note = llmc.descriptor(L, C, H, V, T, as_str(cfg["model.arch"]))
+        if model:
+            frontend = args.cudnn_frontend or os.path.join(args.llmc, "..", "cudnn-frontend",
+                                                           "include")
+            with tempfile.TemporaryDirectory() as scratch:
+                binary = llmc.build(os.path.abspath(args.llmc), os.path.abspath(frontend),
+                                    scratch, die_with_parent, args.torch_timeout)
+                t_llmc = llmc.run(binary, model, B, T, args.steps, scratch, die_with_parent,
+                                  args.torch_timeout)
     # Shadow cost from longer runs than the speed rows, three rounds of (plain, every step, every
     # 10th), the median of each round's ratio. A mean over a few shadowed steps moved by 12 % to
     # 30 % between two back-to-back runs of the small model (one host hiccup in ~70 ms), and one
@@ -131,25 +190,41 @@ def main():
         every1.append(100 * (mean_shadow1 / mean_plain - 1))
         every10.append(100 * (mean_shadow10 / mean_plain - 1))
 
-    def row(label, t, ratio=True):
-        mfu = f"{100 * flops_per_token * tokens / t / peak:5.1f}%" if peak else "   n/a"
-        extra = f"{t_eager / t:8.2f}x {t_compile / t:8.2f}x" if ratio else ""
-        print(f"{label:34s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s} {extra}")
+    t_eager = t_torch.get("eager")
+    compiled = {m: t for m, t in t_torch.items() if m != "eager" and t is not None}
+    best = min(compiled, key=compiled.get) if compiled else None
+    peers = [("eager", t_eager), (f"best compile ({best})" if best else "best compile",
+                                  compiled.get(best)), ("llm.c", t_llmc)]
+    peers = [(label, t) for label, t in peers if t is not None]
 
-    print(f"\nGPU speed: {name} ({as_str(device)}); {as_str(cfg['model.arch'])} V={V} C={C} "
-          f"L={L} T={T} B={B}, "
-          f"precision {as_str(cfg['train.precision'])}, {args.steps} steps, median step")
-    print(f"{'implementation':34s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s} "
-          f"{'vs eager':>9s} {'vs compile':>9s}")
+    def row(label, t):
+        if t is None:
+            print(f"{label:38s} {'did not finish in --torch-timeout':>40s}")
+            return
+        mfu = f"{100 * flops_per_token * tokens / t / peak:5.1f}%" if peak else "   n/a"
+        print(f"{label:38s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s}")
+
+    print(f"\nGPU speed: {name} ({as_str(device)}); torch {torch.__version__}, CUDA "
+          f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}; "
+          f"{as_str(cfg['model.arch'])} V={V} C={C} L={L} H={H} T={T} B={B}, precision "
+          f"{as_str(cfg['train.precision'])}, {args.steps} steps, median step")
+    print(f"{'implementation':38s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s}")
     row("divlab cuda", t_div)
-    row("PyTorch eager (SDPA)", t_eager)
-    row("PyTorch torch.compile", t_compile)
+    for m in modes:
+        row("PyTorch eager (SDPA)" if m == "eager" else f"PyTorch torch.compile {m}", t_torch[m])
+    if args.llmc:
+        if t_llmc is None:
+            print(f"llm.c: not run: {llmc_note}")
+        else:
+            row("llm.c (cuDNN attention, AdamW)", t_llmc)
+    print("divlab speed-up: " + ", ".join(f"{t / t_div:.2f}x {label}" for label, t in peers))
     # Mean step times here: with shadow.every=10 the median would skip the shadowed steps.
     def spread(v):
         return f"{statistics.median(v):.1f}% (rounds {', '.join(f'{x:.1f}' for x in v)})"
     if shadow_steps:
         print(f"divlab shadow cost (mean step over {shadow_steps} steps, median of 3 rounds): "
               f"every step {spread(every1)}, every 10th step {spread(every10)} (goal <= 15%)")
+
 
 if __name__ == "__main__":
     main()

@@ -2,13 +2,16 @@
 # The GPU machine's one call: build the cuda preset, run the gpu-labelled tests and the
 # benchmarks, print a short table last.
 # Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce] [--gpt2-small] [--no-shadow-cost]
+#                       [--torch-modes=eager,default,reduce-overhead,max-autotune] [--gpt2-only]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
 # --gpt2-small profiles 12 steps at GPT-2 small's shape, V 50304, C 768, 12 blocks, T 1024, 16
 # sequences, each op between two synchronisations, and times it unprofiled against PyTorch eager
-# and torch.compile; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, which take
-# most of their time.)
+# and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
+# where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
+# alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
+# more; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, most of their time.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/divlab-gpu}
@@ -32,39 +35,48 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"
-all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400
+all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400 torch_modes= core=1
 for a in "$@"; do
   case $a in
     --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;;
-    --gpt2-small) gpt2=1 ;; --no-shadow-cost) shadow_steps=0 ;;
+    --gpt2-small) gpt2=1 ;; --gpt2-only) gpt2=1 core=0 ;; --no-shadow-cost) shadow_steps=0 ;;
+    --torch-modes=*) torch_modes="--torch-modes=${a#*=}" ;;
   esac
 done
 py=$(command -v python3)
+# llm.c and the cuDNN frontend headers it builds with, where fetched into the git-ignored .deps/
+# (bench/llmc.py builds a copy; docs/performance.md says how to fetch them).
+llmc=()
+if [ -f .deps/llmc/train_gpt2.cu ] && [ -d .deps/cudnn-frontend/include ]; then
+  llmc=(--llmc .deps/llmc --cudnn-frontend .deps/cudnn-frontend/include)
+fi
 if [ $all_tests = 1 ]; then
   step cpu_tests ctest --preset cuda -L cpu -j 8 --timeout 600
 fi
-step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
-# The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
-step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining*LossTracks*:*GpuTraining*Gradients*'
-# divlab check on the GPU candidates (exit 1 = the kernel fails its check, as bf16_accum must).
-step check_gpu bash -c 'build/cuda/divlab check embed_rmsnorm_backward=bf16_accum --backend cuda; test $? = 1 && build/cuda/divlab check embed_rmsnorm_backward=reference --backend cuda'
-# The bf16-mode catalogue's references, judged at the bf16 grade on bf16-rounded inputs.
-step check_gpu_bf16 bash -c 'for op in embed_rmsnorm_backward linear_backward attention_backward cross_entropy; do build/cuda/divlab check $op=reference --backend cuda --precision bf16 --no-sanitizer || exit 1; done'
-step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
-step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
-  --profile --quiet --force --out "$out/profile.h5"
-step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
-  --shadow-steps $shadow_steps
-step bench_gpu_small "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --shadow-steps $shadow_steps \
-  --config configs/bench-gpu.toml --set model.vocab=2048 --set model.d_model=128 \
-  --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=128 --set train.batch=64
+if [ $core = 1 ]; then
+  step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
+  # The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
+  step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining*LossTracks*:*GpuTraining*Gradients*'
+  # divlab check on the GPU candidates (exit 1 = the kernel fails its check, as bf16_accum must).
+  step check_gpu bash -c 'build/cuda/divlab check embed_rmsnorm_backward=bf16_accum --backend cuda; test $? = 1 && build/cuda/divlab check embed_rmsnorm_backward=reference --backend cuda'
+  # The bf16-mode catalogue's references, judged at the bf16 grade on bf16-rounded inputs.
+  step check_gpu_bf16 bash -c 'for op in embed_rmsnorm_backward linear_backward attention_backward cross_entropy; do build/cuda/divlab check $op=reference --backend cuda --precision bf16 --no-sanitizer || exit 1; done'
+  step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
+  step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
+    --profile --quiet --force --out "$out/profile.h5"
+  step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
+    --shadow-steps $shadow_steps
+  step bench_gpu_small "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --shadow-steps $shadow_steps \
+    --config configs/bench-gpu.toml --set model.vocab=2048 --set model.d_model=128 \
+    --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=128 --set train.batch=64
+fi
 if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpu.toml --set model.vocab=50304 \
     model.d_model=768 model.n_layers=12 model.n_heads=12 model.seq_len=1024 train.batch=16 \
     train.steps=12 --profile --quiet --force --out "$out/profile-gpt2.h5"
   step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
     --set model.vocab=50304 --set model.d_model=768 --set model.n_layers=12 --set model.n_heads=12 \
-    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0
+    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0 $torch_modes "${llmc[@]}"
 fi
 if [ $sanitize = 1 ]; then
   step sanitize env OUT="$out" scripts/sanitize-gpu.sh
@@ -91,6 +103,6 @@ grep -A18 "^op time" "$out/profile_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null
-tail -5 "$out/bench_gpt2.log" 2>/dev/null
+tail -12 "$out/bench_gpt2.log" 2>/dev/null
 cat "$out/sanitize.log" 2>/dev/null
 grep -iE "cells|verdict|wall|minutes" "$out/reproduce.log" 2>/dev/null | tail -6
