@@ -109,6 +109,9 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   EXPECT_NE(error_of(DIVLAB_UNKNOWN_DTYPE_PLUGIN)
                 .find("variant 0 ('broken_add'): dtype 9: expected DIVLAB_FP32"),
             std::string::npos);
+  EXPECT_NE(error_of(DIVLAB_UNKNOWN_FLAGS_PLUGIN)
+                .find("variant 0 ('broken_add'): unknown flags (only DIVLAB_CONTROL is defined)"),
+            std::string::npos);
   EXPECT_NE(error_of(DIVLAB_WRONG_CONTROL_PLUGIN)
                 .find("declared a benign control (DIVLAB_CONTROL) but says what is wrong"),
             std::string::npos);

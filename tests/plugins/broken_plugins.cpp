@@ -1,9 +1,10 @@
-// Deliberately broken plug-ins for the loader's error tests; one source, built five times with
+// Deliberately broken plug-ins for the loader's error tests; one source, built ten times with
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts), and in ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is
-// wrong with it), 9 (an ABI 2 table claiming version 3). Another library, no_register.cpp,
+// wrong with it), 9 (an ABI 2 table claiming version 3), 10 (a flag bit no ABI defines).
+// Another library, no_register.cpp,
 // exports no registration function.
 #include <csignal>
 #include <cstdint>
@@ -54,8 +55,10 @@ void add2(const divlab_op_context*, float* y, const float* a, const float* b, in
 }
 const divlab_variant2 kVariants2[] = {
     {"add", "broken_add", "cpu", BROKEN_KIND == 7 ? 9u : DIVLAB_FP32,
-     BROKEN_KIND == 8 ? DIVLAB_CONTROL : 0u, reinterpret_cast<void (*)(void)>(&add2), "",
-     BROKEN_KIND == 8 ? "it is wrong" : "", "", ""}};
+     BROKEN_KIND == 8    ? DIVLAB_CONTROL
+     : BROKEN_KIND == 10 ? 0x40u
+                         : 0u,
+     reinterpret_cast<void (*)(void)>(&add2), "", BROKEN_KIND == 8 ? "it is wrong" : "", "", ""}};
 const divlab_plugin2 kPlugin2 = {BROKEN_KIND == 9 ? 3u : DIVLAB_PLUGIN_ABI2_VERSION, 1, kVariants2};
 #else
 const divlab_variant kVariants[] = {

@@ -18,7 +18,11 @@ SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missin
          "{plugin_crashing}": os.environ.get("DIVLAB_CRASHING_PLUGIN", "/missing"),
          "{plugin_crashing_on_load}": os.environ.get("DIVLAB_CRASHING_ON_LOAD_PLUGIN",
                                                      "/missing"),
-         "{plugin_abi2}": os.environ.get("DIVLAB_ABI2_PLUGIN", "/missing")}
+         "{plugin_abi2}": os.environ.get("DIVLAB_ABI2_PLUGIN", "/missing"),
+         "{plugin_unknown_dtype}": os.environ.get("DIVLAB_UNKNOWN_DTYPE_PLUGIN", "/missing"),
+         "{plugin_unknown_flags}": os.environ.get("DIVLAB_UNKNOWN_FLAGS_PLUGIN", "/missing"),
+         "{plugin_wrong_control}": os.environ.get("DIVLAB_WRONG_CONTROL_PLUGIN", "/missing"),
+         "{plugin_abi3}": os.environ.get("DIVLAB_ABI3_PLUGIN", "/missing")}
 
 FIXTURE_GRID = SMALL_GRID_SET + """
 [axes.train]
