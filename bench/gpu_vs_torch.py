@@ -52,7 +52,7 @@ def run_divlab(args, extra, steps=None):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with h5py.File(out, "r", swmr=True) as f:
             wall = f["/metrics/wall_s"][:]
-            cfg = {k: f["/config"].attrs[k] for k in f["/config"].attrs}
+            cfg = {k: plain(f["/config"].attrs[k]) for k in f["/config"].attrs}
             device = f.attrs["device"]
     steps = [wall[i] - wall[i - 1] for i in range(max(5, len(wall) // 4), len(wall))]
     return statistics.median(steps), statistics.mean(steps), cfg, device
@@ -62,10 +62,14 @@ def as_str(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def plain(v):
+    """An HDF5 attribute as a plain Python value (str, int, float): JSON-ready."""
+    return as_str(v) if isinstance(v, (bytes, str)) else v.item() if hasattr(v, "item") else v
+
+
 def model_table(cfg):
     """The trace's model.* attributes as divlab_torch.from_config takes them."""
     def value(v):
-        v = as_str(v) if isinstance(v, (bytes, str)) else v.item() if hasattr(v, "item") else v
         return {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
     return {k.split(".", 1)[1]: value(v) for k, v in cfg.items() if k.startswith("model.")}
 
@@ -91,9 +95,7 @@ def die_with_parent():
 def run_torch_child(cfg, steps, mode, timeout):
     """run_torch in a child process: seconds per step, or None when it ran past `timeout`."""
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-child", mode, "--steps", str(steps),
-           "--cfg-json", json.dumps({k: as_str(v) if isinstance(v, (bytes, str)) else
-                                     v.item() if hasattr(v, "item") else v
-                                     for k, v in cfg.items()})]
+           "--cfg-json", json.dumps(cfg)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               preexec_fn=die_with_parent)
@@ -154,6 +156,12 @@ def main():
     if not args.divlab or not args.config:
         p.error("--divlab and --config are required")
     modes = [m for m in args.torch_modes.split(",") if m]
+    known = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    for m in modes:
+        if m not in known:
+            p.error(f"--torch-modes: unknown mode '{m}' (known: {', '.join(known)})")
+    if args.llmc and not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
+        p.error(f"--llmc: '{args.llmc}' is no llm.c checkout (no train_gpt2.cu there)")
 
     t_div, _, cfg, device = run_divlab(args, [])
     V, C, L = int(cfg["model.vocab"]), int(cfg["model.d_model"]), int(cfg["model.n_layers"])

@@ -76,7 +76,7 @@ if [ $gpt2 = 1 ]; then
     train.steps=12 --profile --quiet --force --out "$out/profile-gpt2.h5"
   step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
     --set model.vocab=50304 --set model.d_model=768 --set model.n_layers=12 --set model.n_heads=12 \
-    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0 $torch_modes "${llmc[@]}"
+    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0 --torch-timeout 200 $torch_modes "${llmc[@]}"
 fi
 if [ $sanitize = 1 ]; then
   step sanitize env OUT="$out" scripts/sanitize-gpu.sh
