@@ -61,6 +61,31 @@ TYPED_TEST(GpuOps, EveryOpMatchesFp64AndRepeatsBitwise) {
     }
 }
 
+// The row kernels' two forms (one warp per row with the row in 1 to 8 register chunks per lane
+// where C is a multiple of 4 up to 1024; one block per row elsewhere) and the updates' two
+// (8-value packs, then a tail value by value): widths at every chunk count's edges and past the
+// last, row counts around RMSNorm backward's 8 rows per warp, sizes around the packs; and the
+// sum of squares at a size that fills its largest grid.
+TYPED_TEST(GpuOps, RowAndUpdateKernelsMatchFp64AtEveryForm) {
+  const auto k = gpu_catalogue<TypeParam>().select({});
+  std::mt19937_64 gen(test_seed());
+  std::vector<OpShape> shapes;
+  for (int C : {4, 18, 124, 128, 132, 256, 260, 388, 512, 644, 768, 1024, 1028, 1030})
+    for (int T : {1, 9, 17}) shapes.push_back(OpShape{3, T, C, 2, 97});
+  for (const OpShape& s : shapes)
+    for (const char* op : {"rmsnorm_forward", "rmsnorm_backward", "add_rmsnorm_forward",
+                           "sum_squares", "sgd_step", "adamw_step"}) {
+      const OpInputs x = every_op_inputs(op, s, this->kBf16, gen);
+      const OpRun first = expect_op_matches_fp64(op, k, x, s, op_tolerance(op, this->kBf16), op);
+      EXPECT_EQ(first.outputs, call_op(op, k, x, s).outputs)
+          << op << " at " << s.text() << ": not bitwise repeatable (seed " << test_seed() << ")";
+    }
+  const OpShape large{4, 1100, 1024, 2, 97};  // 4.5 M values: 1024 blocks of 16 values per thread
+  const OpInputs x = every_op_inputs("sum_squares", large, this->kBf16, gen);
+  expect_op_matches_fp64("sum_squares", k, x, large, op_tolerance("sum_squares", this->kBf16),
+                         "sum_squares");
+}
+
 // The activation copy: exact in fp32 mode, round to nearest even in bf16 mode.
 TYPED_TEST(GpuOps, CastRoundsToNearestEven) {
   std::mt19937_64 gen(test_seed());

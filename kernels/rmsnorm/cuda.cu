@@ -1,8 +1,10 @@
-// RMSNorm on the GPU: one block per row; the weight gradient through a fixed-order column sum.
+// RMSNorm on the GPU: one warp per row with the row in registers (kernels/cuda/row_warp.cuh)
+// where C allows, else one block per row; the weight gradient through fixed-order column sums.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/row_warp.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/storage.cuh"
 
@@ -34,10 +36,39 @@ __global__ void rmsnorm_forward_kernel(A* y, float* rstd, const float* x, const 
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
+// The same per value (y = (x r) w), one warp per row.
+template <Rstd mode, int K, class A>
+__global__ void rmsnorm_forward_warp(A* y, float* rstd, const float* x, const float* w, int N,
+                                     int C, float eps) {
+  const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  if (row >= N) return;
+  const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
+  const float* xr = x + row * C;
+  float4 v[K];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = lane + 32 * k;
+    v[k] = c < chunks ? load4(xr, c) : float4{0, 0, 0, 0};
+    ss += sum_of_squares(v[k]);
+  }
+  const float r = rstd_of<mode>(warp_sum(ss) / float(C), eps);
+  store_scaled_row<K>(y + row * C, rstd + row, v, r, w, chunks);
+}
+
 template <Rstd mode, class A>
 void rmsnorm_forward(const OpContext& ctx, A* y, float* rstd, const float* x, const float* w, int N,
                      int C, float eps) {
-  rmsnorm_forward_kernel<mode><<<N, kRowThreads, 0, stream_of(ctx)>>>(y, rstd, x, w, C, eps);
+  const int chunks = row_chunks(C);
+  if (chunks > 0 && packable({y, x, w})) {
+    with_row_chunks(chunks, [&](auto K) {
+      rmsnorm_forward_warp<mode, K.value>
+          <<<blocks_for(N, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(y, rstd, x, w, N, C,
+                                                                            eps);
+    });
+  } else {
+    rmsnorm_forward_kernel<mode><<<N, kRowThreads, 0, stream_of(ctx)>>>(y, rstd, x, w, C, eps);
+  }
   DIVLAB_LAUNCHED(ctx, "rmsnorm_forward");
 }
 
@@ -63,9 +94,75 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
   }
 }
 
+// The rows of the backward, one warp per row and kRowsPerWarp rows per warp in order: dx += g
+// as above, and the warp's share of dw (sum over its rows of dy x r, in row order) in registers,
+// written as one row of `partial` [ceil(N / kRowsPerWarp), C] instead of an [N, C] product.
+constexpr int kRowsPerWarp = 8;
+
+template <int K, class A>
+__global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, const float* x,
+                                      const float* w, const float* rstd, int N, int C) {
+  const int64_t warp = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int64_t first = warp * kRowsPerWarp;
+  if (first >= N) return;
+  const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
+  float4 wk[K], acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = lane + 32 * k;
+    wk[k] = c < chunks ? load4(w, c) : float4{0, 0, 0, 0};
+    acc[k] = {0, 0, 0, 0};
+  }
+  const int64_t last = first + kRowsPerWarp < N ? first + kRowsPerWarp : N;
+  for (int64_t row = first; row < last; ++row) {
+    float4 xv[K], dv[K];
+    float dot = 0;  // sum_c dy w x
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = lane + 32 * k;
+      xv[k] = c < chunks ? load4(x + row * C, c) : float4{0, 0, 0, 0};
+      dv[k] = c < chunks ? load4(dy + row * C, c) : float4{0, 0, 0, 0};
+      dot += dv[k].x * wk[k].x * xv[k].x + dv[k].y * wk[k].y * xv[k].y +
+             dv[k].z * wk[k].z * xv[k].z + dv[k].w * wk[k].w * xv[k].w;
+    }
+    const float r = rstd[row];
+    const float scale = r * r * r * warp_sum(dot) / float(C);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = lane + 32 * k;
+      if (c >= chunks) continue;
+      const auto grad = [&](float d, float wc, float xc) { return r * wc * d - xc * scale; };
+      const float4 base = load4(dx + row * C, c);
+      store4(dx + row * C, c,
+             {base.x + grad(dv[k].x, wk[k].x, xv[k].x), base.y + grad(dv[k].y, wk[k].y, xv[k].y),
+              base.z + grad(dv[k].z, wk[k].z, xv[k].z), base.w + grad(dv[k].w, wk[k].w, xv[k].w)});
+      acc[k].x += dv[k].x * xv[k].x * r, acc[k].y += dv[k].y * xv[k].y * r;
+      acc[k].z += dv[k].z * xv[k].z * r, acc[k].w += dv[k].w * xv[k].w * r;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = lane + 32 * k;
+    if (c < chunks) store4(partial + warp * C, c, acc[k]);
+  }
+}
+
 template <class A>
 void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
                       const float* w, const float* rstd, int N, int C) {
+  const int chunks = row_chunks(C);
+  if (chunks > 0 && packable({dresid, dy, x, w})) {
+    const int warps = (N + kRowsPerWarp - 1) / kRowsPerWarp;
+    float* partial = scratch_as<float>(ctx, Scratch::A, size_t(warps) * C);
+    with_row_chunks(chunks, [&](auto K) {
+      rmsnorm_backward_warp<K.value>
+          <<<blocks_for(warps, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(dresid, partial, dy,
+                                                                                x, w, rstd, N, C);
+    });
+    DIVLAB_LAUNCHED(ctx, "rmsnorm_backward");
+    column_sums_add(ctx, dw, partial, warps, C);
+    return;
+  }
   float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
   rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
   column_sums_add(ctx, dw, prod, N, C);
@@ -110,14 +207,15 @@ template <class A>
 void register_rmsnorm(Catalogue<float, A>& cat) {
   cat.rmsnorm_forward.what = "RMSNorm forward, y = x * rsqrt(mean(x^2) + eps) * w";
   cat.rmsnorm_forward.add("reference", rmsnorm_forward<Rstd::Reference, A>,
-                          {"one block per row, fixed-tree sum of squares", "", "", ""});
+                          {"one warp per row (C <= 1024), fixed-tree sum of squares", "", "", ""});
   cat.rmsnorm_forward.add("eps_outside_sqrt", rmsnorm_forward<Rstd::EpsOutsideSqrt, A>,
                           {"rstd = 1 / (sqrt(mean(x^2)) + eps)", "", "", ""});
   cat.rmsnorm_forward.add("no_eps", rmsnorm_forward<Rstd::NoEps, A>,
                           {"rstd = 1 / sqrt(mean(x^2))", "", "", ""});
   cat.rmsnorm_backward.what = "RMSNorm backward (input and weight gradients)";
-  cat.rmsnorm_backward.add("reference", rmsnorm_backward<A>,
-                           {"rows per block; dw by fixed-order column sums", "", "", ""});
+  cat.rmsnorm_backward.add(
+      "reference", rmsnorm_backward<A>,
+      {"one warp per row, 8 rows per warp; dw by fixed-order column sums", "", "", ""});
   cat.rmsnorm_backward.add(
       "bf16_reduce", bf16_reduce<A>,
       {"dw summed over rows in a bf16 accumulator, one thread per channel", "", "", ""});
