@@ -190,8 +190,8 @@ int cmd_kernels(const std::string& only_op, bool markdown, const std::vector<std
         catalogue.for_each_op(
             [&](const auto& ops, auto) { here = here || (ops.op == v.op && ops.find(v.name)); });
         if (!here && (only_op.empty() || v.op == only_op))
-          elsewhere += "\n  " + v.op + "=" + v.name + ": " + (v.dtype == "bf16" ? "a " : "an ") +
-                       v.dtype + " kernel, run in " + mode_running(v.dtype);
+          elsewhere += "\n  " + v.op + "=" + v.name + ": " + plugin_kernel_kind(v.dtype) +
+                       ", run in " + mode_running(v.dtype);
       }
     });
   } catch (const BackendError& e) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -62,8 +63,35 @@ struct Declared {
   VariantDoc doc;  // doc.benign: declared a control (DIVLAB_CONTROL)
 };
 
+// Each activation dtype a plug-in kernel may declare and the precision modes that run it (how
+// they run it: register_variant); every sentence about where a plug-in kernel runs is made from
+// this table.
+struct DtypeModes {
+  uint32_t dtype;
+  const char* name;
+  const char* kernel;  // with its article
+  bool fp32_mode, bf16_mode;
+};
+constexpr DtypeModes kDtypeModes[] = {
+    {DIVLAB_FP32, "fp32", "an fp32 kernel", true, true},
+    {DIVLAB_BF16, "bf16", "a bf16 kernel", false, true},
+    {DIVLAB_FP16, "fp16", "an fp16 kernel", true, false},
+};
+static_assert(std::size(kDtypeModes) == 3, "one row per DIVLAB_* dtype of plugin_abi.h");
+
+const DtypeModes& modes_of(uint32_t dtype) {
+  for (const DtypeModes& m : kDtypeModes)
+    if (m.dtype == dtype) return m;
+  throw std::logic_error("modes_of: dtype " + std::to_string(dtype) + " was not validated");
+}
+const DtypeModes* modes_named(const std::string& name) {
+  for (const DtypeModes& m : kDtypeModes)
+    if (name == m.name) return &m;
+  return nullptr;
+}
+
 const char* dtype_name(uint32_t dtype) {
-  return dtype == DIVLAB_FP32 ? "fp32" : dtype == DIVLAB_BF16 ? "bf16" : "fp16";
+  return modes_of(dtype).name;
 }
 
 // Why `v` cannot go into a catalogue ("" if it can): an op the ABI lacks, a name taken.
@@ -249,25 +277,25 @@ void register_variant(Loaded& l, const Declared& v, bool bf16_twin) {
   const auto check = [&](const auto& cat) {
     if (const std::string why = refusal(cat, v); !why.empty()) throw TableError(why);
   };
+  const DtypeModes& modes = modes_of(v.dtype);
   const auto [bf16_cat, bf16_conv] = device_bf16_catalogue(v.device);
-  if (v.dtype == DIVLAB_BF16) {
-    check(*bf16_cat);
-    add_native(*bf16_cat, v);
-    l.undo.push_back(removal(*bf16_cat, v));
-    return;
-  }
   const std::vector<Catalogue<float>*> cats = device_catalogues(v.device);
-  for (Catalogue<float>* cat : cats) {
-    check(*cat);
-    if (v.dtype == DIVLAB_FP16)
-      add_fp16_plugin_variant(*cat, v.op, v.name, v.fn, v.doc, device_fp16_conversions(v.device));
-    else
-      add_native(*cat, v);
-    l.undo.push_back(removal(*cat, v));
+  if (modes.fp32_mode) {
+    for (Catalogue<float>* cat : cats) {
+      check(*cat);
+      if (v.dtype == DIVLAB_FP16)
+        add_fp16_plugin_variant(*cat, v.op, v.name, v.fn, v.doc, device_fp16_conversions(v.device));
+      else
+        add_native(*cat, v);
+      l.undo.push_back(removal(*cat, v));
+    }
   }
-  if (v.dtype == DIVLAB_FP32 && !bf16_twin) {
+  if (modes.bf16_mode && !bf16_twin) {
     check(*bf16_cat);
-    adopt_fp32_variant(*bf16_cat, *cats.front(), v.op, v.name, *bf16_conv);
+    if (v.dtype == DIVLAB_BF16)
+      add_native(*bf16_cat, v);
+    else
+      adopt_fp32_variant(*bf16_cat, *cats.front(), v.op, v.name, *bf16_conv);
     l.undo.push_back(removal(*bf16_cat, v));
   }
 }
@@ -357,16 +385,24 @@ std::string plugin_of(const std::string& op, const std::string& variant) {
 }
 
 std::string mode_running(const std::string& dtype) {
-  return dtype == "bf16"   ? "the bf16 mode (train.precision = \"bf16\", check --precision bf16)"
-         : dtype == "fp16" ? "the fp32 mode (train.precision = \"fp32\")"
-                           : "the fp32 and bf16 modes";
+  const DtypeModes* m = modes_named(dtype);
+  if (!m) throw std::logic_error("mode_running: unknown dtype '" + dtype + "'");
+  if (m->fp32_mode && m->bf16_mode) return "the fp32 and bf16 modes";
+  return m->bf16_mode ? "the bf16 mode (train.precision = \"bf16\", check --precision bf16)"
+                      : "the fp32 mode (train.precision = \"fp32\")";
+}
+
+std::string plugin_kernel_kind(const std::string& dtype) {
+  const DtypeModes* m = modes_named(dtype);
+  if (!m) throw std::logic_error("plugin_kernel_kind: unknown dtype '" + dtype + "'");
+  return m->kernel;
 }
 
 std::string plugin_mode_note(const std::string& op, const std::string& variant) {
   for (const auto& v : plugin_variants()) {
     if (v.op != op || v.name != variant) continue;
-    return "'" + variant + "' (plug-in " + v.path + ") is " + (v.dtype == "bf16" ? "a " : "an ") +
-           v.dtype + " kernel: it runs in " + mode_running(v.dtype);
+    return "'" + variant + "' (plug-in " + v.path + ") is " + plugin_kernel_kind(v.dtype) +
+           ": it runs in " + mode_running(v.dtype);
   }
   return "";
 }

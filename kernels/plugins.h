@@ -37,6 +37,8 @@ std::string plugin_of(const std::string& op, const std::string& variant);
 // in both (the bf16 mode through its adapters, unless the library has a bf16 twin). E.g. "the
 // bf16 mode (train.precision = \"bf16\", check --precision bf16)".
 std::string mode_running(const std::string& dtype);
+// "a bf16 kernel", "an fp32 kernel", "an fp16 kernel".
+std::string plugin_kernel_kind(const std::string& dtype);
 
 // Where a plug-in variant of another dtype runs, when a mode that lacks it was asked for it: e.g.
 // "'my_swiglu' (plug-in PATH) is a bf16 kernel: it runs in the bf16 mode (...)". "" if `variant`
