@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/errors.h"
@@ -26,7 +27,21 @@ pid_t holder_of(int fd) {
   if (fcntl(fd, F_GETLK, &l) != 0 || l.l_type == F_UNLCK) return 0;
   return l.l_pid;
 }
+
+pid_t g_named_pid = 0;  // set once, before any lock (name_writer_as)
+
+// The PID the holder wrote into the file, or `holder` where it wrote none (yet).
+pid_t named_in(int fd, pid_t holder) {
+  char text[24] = {};
+  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  const long pid = n > 0 ? std::strtol(text, nullptr, 10) : 0;
+  return pid > 0 ? pid_t(pid) : holder;
+}
 }  // namespace
+
+void name_writer_as(pid_t pid) {
+  g_named_pid = pid;
+}
 
 WriterLock::WriterLock(const std::string& path, const std::string& what) : path_(path) {
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -38,7 +53,7 @@ WriterLock::WriterLock(const std::string& path, const std::string& what) : path_
     struct flock l = whole_file(F_WRLCK);
     if (fcntl(fd, F_SETLK, &l) != 0) {
       const int err = errno;
-      const pid_t pid = holder_of(fd);
+      const pid_t pid = named_in(fd, holder_of(fd));
       close(fd);
       if (!existed) unlink(path.c_str());  // created by this refused call: leave nothing behind
       if (err == EACCES || err == EAGAIN)
@@ -54,6 +69,10 @@ WriterLock::WriterLock(const std::string& path, const std::string& what) : path_
         mine.st_dev == named.st_dev) {
       fd_ = fd;
       remove_ = !existed;
+      const std::string pid = std::to_string(g_named_pid > 0 ? g_named_pid : getpid()) + "\n";
+      if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+        // The PID is a courtesy for a refused writer; the lock itself holds.
+      }
       return;
     }
     close(fd);

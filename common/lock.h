@@ -37,4 +37,9 @@ class WriterLock {
 // The PID holding the lock at `path`, or 0 when it is free (or the file does not exist).
 pid_t lock_holder(const std::string& path);
 
+// The PID a refused writer is told to wait for or stop: this process's own, unless it runs under
+// a supervisor (experiments/supervise.h), whose PID is the command the user started. Each lock
+// taken writes it into its file, and a refusal reads it back (or names the holder itself).
+void name_writer_as(pid_t pid);
+
 }  // namespace divlab

@@ -20,14 +20,19 @@ constexpr FatalSignal kFatal[] = {{SIGSEGV, "SIGSEGV (Segmentation fault)"},
                                   {SIGABRT, "SIGABRT (Aborted)"}};
 
 std::atomic<const CrashReport*> g_active{nullptr};
+std::atomic<int> g_copy_fd{-1};
 
-void put(const char* s) {
+void put_to(int fd, const char* s) {
   size_t n = std::strlen(s);
   while (n > 0) {
-    const ssize_t w = write(STDERR_FILENO, s, n);
+    const ssize_t w = write(fd, s, n);
     if (w <= 0) return;
     s += w, n -= size_t(w);
   }
+}
+void put(const char* s) {
+  put_to(STDERR_FILENO, s);
+  if (const int fd = g_copy_fd.load(); fd >= 0) put_to(fd, s);
 }
 
 // Decimal digits of v (>= 0) into buf, without the C library's locale-aware formatting.
@@ -84,6 +89,10 @@ std::string CrashReport::where() const {
   if (op < 0 || op >= kOpCount) return at.substr(1) + ", before any op";
   return note_.inside.load() ? inside_[size_t(op)].substr(1) + at
                              : at.substr(1) + after_[size_t(op)];
+}
+
+void CrashReport::copy_to(int fd) {
+  g_copy_fd.store(fd);
 }
 
 void CrashReport::write_line(int signal) const {

@@ -5,7 +5,9 @@
 // cell's log into its manifest). The handler does nothing else: a kernel that wrote out of bounds
 // may have corrupted the heap, and HDF5 is not async-signal-safe, so the trace is not touched and
 // keeps every step before the crash with status "running". Only write(2) runs in the handler:
-// every text is formatted when the report is made.
+// every text is formatted when the report is made. Under `divlab train`'s supervisor
+// (experiments/supervise.h) the line also goes down a pipe, and the supervisor, once this process
+// is dead, marks the trace "failed" with it.
 //
 // A fatal signal's handler is process-wide by nature: one report is active at a time (a second
 // made while one is alive reports nothing by signal, but still describes()).
@@ -35,6 +37,8 @@ class CrashReport {
   static constexpr const char* kPrefix = "divlab: crashed: ";
 
   void write_line(int signal) const;  // async-signal-safe
+  // Also writes the line to `fd` (the pipe to the process supervising this one; -1: none).
+  static void copy_to(int fd);
 
  private:
   const OpNote& note_;

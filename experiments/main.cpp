@@ -21,6 +21,7 @@
 #include "experiments/export.h"
 #include "experiments/reproduce.h"
 #include "experiments/sample.h"
+#include "experiments/supervise.h"
 #include "experiments/sweep.h"
 #include "experiments/train.h"
 #include "io/trace.h"
@@ -458,6 +459,7 @@ int main(int argc, char** argv) {
         for (const auto& p : train_plugins) list += (list.empty() ? "" : ", ") + p;
         sets.push_back("plugins=[" + list + "]");
       }
+      run_supervised(resume.empty() ? out : resume);  // the parent exits with the run
       return cmd_train(config, sets, out, force, quiet, resume, profile);
     }
     if (*data && dump_step->count()) {

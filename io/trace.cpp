@@ -342,6 +342,36 @@ void TraceWriter::finish(const std::string& status,
   impl_->finished = true;
 }
 
+bool record_crash(const std::string& path, const std::string& failure) {
+  if (access(path.c_str(), W_OK) != 0 || access((path + ".partial").c_str(), F_OK) == 0)
+    return false;
+  H5::Exception::dontPrint();
+  try {
+    H5::FileAccPropList fapl;
+    fapl.setLibverBounds(H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    // HDF5's own name for what h5clear does: open a file whose writer died before closing it.
+    hbool_t clear = true;
+    if (H5Pset(fapl.getId(), "clear_status_flags", &clear) < 0) return false;
+    H5::H5File file(path, H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, fapl);
+    H5::Group root = file.openGroup("/");
+    if (!root.attrExists("status")) return false;
+    H5::Attribute status = root.openAttribute("status");
+    const H5::StrType type = utf8_string();
+    std::string now;
+    status.read(status.getStrType(), now);
+    if (now != "running") return false;
+    if (root.attrExists("failure")) root.removeAttr("failure");
+    root.createAttribute("failure", type, H5::DataSpace(H5S_SCALAR)).write(type, failure);
+    status.write(type, std::string("failed"));  // last, as finish() writes it
+    status.close();
+    root.close();
+    file.close();
+    return true;
+  } catch (const H5::Exception&) {
+    return false;
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 struct TraceReader::Impl {
   H5::H5File file;

@@ -99,6 +99,14 @@ class TraceWriter {
                    const H5::PredType& type);
 };
 
+// For the supervisor of a writer that died of a crash (a fatal signal), holding the trace's writer
+// lock after it: records status "failed" and the root attribute "failure" in the trace the writer
+// left, keeping every step it flushed. HDF5 leaves such a file flagged as open for SWMR writing;
+// it is opened past that flag as h5clear does, and closed cleanly. Changes nothing and returns
+// false unless PATH is a published trace still "running" (no PATH.partial beside it: a crash
+// before publishing leaves PATH as it was, maybe another run's).
+bool record_crash(const std::string& path, const std::string& failure);
+
 // Read access (SWMR read, so a trace still being written, or left by a killed run, opens too).
 class TraceReader {
  public:

@@ -1,6 +1,9 @@
 // The trace writer from the C++ side: series appended in blocks, read back while open (SWMR),
 // status rewritten at the end. The user-side layout check (h5py) is tests/py/test_cli.py.
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "experiments/config.h"
 #include "io/trace.h"
@@ -69,6 +72,61 @@ TEST(Trace, AWriterGoneBeforePublishingLeavesNothing) {
   }
   EXPECT_NE(access(path.c_str(), F_OK), 0);
   EXPECT_NE(access((path + ".partial").c_str(), F_OK), 0);
+}
+
+// A writer that dies mid-run (here: _exit in a forked child, no finish, no destructor) leaves
+// its file flagged as open for SWMR writing; record_crash marks it "failed" with the failure and
+// keeps the flushed steps, and touches nothing that is not a published, running trace.
+TEST(Trace, ACrashedWritersTraceIsMarkedFailedOnce) {
+  const std::string path = "/tmp/divlab_trace_crashed_" + std::to_string(getpid()) + ".h5";
+  unlink(path.c_str());
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    TraceWriter w(path, true);
+    w.status_attr("running");
+    w.series("/metrics/step", TraceWriter::Kind::Int64);
+    w.start();
+    w.publish();
+    for (int64_t s = 0; s < 13; ++s) {
+      w.append("/metrics/step", s);
+      w.maybe_flush(10, 1e9);
+    }
+    _exit(0);  // as a crash would: 10 steps flushed, 3 pending
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(TraceReader(path).string_attr("/", "status"), "running");
+  ASSERT_TRUE(record_crash(path, "crashed: SIGSEGV in op add at step 12"));
+  {
+    const TraceReader r(path);
+    EXPECT_EQ(r.string_attr("/", "status"), "failed");
+    EXPECT_EQ(r.string_attr("/", "failure"), "crashed: SIGSEGV in op add at step 12");
+    EXPECT_EQ(r.ints("/metrics/step").size(), 10u);
+  }
+  EXPECT_FALSE(record_crash(path, "again"));  // no longer running
+  EXPECT_EQ(TraceReader(path).string_attr("/", "failure"), "crashed: SIGSEGV in op add at step 12");
+  EXPECT_FALSE(record_crash(path + ".absent", "x"));
+  unlink(path.c_str());
+}
+
+TEST(Trace, ACrashBeforePublishingLeavesTheOlderTraceAlone) {
+  const std::string path = "/tmp/divlab_trace_older_" + std::to_string(getpid()) + ".h5";
+  {
+    TraceWriter w(path, true);
+    w.status_attr("running");
+    w.start();
+    w.publish();
+  }  // an older run's trace, left "running" (killed)
+  const std::string partial = path + ".partial";
+  FILE* f = std::fopen(partial.c_str(), "w");  // the crashed run's own, never published
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_FALSE(record_crash(path, "crashed: SIGSEGV"));
+  EXPECT_EQ(TraceReader(path).string_attr("/", "status"), "running");
+  unlink(partial.c_str());
+  unlink(path.c_str());
 }
 
 TEST(Trace, ReaderRejectsGarbage) {

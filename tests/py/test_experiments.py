@@ -388,8 +388,11 @@ seed = [5]
             # The cell's last words, from its log: where the run was when it died.
             self.assertEqual(row["status"], "crashed (signal 6): SIGABRT (Aborted) at step 3, "
                              "outside any op (the last one entered: sgd_step)")
-            with h5py.File(row["trace"], "r", swmr=True) as f:  # readable up to the crash
-                self.assertEqual(f.attrs["status"], "running")
+            with h5py.File(row["trace"], "r") as f:  # readable up to the crash, and says so
+                self.assertEqual(f.attrs["status"], "failed")
+                self.assertEqual(f.attrs["failure"], row["status"].split(": ", 1)[1]
+                                 .replace("SIGABRT", "crashed: SIGABRT", 1))
+                self.assertLessEqual(len(f["metrics/loss"]), 3)  # what was flushed
         for row in rows:
             if "abort_at_step=-1" in row["settings"]:
                 self.assertEqual(row["status"], "completed")

@@ -98,7 +98,8 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
 
     def test_a_kernel_that_crashes_training_is_named(self):
         # A segfaulting candidate: the run dies of the signal as before (a sweep sees it), its
-        # last line names the op, the variant and the step, and the trace stays readable.
+        # last line names the op, the variant and the step, and the trace (marked by the run's
+        # supervising process once the run is dead) says "failed" and where.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
         d = tmpdir()
         out = os.path.join(d, "r.h5")
@@ -107,8 +108,15 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
         self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
         self.assertIn("divlab: crashed: SIGSEGV (Segmentation fault) in op add "
                       f"(variant segfaults_on_large, plug-in {lib}) at step 0", r.stderr)
-        with h5py.File(out, "r", swmr=True) as f:
-            self.assertEqual(f.attrs["status"], "running")
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "failed")
+            self.assertEqual(f.attrs["failure"], "crashed: SIGSEGV (Segmentation fault) in op add "
+                             f"(variant segfaults_on_large, plug-in {lib}) at step 0")
+        self.assertIn(f"the trace '{out}' records it: status failed", r.stderr)
+        # A resume may not swap the kernel that crashed: the steps kept would be mislabelled.
+        r = run("train", "--resume", out, "--set", "kernels.add=reference", "--quiet")
+        self.assertEqual(r.returncode, 2, r.stderr)  # a resumed run may not change its kernels
+        self.assertIn("kernels.add", r.stderr)
 
     def test_bad_plugins_are_refused(self):
         assert_rejected(self, ["train", "--set", *SMALL, "plugins=[{d}/libnone.so]", "--out",

@@ -1,0 +1,110 @@
+#include "experiments/supervise.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "common/lock.h"
+#include "experiments/crash_report.h"
+#include "io/trace.h"
+
+namespace divlab {
+
+namespace {
+volatile std::sig_atomic_t g_child = 0;
+
+extern "C" void forward_to_child(int sig) {
+  if (g_child > 0) kill(pid_t(g_child), sig);
+}
+
+bool is_crash(int sig) {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
+}
+
+// What the child's crash report wrote down the pipe (without "divlab: " and the newline).
+std::string crash_line(int fd, int sig) {
+  fcntl(fd, F_SETFL, O_NONBLOCK);  // a grandchild may hold the other end: read what is there
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
+  const std::string prefix = "divlab: ";
+  if (text.rfind(prefix, 0) == 0) text.erase(0, prefix.size());
+  if (const auto end = text.find('\n'); end != std::string::npos) text.erase(end);
+  if (text.empty()) text = "crashed: signal " + std::to_string(sig) + " before the run's first op";
+  return text;
+}
+
+[[noreturn]] void die_of(int sig) {
+  const struct rlimit no_core { 0, 0 };  // the child's core, if any, is the one worth keeping
+  setrlimit(RLIMIT_CORE, &no_core);
+  std::fflush(nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, sig);
+  sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  raise(sig);
+  _exit(128 + sig);
+}
+}  // namespace
+
+void run_supervised(const std::string& trace) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return;
+  std::cout.flush(), std::cerr.flush(), std::fflush(nullptr);  // nothing is written twice
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(pipe_fds[0]), close(pipe_fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(128 + SIGKILL);  // the parent died before the call above
+    CrashReport::copy_to(pipe_fds[1]);
+    name_writer_as(parent);  // a refused second writer is told the command's PID
+    return;
+  }
+  close(pipe_fds[1]);
+  g_child = pid;
+  struct sigaction forward {};
+  forward.sa_handler = forward_to_child;
+  forward.sa_flags = SA_RESTART;
+  sigemptyset(&forward.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &forward, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) _exit(1);
+  if (WIFEXITED(status)) {
+    std::fflush(nullptr);
+    _exit(WEXITSTATUS(status));
+  }
+  const int sig = WTERMSIG(status);
+  if (is_crash(sig) && !trace.empty()) {
+    const std::string failure = crash_line(pipe_fds[0], sig);
+    try {
+      // The child's lock died with it; another writer holding it now owns the trace.
+      WriterLock lock(trace + ".lock", "--out '" + trace + "'");
+      if (record_crash(trace, failure))
+        std::cerr << "divlab: the trace '" << trace << "' records it: status failed, " << failure
+                  << std::endl;
+    } catch (const std::exception&) {
+    }
+  }
+  die_of(sig);
+}
+
+}  // namespace divlab
