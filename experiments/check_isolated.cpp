@@ -80,7 +80,8 @@ std::string encode(const ConditionResult& r) {
                                            std::to_string(r.draws),
                                            r.smallest,
                                            std::to_string(r.failed),
-                                           r.why};
+                                           r.why,
+                                           number(r.fp32_grade_error)};
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) line += (i ? "\t" : "") + escape(fields[i]);
   return line;
@@ -94,7 +95,7 @@ bool decode(const std::string& line, ConditionResult* r) {
     if (tab == std::string::npos) break;
     at = tab + 1;
   }
-  if (f.size() != 19) return false;
+  if (f.size() != 20) return false;
   r->name = f[0], r->shape = f[1], r->ran = f[2] == "1", r->note = f[3];
   r->row_error = std::strtod(f[4].c_str(), nullptr);
   r->norm_error = std::strtod(f[5].c_str(), nullptr);
@@ -107,6 +108,7 @@ bool decode(const std::string& line, ConditionResult* r) {
   r->rows_wrongly_updated = std::strtoll(f[12].c_str(), nullptr, 10);
   r->row_example = f[13], r->worst = f[14], r->draws = std::atoi(f[15].c_str());
   r->smallest = f[16], r->failed = f[17] == "1", r->why = f[18];
+  r->fp32_grade_error = std::strtod(f[19].c_str(), nullptr);
   return true;
 }
 
