@@ -150,52 +150,57 @@ struct TableError : std::runtime_error {
 
 // The library's table, as Declared records (ABI 2 if it exports that registration function,
 // else ABI 1). Reads every string the loader will read. Throws TableError.
-std::vector<Declared> read_table(void* handle, uint32_t* abi) {
+// A variant's documentation as `divlab kernels` shows it, tagged with what kind of kernel it is.
+template <class Variant>
+VariantDoc plugin_doc(const Variant& v, bool control, uint32_t dtype) {
+  const std::string tag = dtype == DIVLAB_FP32 ? " [plug-in]"
+                          : dtype == DIVLAB_BF16
+                              ? " [plug-in, bf16 kernel]"
+                              : " [plug-in, fp16 kernel on fp16 copies of its activations]";
+  return VariantDoc{str(v.summary) + tag, str(v.wrong), str(v.exposed_by), str(v.masked_by),
+                    control};
+}
+
+// One row of either ABI's table in the loader's form (ABI 1: fp32 kernels, no flags).
+Declared declared(const divlab_variant2& v) {
+  const bool control = (v.flags & DIVLAB_CONTROL) != 0;
+  return {str(v.op), str(v.name), str(v.device), 2,
+          v.dtype,   v.flags,     v.fn,          plugin_doc(v, control, v.dtype)};
+}
+Declared declared(const divlab_variant& v) {
+  return {str(v.op),   str(v.name), str(v.device), 1,
+          DIVLAB_FP32, 0,           v.fn,          plugin_doc(v, false, DIVLAB_FP32)};
+}
+
+// The rows of the table that `symbol` returned, once its version is the one its ABI expects.
+template <class Table>
+std::vector<Declared> rows_of(const Table* p, const char* symbol, uint32_t version) {
+  if (!p) throw TableError(std::string(symbol) + "() returned null");
+  if (p->abi_version != version)
+    throw TableError(std::string(symbol) + "(): built for plug-in ABI " +
+                     std::to_string(p->abi_version) +
+                     "; this divlab speaks ABI 1 and 2 (rebuild it against "
+                     "kernels/plugin_abi.h)");
   std::vector<Declared> out;
-  const auto doc = [](const char* summary, const char* wrong, const char* exposed,
-                      const char* masked, bool control, uint32_t dtype) {
-    const std::string tag = dtype == DIVLAB_FP32 ? " [plug-in]"
-                            : dtype == DIVLAB_BF16
-                                ? " [plug-in, bf16 kernel]"
-                                : " [plug-in, fp16 kernel on fp16 copies of its activations]";
-    return VariantDoc{str(summary) + tag, str(wrong), str(exposed), str(masked), control};
-  };
-  const std::string speaks =
-      "; this divlab speaks ABI 1 and 2 (rebuild it against "
-      "kernels/plugin_abi.h)";
-  if (auto reg2 = reinterpret_cast<divlab_plugin_register2_fn>(
-          dlsym(handle, DIVLAB_PLUGIN_REGISTER2_SYMBOL))) {
-    const divlab_plugin2* p = reg2();
-    if (!p) throw TableError(DIVLAB_PLUGIN_REGISTER2_SYMBOL "() returned null");
-    if (p->abi_version != DIVLAB_PLUGIN_ABI2_VERSION)
-      throw TableError(DIVLAB_PLUGIN_REGISTER2_SYMBOL "(): built for plug-in ABI " +
-                       std::to_string(p->abi_version) + speaks);
-    *abi = 2;
-    for (uint32_t i = 0; p->variants && i < p->count; ++i) {
-      const divlab_variant2& v = p->variants[i];
-      const bool control = (v.flags & DIVLAB_CONTROL) != 0;
-      out.push_back({str(v.op), str(v.name), str(v.device), 2, v.dtype, v.flags, v.fn,
-                     doc(v.summary, v.wrong, v.exposed_by, v.masked_by, control, v.dtype)});
-    }
-  } else if (auto reg = reinterpret_cast<divlab_plugin_register_fn>(
-                 dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))) {
-    const divlab_plugin* p = reg();
-    if (!p) throw TableError(DIVLAB_PLUGIN_REGISTER_SYMBOL "() returned null");
-    if (p->abi_version != DIVLAB_PLUGIN_ABI_VERSION)
-      throw TableError("built for plug-in ABI " + std::to_string(p->abi_version) + speaks);
-    *abi = 1;
-    for (uint32_t i = 0; p->variants && i < p->count; ++i) {
-      const divlab_variant& v = p->variants[i];
-      out.push_back({str(v.op), str(v.name), str(v.device), 1, DIVLAB_FP32, 0, v.fn,
-                     doc(v.summary, v.wrong, v.exposed_by, v.masked_by, false, DIVLAB_FP32)});
-    }
-  } else {
-    throw TableError("does not export " DIVLAB_PLUGIN_REGISTER2_SYMBOL
-                     "() (ABI 2) or " DIVLAB_PLUGIN_REGISTER_SYMBOL
-                     "() (ABI 1): see kernels/plugin_abi.h");
-  }
+  for (uint32_t i = 0; p->variants && i < p->count; ++i) out.push_back(declared(p->variants[i]));
   if (out.empty()) throw TableError("registers no variants");
   return out;
+}
+
+std::vector<Declared> read_table(void* handle, uint32_t* abi) {
+  if (auto reg2 = reinterpret_cast<divlab_plugin_register2_fn>(
+          dlsym(handle, DIVLAB_PLUGIN_REGISTER2_SYMBOL))) {
+    *abi = 2;
+    return rows_of(reg2(), DIVLAB_PLUGIN_REGISTER2_SYMBOL, DIVLAB_PLUGIN_ABI2_VERSION);
+  }
+  if (auto reg = reinterpret_cast<divlab_plugin_register_fn>(
+          dlsym(handle, DIVLAB_PLUGIN_REGISTER_SYMBOL))) {
+    *abi = 1;
+    return rows_of(reg(), DIVLAB_PLUGIN_REGISTER_SYMBOL, DIVLAB_PLUGIN_ABI_VERSION);
+  }
+  throw TableError("does not export " DIVLAB_PLUGIN_REGISTER2_SYMBOL
+                   "() (ABI 2) or " DIVLAB_PLUGIN_REGISTER_SYMBOL
+                   "() (ABI 1): see kernels/plugin_abi.h");
 }
 
 // Why declared variant `v` is unusable before any catalogue is asked ("" if it is not).
