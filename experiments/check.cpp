@@ -187,6 +187,10 @@ const char* row_label(RowKey key) {
   return key == RowKey::TokenId ? "token id" : key == RowKey::Position ? "position" : "row";
 }
 
+void round_to_fp32(std::vector<double>& v) {
+  for (double& x : v) x = double(float(x));
+}
+
 // Per output, twice the largest change that rounding the inputs to bf16 makes to the exact
 // result, relative to the output's largest value. An output with few elements, or one that sums
 // terms which cancel, can sit more than 1e-2 from the reference in an honest bf16 kernel (one
@@ -326,6 +330,17 @@ struct Checker {
   bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
   mutable TokenStreams streams;
 
+  // rounding_allowance for the inputs rounded by `round` (to bf16 or to fp32): one more
+  // reference call, made only for a draw past a bar.
+  std::vector<double> input_rounding_allowance(const OpInputs& x, const OpShape& s,
+                                               const OpRun& ref,
+                                               const std::vector<ArgSpec>& written,
+                                               void (*round)(std::vector<double>&)) const {
+    OpInputs rounded = x;
+    for (auto& values : rounded.values) round(values);
+    return rounding_allowance(ref, call_op(op, reference, rounded, s), written);
+  }
+
   // A draw's shape: the condition's, or the first thing its generator draws.
   static OpShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
     return cond.random_shapes ? random_shape(gen) : cond.shape;
@@ -382,10 +397,7 @@ struct Checker {
     if (r.norm_error > kTolerance && !round_inputs) {
       // Past the bar: is it more than rounding the inputs to bf16 explains? (Computed only here,
       // so a passing draw costs one reference call.)
-      OpInputs rounded = x;
-      for (auto& v : rounded.values) round_to_bf16(v);
-      const std::vector<double> allow =
-          rounding_allowance(ref, call_op(op, reference, rounded, s), written);
+      const std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_bf16);
       ConditionResult again;
       again.name = r.name, again.draws = r.draws, again.shape = r.shape, again.note = r.note;
       measure(again, got, ref, x.outputs, written, allow);
@@ -396,12 +408,9 @@ struct Checker {
       // Past the fp32 grade: is it more than the op's own conditioning explains? An fp32 kernel
       // computes on fp32 inputs, and at large values rounding them already moves the exact
       // result (attention at x1e3 values: scores near 1e6 carry errors near 0.1 in fp32).
-      OpInputs rounded = x;
-      for (auto& values : rounded.values)
-        for (double& v : values) v = double(float(v));
       ConditionResult fp32;
       measure(fp32, got, ref, x.outputs, written,
-              rounding_allowance(ref, call_op(op, reference, rounded, s), written));
+              input_rounding_allowance(x, s, ref, written, round_to_fp32));
       r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
     }
     r.stray_writes = got.stray_writes;

@@ -91,6 +91,12 @@ std::string CrashReport::where() const {
                              : at.substr(1) + after_[size_t(op)];
 }
 
+bool CrashReport::is_fatal(int signal) {
+  for (const FatalSignal& f : kFatal)
+    if (f.number == signal) return true;
+  return false;
+}
+
 void CrashReport::copy_to(int fd) {
   g_copy_fd.store(fd);
 }

@@ -37,6 +37,8 @@ class CrashReport {
   static constexpr const char* kPrefix = "divlab: crashed: ";
 
   void write_line(int signal) const;  // async-signal-safe
+  // Whether `signal` is one of the fatal signals a report writes its line for.
+  static bool is_fatal(int signal);
   // Also writes the line to `fd` (the pipe to the process supervising this one; -1: none).
   static void copy_to(int fd);
 

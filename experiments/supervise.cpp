@@ -25,21 +25,19 @@ extern "C" void forward_to_child(int sig) {
   if (g_child > 0) kill(pid_t(g_child), sig);
 }
 
-bool is_crash(int sig) {
-  return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
-}
-
 // What the child's crash report wrote down the pipe (without "divlab: " and the newline).
 std::string crash_line(int fd, int sig) {
   fcntl(fd, F_SETFL, O_NONBLOCK);  // a grandchild may hold the other end: read what is there
   std::string text;
   char buf[512];
   for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
-  const std::string prefix = "divlab: ";
-  if (text.rfind(prefix, 0) == 0) text.erase(0, prefix.size());
+  // The line is CrashReport::kPrefix ("divlab: crashed: ") and where; the trace keeps
+  // "crashed: " and where.
+  const std::string prefix = CrashReport::kPrefix, kept = "crashed: ";
+  if (text.rfind(prefix, 0) != 0)
+    return kept + "signal " + std::to_string(sig) + " before the run's first op";
   if (const auto end = text.find('\n'); end != std::string::npos) text.erase(end);
-  if (text.empty()) text = "crashed: signal " + std::to_string(sig) + " before the run's first op";
-  return text;
+  return kept + text.substr(prefix.size());
 }
 
 [[noreturn]] void die_of(int sig) {
@@ -93,7 +91,7 @@ void run_supervised(const std::string& trace) {
     _exit(WEXITSTATUS(status));
   }
   const int sig = WTERMSIG(status);
-  if (is_crash(sig) && !trace.empty()) {
+  if (CrashReport::is_fatal(sig) && !trace.empty()) {
     const std::string failure = crash_line(pipe_fds[0], sig);
     try {
       // The child's lock died with it; another writer holding it now owns the trace.

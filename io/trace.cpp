@@ -318,6 +318,19 @@ void TraceWriter::publish() {
   published_ = true;
 }
 
+namespace {
+// Root attributes (string values), replacing any of the same name; finish() and record_crash()
+// write a run's outcome with them, the "status" they then write in place last.
+void set_root_strings(H5::Group& root,
+                      const std::vector<std::pair<std::string, std::string>>& attrs) {
+  const H5::StrType type = utf8_string();
+  for (const auto& [name, value] : attrs) {
+    if (root.attrExists(name)) root.removeAttr(name);
+    root.createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
+  }
+}
+}  // namespace
+
 void TraceWriter::finish(const std::string& status,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
   publish();
@@ -328,13 +341,9 @@ void TraceWriter::finish(const std::string& status,
   // h5clear. The status is written last, in place, so "completed" implies every other attribute.
   try {
     H5::Group root = impl_->file.openGroup("/");
-    const H5::StrType type = utf8_string();
-    for (const auto& [name, value] : attrs) {
-      if (root.attrExists(name)) root.removeAttr(name);
-      root.createAttribute(name, type, H5::DataSpace(H5S_SCALAR)).write(type, value);
-    }
+    set_root_strings(root, attrs);
     fault_point("trace.finishing");
-    root.openAttribute("status").write(type, status);
+    root.openAttribute("status").write(utf8_string(), status);
     impl_->file.close();
   } catch (const H5::Exception&) {
     write_failed("recording the outcome");
@@ -355,15 +364,14 @@ bool record_crash(const std::string& path, const std::string& failure) {
     H5::H5File file(path, H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, fapl);
     H5::Group root = file.openGroup("/");
     if (!root.attrExists("status")) return false;
-    H5::Attribute status = root.openAttribute("status");
-    const H5::StrType type = utf8_string();
     std::string now;
-    status.read(status.getStrType(), now);
+    {
+      H5::Attribute status = root.openAttribute("status");
+      status.read(status.getStrType(), now);
+    }
     if (now != "running") return false;
-    if (root.attrExists("failure")) root.removeAttr("failure");
-    root.createAttribute("failure", type, H5::DataSpace(H5S_SCALAR)).write(type, failure);
-    status.write(type, std::string("failed"));  // last, as finish() writes it
-    status.close();
+    set_root_strings(root, {{"failure", failure}});
+    root.openAttribute("status").write(utf8_string(), std::string("failed"));  // last
     root.close();
     file.close();
     return true;

@@ -69,19 +69,25 @@ struct Declared {
 struct DtypeModes {
   uint32_t dtype;
   const char* name;
-  const char* kernel;  // with its article
+  const char* kernel;   // with its article
+  const char* doc_tag;  // after its summary in `divlab kernels`
   bool fp32_mode, bf16_mode;
 };
 constexpr DtypeModes kDtypeModes[] = {
-    {DIVLAB_FP32, "fp32", "an fp32 kernel", true, true},
-    {DIVLAB_BF16, "bf16", "a bf16 kernel", false, true},
-    {DIVLAB_FP16, "fp16", "an fp16 kernel", true, false},
+    {DIVLAB_FP32, "fp32", "an fp32 kernel", " [plug-in]", true, true},
+    {DIVLAB_BF16, "bf16", "a bf16 kernel", " [plug-in, bf16 kernel]", false, true},
+    {DIVLAB_FP16, "fp16", "an fp16 kernel",
+     " [plug-in, fp16 kernel on fp16 copies of its activations]", true, false},
 };
 static_assert(std::size(kDtypeModes) == 3, "one row per DIVLAB_* dtype of plugin_abi.h");
 
-const DtypeModes& modes_of(uint32_t dtype) {
+const DtypeModes* find_modes(uint32_t dtype) {
   for (const DtypeModes& m : kDtypeModes)
-    if (m.dtype == dtype) return m;
+    if (m.dtype == dtype) return &m;
+  return nullptr;
+}
+const DtypeModes& modes_of(uint32_t dtype) {
+  if (const DtypeModes* m = find_modes(dtype)) return *m;
   throw std::logic_error("modes_of: dtype " + std::to_string(dtype) + " was not validated");
 }
 const DtypeModes* modes_named(const std::string& name) {
@@ -148,17 +154,12 @@ struct TableError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The library's table, as Declared records (ABI 2 if it exports that registration function,
-// else ABI 1). Reads every string the loader will read. Throws TableError.
 // A variant's documentation as `divlab kernels` shows it, tagged with what kind of kernel it is.
 template <class Variant>
 VariantDoc plugin_doc(const Variant& v, bool control, uint32_t dtype) {
-  const std::string tag = dtype == DIVLAB_FP32 ? " [plug-in]"
-                          : dtype == DIVLAB_BF16
-                              ? " [plug-in, bf16 kernel]"
-                              : " [plug-in, fp16 kernel on fp16 copies of its activations]";
-  return VariantDoc{str(v.summary) + tag, str(v.wrong), str(v.exposed_by), str(v.masked_by),
-                    control};
+  const DtypeModes* m = find_modes(dtype);  // not validated yet: invalid() refuses it later
+  return VariantDoc{str(v.summary) + (m ? m->doc_tag : ""), str(v.wrong), str(v.exposed_by),
+                    str(v.masked_by), control};
 }
 
 // One row of either ABI's table in the loader's form (ABI 1: fp32 kernels, no flags).
@@ -187,6 +188,8 @@ std::vector<Declared> rows_of(const Table* p, const char* symbol, uint32_t versi
   return out;
 }
 
+// The library's table, as Declared records (ABI 2 if it exports that registration function,
+// else ABI 1). Reads every string the loader will read. Throws TableError.
 std::vector<Declared> read_table(void* handle, uint32_t* abi) {
   if (auto reg2 = reinterpret_cast<divlab_plugin_register2_fn>(
           dlsym(handle, DIVLAB_PLUGIN_REGISTER2_SYMBOL))) {

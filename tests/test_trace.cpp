@@ -48,14 +48,19 @@ TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
   unlink(path.c_str());
 }
 
+namespace {
+// A published trace with nothing in it, left "running" (its writer gone without finish()).
+void leave_running_trace(const std::string& path) {
+  TraceWriter w(path, true);
+  w.status_attr("running");
+  w.start();
+  w.publish();
+}
+}  // namespace
+
 TEST(Trace, RefusesToOverwriteWithoutPermission) {
   const std::string path = "/tmp/divlab_trace_exists_" + std::to_string(getpid()) + ".h5";
-  {
-    TraceWriter w(path, true);
-    w.status_attr("running");
-    w.start();
-    w.publish();
-  }
+  leave_running_trace(path);
   EXPECT_THROW(TraceWriter(path, false), InputError);
   unlink(path.c_str());
 }
@@ -113,12 +118,7 @@ TEST(Trace, ACrashedWritersTraceIsMarkedFailedOnce) {
 
 TEST(Trace, ACrashBeforePublishingLeavesTheOlderTraceAlone) {
   const std::string path = "/tmp/divlab_trace_older_" + std::to_string(getpid()) + ".h5";
-  {
-    TraceWriter w(path, true);
-    w.status_attr("running");
-    w.start();
-    w.publish();
-  }  // an older run's trace, left "running" (killed)
+  leave_running_trace(path);  // an older run's, killed
   const std::string partial = path + ".partial";
   FILE* f = std::fopen(partial.c_str(), "w");  // the crashed run's own, never published
   ASSERT_NE(f, nullptr);
