@@ -132,15 +132,13 @@ void StagingPool::put(void* p, size_t bytes) {
 
 std::vector<std::string> shadowable_ops() {
   // Every op with a spec (kernels/op_spec.h) that a plug-in can replace (not the bf16 weight copy
-  // or the optimizer's reduction and updates), except attention_backward: it reads the
-  // probabilities its forward saved in the forward's own format (the fused cuDNN forward saves
-  // none), so a replay could not tell a bug from stale input.
+  // or the optimizer's reduction and updates). attention_backward's replays remake the state its
+  // forward saves (shadow_replay.cpp).
   std::vector<std::string> ops;
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_SHADOWABLE(name, Signature)                                                  \
-  if (OpSpec<Op::name>::known && pluggable(Op::name) && Op::name != Op::attention_backward) \
-    ops.push_back(#name);
+#define DIVLAB_SHADOWABLE(name, Signature) \
+  if (OpSpec<Op::name>::known && pluggable(Op::name)) ops.push_back(#name);
   DIVLAB_OPS(DIVLAB_SHADOWABLE)
 #undef DIVLAB_SHADOWABLE
   // NOLINTEND(bugprone-macro-parentheses)

@@ -118,6 +118,21 @@ struct ReplayArg<E*> {
   }
 };
 
+// attention_backward reads what its forward saved in that forward's own format (probabilities
+// on the CPU; nothing on the GPU, whose fused backward recomputes them), so the recorded array
+// means nothing to another backend's kernels and may come from a candidate forward. Every replay
+// makes its own with the replaying kernel set's forward, from the recorded qkv.
+template <Op op, class U, class UA, class Args>
+void refresh_saved_state(const KernelSet<U, UA>& k, const OpContext& ctx, const ReplayMemory& m,
+                         Args& args) {
+  if constexpr (op == Op::attention_backward) {
+    const auto& [dqkv, dout, qkv, att, B, T, C, NH] = args;
+    (void)dqkv, (void)dout;
+    ReplayArray<UA> y = m.out<UA>(int64_t(B) * T * C);
+    k.attention_forward(ctx, y.data(), const_cast<UA*>(att), qkv, B, T, C, NH);
+  }
+}
+
 // Replays one recorded call of `op` with k's kernel: the call's sizes and scalars from the
 // capture, its inputs converted to k's storage, its outputs fresh and zeroed (an accumulating
 // op adds into zero, for the reference and the candidate alike).
@@ -148,6 +163,7 @@ std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const
               ((h.bind(m, c, spec[index], a, input, c.null_args >> index & 1), ++index), ...);
             },
             held);
+        refresh_saved_state<op>(k, ctx, m, args);
         kernel(ctx, a...);
         std::vector<Output> out;
         index = 0;

@@ -158,7 +158,8 @@ class ShadowBadInput(unittest.TestCase):
         self.check(["shadow.every=1", "shadow.variants=[embed_rmsnorm_backward=bf17]"], "bf17")
 
     def test_op_without_shadow_support(self):
-        self.check(["shadow.every=1", "shadow.variants=[attention_backward=reference]"],
+        # The optimizer's reduction and updates are no plug-in's to replace: not shadowed.
+        self.check(["shadow.every=1", "shadow.variants=[sum_squares=reference]"],
                    "shadow mode evaluates")
 
     def test_entry_without_equals(self):
