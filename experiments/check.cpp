@@ -11,11 +11,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "common/rng.h"
 #include "datasets/dataset.h"
+#include "experiments/check_capture.h"
 #include "experiments/config.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
@@ -34,6 +36,7 @@ constexpr size_t kBiasMinValues = 4096;  // fewer values: rounding noise alone r
 constexpr double kRowUpdated = 1e-6;     // a row counts as updated above this x the output's max
 constexpr int kShrinkTries = 100;        // candidate shapes tried when shrinking one failure
 constexpr size_t kDetailedFailures = 4;  // failing conditions whose worst element is printed
+constexpr size_t kTraceCalls = 3;        // recorded calls judged under "values from trace"
 const char* kFp32GradeCondition = "fp32 grade";
 const char* kCriteria =
     "criteria: in every draw of every condition, every output within normalised error "
@@ -68,10 +71,12 @@ struct Condition {
   bool prefill = false;        // outputs the op adds into start from a pre-fill
   bool repeat = false;         // the variant twice: bitwise equal?
   bool shrink = false;         // a failing draw is shrunk to the smallest failing shape
+  bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
 };
 
-std::vector<Condition> conditions() {
+// Every condition; with a trace, the one of its recorded values last.
+std::vector<Condition> conditions(bool with_trace) {
   auto c = [](std::string name, OpShape s) {
     Condition k;
     k.name = std::move(name), k.shape = s;
@@ -114,6 +119,11 @@ std::vector<Condition> conditions() {
   Condition rep = c("repeat (bitwise)", kAligned);
   rep.repeat = true;
   list.push_back(rep);
+  if (with_trace) {
+    Condition traced = c("values from trace", kTiny);
+    traced.from_trace = true;
+    list.push_back(traced);
+  }
   return list;
 }
 
@@ -329,6 +339,12 @@ struct Checker {
   Grade required;
   bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
   mutable TokenStreams streams;
+  mutable std::optional<TraceCapture> recorded;  // --trace's calls, recorded when first needed
+
+  const TraceCapture& trace_calls() const {
+    if (!recorded) recorded = capture_op_calls(opt.trace, op, kTraceCalls);
+    return *recorded;
+  }
 
   // rounding_allowance for the inputs rounded by `round` (to bf16 or to fp32): one more
   // reference call, made only for a draw past a bar.
@@ -353,15 +369,24 @@ struct Checker {
     ConditionResult r;
     r.name = cond.name, r.draws = 1;
     std::mt19937_64 gen(draw_seed);
-    const OpShape s = forced ? *forced : draw_shape(cond, gen);
-    r.shape = s.text();
-    const std::vector<TokenId> tokens =
-        make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
-    if (tokens.empty()) {
-      r.ran = false;
-      return r;
+    OpShape s;
+    OpInputs x;
+    if (cond.from_trace) {
+      const CapturedCall& call = trace_calls().calls.at(size_t(draw_index));
+      s = call.shape, x = call.inputs;
+      r.note = call.where + " in a step from the trace's weights: " + trace_calls().source;
+    } else {
+      s = forced ? *forced : draw_shape(cond, gen);
+      const std::vector<TokenId> tokens =
+          make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
+      if (tokens.empty()) {
+        r.ran = false;
+        r.shape = s.text();
+        return r;
+      }
+      x = op_inputs(op, s, tokens, cond.values, gen);
     }
-    OpInputs x = op_inputs(op, s, tokens, cond.values, gen);
+    r.shape = s.text();
     if (round_inputs)
       for (auto& v : x.values) round_to_bf16(v);
     std::vector<ArgSpec> written;
@@ -434,7 +459,9 @@ struct Checker {
     bool deterministic = true;
     std::string note;
     double grade = 0;
-    const int draws = cond.draws == 0 ? 1 : cond.draws * opt.draws;
+    const int draws = cond.from_trace   ? int(trace_calls().calls.size())
+                      : cond.draws == 0 ? 1
+                                        : cond.draws * opt.draws;
     for (int d = 0; d < draws; ++d) {
       const uint64_t draw_seed = mix64(seed ^ mix64(uint64_t(index) * 1000 + uint64_t(d) + 1));
       ConditionResult r = draw(cond, d, draw_seed, seed, nullptr);
@@ -449,7 +476,8 @@ struct Checker {
       grade = std::max(grade, r.grade_error());
       if (d == 0 || r.norm_error > worst.norm_error) worst = r;
     }
-    worst.draws = draws, worst.deterministic = deterministic, worst.note = note;
+    worst.draws = draws, worst.deterministic = deterministic;
+    if (!cond.from_trace) worst.note = note;  // a recorded call's note says which call it was
     worst.fp32_grade_error = grade;  // the worst draw by the grade's measure, maybe another
     return worst;
   }
@@ -492,7 +520,7 @@ struct Checker {
 
   void run_all(CheckReport& rep, size_t from, const CheckProgress& progress) const {
     const bool by_token = op == "embedding_forward" || op == "embed_rmsnorm_backward";
-    const auto list = conditions();
+    const auto list = conditions(!opt.trace.empty());
     rep.conditions.resize(list.size());
     for (size_t i = from; i < list.size(); ++i) {
       const Condition& cond = list[i];
@@ -515,10 +543,12 @@ struct Checker {
 
 }  // namespace
 
-std::vector<ConditionInfo> check_conditions() {
+std::vector<ConditionInfo> check_conditions(const CheckOptions& opt) {
   std::vector<ConditionInfo> out;
-  for (const Condition& c : conditions())
-    out.push_back({c.name, c.random_shapes ? "random" : c.shape.text()});
+  for (const Condition& c : conditions(!opt.trace.empty()))
+    out.push_back({c.name, c.random_shapes ? "random"
+                           : c.from_trace  ? "recorded"
+                                           : c.shape.text()});
   return out;
 }
 
@@ -546,7 +576,9 @@ CheckReport new_check_report(const CheckOptions& opt) {
     throw InputError("check --draws " + std::to_string(opt.draws) + ": must be 1 to 100");
   rep.required = opt.precision == Precision::Bf16 ? Grade::Bf16 : opt.grade;
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
-  rep.conditions.resize(conditions().size());
+  if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
+  rep.trace = opt.trace;
+  rep.conditions.resize(conditions(!opt.trace.empty()).size());
   return rep;
 }
 
@@ -571,7 +603,7 @@ void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from
     with_backend_catalogue(opt.backend, opt.precision, [&](const auto& catalogue) {
       const auto variant = catalogue.select({{rep.op, rep.variant}});
       Checker<std::decay_t<decltype(variant)>> checker{
-          opt, rep.op, reference, variant, rep.required, opt.precision == Precision::Bf16, {}};
+          opt, rep.op, reference, variant, rep.required, opt.precision == Precision::Bf16, {}, {}};
       checker.run_all(rep, from, progress);
     });
   } catch (const BackendError& e) {
@@ -660,7 +692,8 @@ std::string format_check(const CheckReport& r) {
     }
     o << "replay: divlab check " << r.op << "=" << r.variant << " --seed " << r.seed
       << (r.backend != "cpu" ? " --backend " + r.backend : "")
-      << (r.precision != "fp32" ? " --precision " + r.precision : "") << "\n";
+      << (r.precision != "fp32" ? " --precision " + r.precision : "")
+      << (r.trace.empty() ? "" : " --trace " + r.trace) << "\n";
     if (r.benchmark_verifier_passes)
       o << "note: the benchmark verifier (Gaussian inputs, one fixed seed, its shapes, |v - r| <= "
            "1e-2 + 1e-2 |r| for 99 % of elements), emulated, passes it: it would have accepted "

@@ -40,6 +40,8 @@ struct CheckOptions {
   Grade grade = Grade::Fp32;         // bf16 precision always judges at the bf16 grade
   int draws = 3;                     // independent draws per condition (random shapes: 3x)
   std::vector<std::string> plugins;  // libraries to load first
+  // A run's trace: its op's recorded inputs become one more condition (check_capture.h).
+  std::string trace;
   bool train = false;  // then train with it: a short grid chosen for the op (check_train.h)
   std::string out;     // --train: grid output folder
   int jobs = 0;
@@ -97,6 +99,7 @@ struct CheckReport {
   // large), |v - r| <= 1e-2 + 1e-2 |r| on 99 % of elements. What the kernel passed before.
   bool benchmark_verifier_passes = true;
   uint64_t seed = 0;
+  std::string trace;      // --trace: the run whose recorded values were one condition
   std::string sanitizer;  // cuda: compute-sanitizer's summary line, or why it did not run
 };
 
@@ -108,7 +111,7 @@ CheckReport run_check(const CheckOptions& opt);
 struct ConditionInfo {
   std::string name, shape;  // shape "random" for the random shapes
 };
-std::vector<ConditionInfo> check_conditions();
+std::vector<ConditionInfo> check_conditions(const CheckOptions& opt);
 struct CheckProgress {
   std::function<void(size_t)> begin;  // condition i starts; i == count: the verifier emulation
   std::function<void(size_t, const ConditionResult&)> result;

@@ -122,6 +122,7 @@ std::vector<std::string> check_argv(const CheckOptions& opt, uint64_t seed) {
                                    "--seed",        std::to_string(seed),
                                    "--no-sanitizer"};
   for (const auto& p : opt.plugins) argv.insert(argv.end(), {"--plugins", p});
+  if (!opt.trace.empty()) argv.insert(argv.end(), {"--trace", opt.trace});
   return argv;
 }
 
@@ -166,7 +167,7 @@ int run_check_worker(const CheckOptions& opt) {
 
 CheckReport run_check_isolated(const CheckOptions& opt) {
   CheckReport rep = new_check_report(opt);  // the seed every worker shares
-  const std::vector<ConditionInfo> infos = check_conditions();
+  const std::vector<ConditionInfo> infos = check_conditions(opt);
   const size_t count = infos.size();
   const std::string self = self_exe();
   const std::string base = "/tmp/divlab-check-" + std::to_string(getpid());

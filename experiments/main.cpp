@@ -255,6 +255,9 @@ int main(int argc, char** argv) {
   check->add_option("--backend", check_backend, "cpu | cuda (where the variant runs)")
       ->capture_default_str();
   check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
+  check->add_option("--trace", ck.trace,
+                    "also judge the op on the values it saw in this run's trace (its newest "
+                    "weights)");
   check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
   std::string check_precision = "fp32", check_grade = "fp32";
   check

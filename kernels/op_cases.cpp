@@ -98,6 +98,7 @@ std::string OpShape::text() const {
 }
 
 int OpShape::NKV() const {
+  if (kv_heads > 0) return kv_heads;
   int p = 2;
   while (p < NH && NH % p != 0) ++p;
   return NH <= 1 ? 1 : NH / p;
@@ -157,7 +158,7 @@ Op op_named(const std::string& name) {
 }
 }  // namespace
 
-// Every op of kernels/op_list.h has a case in the two switches below; a new op without one is a
+// Every op of kernels/op_list.h has a case in the three switches below; a new op without one is a
 // -Wswitch warning (an error under DIVLAB_WERROR) here, not a silent gap in check and the tests.
 static_assert(kOpCount == 25, "an op was added: give it its inputs and its call below");
 
@@ -198,12 +199,9 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
       x.outputs = {zeros(NC), zeros(size_t(B * NH * T * T))};
       break;
     case Op::attention_backward: {
-      // The probabilities the reference forward saves for these very inputs.
-      OpInputs fwd;
-      fwd.values = {act(3 * NC, 3 * C)};
-      fwd.outputs = {zeros(NC), zeros(size_t(B * NH * T * T))};
-      const OpRun ref = call_op("attention_forward", cpu_catalogue<double>().select({}), fwd, s);
-      x.values = {act(NC, C), fwd.values[0], ref.outputs[1]};
+      std::vector<double> qkv = act(3 * NC, 3 * C);
+      std::vector<double> saved = reference_attention_state(qkv, s);
+      x.values = {act(NC, C), std::move(qkv), std::move(saved)};
       x.outputs = {zeros(3 * NC)};
       break;
     }
@@ -294,6 +292,73 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
       throw std::logic_error("op_inputs: Op::count is not an op");
   }
   return x;
+}
+
+std::vector<double> reference_attention_state(const std::vector<double>& qkv, const OpShape& s) {
+  OpInputs fwd;
+  fwd.values = {qkv};
+  fwd.outputs = {std::vector<double>(size_t(s.tokens() * s.C), 0.0),
+                 std::vector<double>(size_t(int64_t(s.B) * s.NH * s.T * s.T), 0.0)};
+  OpRun ref = call_op("attention_forward", cpu_catalogue<double>().select({}), fwd, s);
+  return std::move(ref.outputs[1]);
+}
+
+OpShape shape_of_call(const std::string& op, const std::vector<double>& values) {
+  auto at = [&](size_t i) {
+    if (i >= values.size()) throw std::logic_error("shape_of_call: too few values for " + op);
+    return int(values[i]);
+  };
+  OpShape s;
+  switch (op_named(op)) {
+    case Op::embedding_forward:  // B, T, C, V
+    case Op::embed_rmsnorm_backward:
+      s.B = at(0), s.T = at(1), s.C = at(2), s.V = at(3);
+      break;
+    case Op::attention_forward:  // B, T, C, NH
+    case Op::attention_backward:
+      s.B = at(0), s.T = at(1), s.C = at(2), s.NH = at(3);
+      break;
+    case Op::add_rmsnorm_forward:  // B, T, C, eps
+      s.B = at(0), s.T = at(1), s.C = at(2);
+      break;
+    case Op::rmsnorm_forward:  // N, C (, eps)
+    case Op::rmsnorm_backward:
+    case Op::swiglu_forward:  // N, F
+    case Op::swiglu_backward:
+      s.T = at(0), s.C = at(1);
+      break;
+    case Op::linear_forward:  // N, in, out
+    case Op::linear_backward:
+      s.T = at(0), s.C = at(1), s.V = at(2);
+      break;
+    case Op::cross_entropy:  // N, V, dloss
+      s.T = at(0), s.V = at(1);
+      break;
+    case Op::rope_forward:  // B, T, NH, NKV, HD, base
+    case Op::rope_backward:
+      s.B = at(0), s.T = at(1), s.NH = at(2), s.kv_heads = at(3), s.C = at(2) * at(4);
+      break;
+    case Op::gqa_forward:  // N, NH, NKV, HD
+    case Op::gqa_backward:
+      s.T = at(0), s.NH = at(1), s.kv_heads = at(2), s.C = at(1) * at(3);
+      break;
+    case Op::gelu_forward:  // n values, seen as one row
+    case Op::gelu_backward:
+    case Op::add:
+    case Op::cast:
+    case Op::sum_squares:
+    case Op::sgd_step:
+    case Op::adamw_step:
+      s.C = at(0);
+      break;
+    case Op::softcap_forward:  // n logits: call_op passes N V
+    case Op::softcap_backward:
+      s.V = at(0);
+      break;
+    case Op::count:
+      throw std::logic_error("shape_of_call: Op::count is not an op");
+  }
+  return s;
 }
 
 template <class KS>

@@ -18,9 +18,11 @@ namespace divlab {
 
 struct OpShape {
   int B = 1, T = 1, C = 1, NH = 1, V = 2;
+  int kv_heads = 0;  // the grouped-query ops' key/value heads; 0: derived from NH (NKV())
   int64_t tokens() const { return int64_t(B) * T; }
-  // Key/value heads of the grouped-query ops: NH over its smallest prime factor, so groups of
-  // 2 and 3 heads (and NKV = 1 for one to three heads) occur; derived, so shapes draw as before.
+  // Key/value heads of the grouped-query ops: kv_heads where set (a recorded call), else NH over
+  // its smallest prime factor, so groups of 2 and 3 heads (and NKV = 1 for one to three heads)
+  // occur; derived, so shapes draw as before.
   int NKV() const;
   std::string text() const;  // "B3 T37 C72 NH4 V301"
 };
@@ -48,6 +50,15 @@ std::vector<TokenId> uniform_tokens(const OpShape& s, std::mt19937_64& gen);
 // consistent forward.
 OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
                    Values values, std::mt19937_64& gen);
+
+// The shape at which call_op repeats a recorded call of `op` whose size and scalar arguments
+// were `values` (in argument order). call_op supplies its own scalars (eps, learning rate,
+// soft-cap, RoPE base); the sizes are the call's.
+OpShape shape_of_call(const std::string& op, const std::vector<double>& values);
+
+// The probabilities the fp64 reference attention forward saves for `qkv` at `s`: the saved
+// input attention_backward is checked with (each backend's backward reads its own forward's).
+std::vector<double> reference_attention_state(const std::vector<double>& qkv, const OpShape& s);
 
 // Runs `op` of `k` on `x` at shape `s`; `written`, when given, receives the op spec of every
 // array the call writes, in the order of x.outputs (kernels/op_spec.h).

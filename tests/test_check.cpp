@@ -9,9 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "datasets/dataset.h"
 #include "experiments/check.h"
+#include "experiments/check_capture.h"
+#include "experiments/config.h"
+#include "experiments/train.h"
+#include "experiments/weights.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/registered.h"
 
 namespace divlab {
@@ -134,7 +140,71 @@ void adamw_without_bias_correction(float* p, float* m, float* v, const float* g,
   }
 }
 
+// The reference linear layer with its output 5 % large: wrong on any values.
+void linear_five_percent_large(float* y, const float* x, const float* W, int N, int in, int out) {
+  cpu_catalogue<float>().select({}).linear_forward({}, y, x, W, N, in, out);
+  for (int64_t i = 0; i < int64_t(N) * out; ++i) y[i] *= 1.05f;
+}
+
+// A short run on Zipfian tokens whose trace keeps its final weights.
+std::string traced_run(const std::string& tag) {
+  std::string out = testing::temp_dir(tag) + "/run.h5";
+  const RunConfig cfg =
+      load_config("", {"model.vocab=96", "model.d_model=16", "model.n_layers=2", "model.seq_len=12",
+                       "train.batch=3", "train.steps=7", "data=\"zipf:1.1\"", "train.threads=1",
+                       "train.seed=" + std::to_string(testing::test_seed() % 1000),
+                       "trace.final_weights=true"});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  train(cfg, opt);
+  return out;
+}
+
 }  // namespace
+
+// --trace: the op sees exactly what its run fed it (the embedding table is the trace's final
+// weights, the ids the first sequence of that step's batch), and those values are a condition
+// judged like any other.
+TEST(CheckHoles, ATracesRecordedValuesAreOneMoreCondition) {
+  const std::string trace = traced_run("check_trace");
+  const TraceCapture got = capture_op_calls(trace, "embedding_forward", 3);
+  ASSERT_EQ(got.calls.size(), 1u);
+  EXPECT_EQ(got.source, "final (step 7)");
+  const TraceReader r(trace);
+  const RunConfig cfg = parse_config_text(r.string_attr("/", "config_toml"), "trace", {});
+  const auto weights = trace_weights(r, "final", param_layout(cfg.model));
+  ASSERT_TRUE(weights);
+  const CapturedCall& call = got.calls[0];
+  EXPECT_EQ(call.shape.text(), "B1 T12 C16 NH1 V96");
+  const std::vector<double> wte(weights->params.begin(), weights->params.begin() + 96 * 16);
+  EXPECT_EQ(call.inputs.values.at(0), wte);  // exact: fp32 weights widened on both sides
+  DatasetOptions dopt;
+  dopt.vocab = 96, dopt.seq_len = 12, dopt.seed = cfg.seed;
+  std::vector<TokenId> in(36), tgt(36);
+  make_dataset("zipf:1.1", dopt)->batch(7, 3, 12, in.data(), tgt.data());
+  EXPECT_EQ(call.inputs.ids, std::vector<TokenId>(in.begin(), in.begin() + 12));
+  // linear_forward: four calls per block and one for the head; three of the nine are judged.
+  CheckOptions opt;
+  opt.target = "linear_forward=reference", opt.seed = testing::test_seed(), opt.trace = trace;
+  const CheckReport ok = run_check(opt);
+  EXPECT_TRUE(ok.pass) << format_check(ok);
+  ASSERT_EQ(ok.conditions.back().name, "values from trace");
+  EXPECT_EQ(ok.conditions.back().draws, 3) << format_check(ok);
+  Registered reg(mutable_cpu_catalogue().linear_forward, "five_percent_large",
+                 linear_five_percent_large);
+  opt.target = "linear_forward=five_percent_large";
+  const CheckReport bad = run_check(opt);
+  EXPECT_TRUE(fails_under(bad, "values from trace", "error")) << format_check(bad);
+  EXPECT_NE(format_check(bad).find("call 1 of 9 in a step from the trace's weights: final"),
+            std::string::npos)
+      << format_check(bad);
+  EXPECT_NE(format_check(bad).find("--trace " + trace), std::string::npos) << format_check(bad);
+  // A run that never calls the op, or no trace at all, is refused before anything runs.
+  opt.target = "softcap_forward=reference";
+  EXPECT_THROW(run_check(opt), InputError);
+  opt.target = "linear_forward=reference", opt.trace = trace + ".missing";
+  EXPECT_THROW(run_check(opt), InputError);
+}
 
 TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
   Registered reg(mutable_cpu_catalogue().adamw_step, "no_bias_correction",
