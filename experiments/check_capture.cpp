@@ -143,6 +143,12 @@ Weights newest_weights(const std::string& trace, const std::vector<ParamInfo>& l
 template <class T, class A>
 std::vector<Recorded> record_step(const RunConfig& cfg, const Dataset& data,
                                   const std::optional<TraceWeights>& weights, Op op) {
+  try {  // memory predicted before it is allocated
+    check_backend_fits(Backend::Cpu, size_t(Transformer<T, A>::allocated_bytes(cfg.model, 1)),
+                       "check --trace: the run's model at one sequence");
+  } catch (const BackendError& e) {
+    throw InputError(e.what());
+  }
   Recorder<T, A> rec;
   rec.inner = backend_catalogue<T, A>(Backend::Cpu, cfg.precision).select({});
   rec.keep_outputs = is_update(op);
