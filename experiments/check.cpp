@@ -37,6 +37,10 @@ constexpr double kRowUpdated = 1e-6;     // a row counts as updated above this x
 constexpr int kShrinkTries = 100;        // candidate shapes tried when shrinking one failure
 constexpr size_t kDetailedFailures = 4;  // failing conditions whose worst element is printed
 constexpr size_t kTraceCalls = 3;        // recorded calls judged under "values from trace"
+// The concurrent-load condition: copies of one call on several streams, between GEMMs of a size
+// that keeps every SM of an H100 busy for tens of microseconds each on another stream.
+constexpr int kLoadStreams = 4, kConcurrentCopies = 8, kLoadGemmsPerCopy = 2;
+constexpr OpShape kLoadGemm{1, 2048, 1024, 1, 2048};  // [2048 x 1024] x [1024 x 2048]
 const char* kFp32GradeCondition = "fp32 grade";
 const char* kCriteria =
     "criteria: in every draw of every condition, every output within normalised error "
@@ -72,6 +76,7 @@ struct Condition {
   bool repeat = false;         // the variant twice: bitwise equal?
   bool shrink = false;         // a failing draw is shrunk to the smallest failing shape
   bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
+  bool concurrent = false;     // on a device: copies at once on several streams, under load
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
 };
 
@@ -119,6 +124,9 @@ std::vector<Condition> conditions(bool with_trace) {
   Condition rep = c("repeat (bitwise)", kAligned);
   rep.repeat = true;
   list.push_back(rep);
+  Condition load = c("concurrent load", kAligned);
+  load.concurrent = true;
+  list.push_back(load);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;
@@ -336,10 +344,12 @@ struct Checker {
   const std::string& op;
   const KernelSet<double>& reference;
   const KS& variant;
+  const KS& backend_reference;  // the variant's catalogue's references (the concurrent load)
   Grade required;
   bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
   mutable TokenStreams streams;
-  mutable std::optional<TraceCapture> recorded;  // --trace's calls, recorded when first needed
+  mutable std::optional<TraceCapture> recorded;    // --trace's calls, recorded when first needed
+  mutable std::unique_ptr<PreparedCall<KS>> load;  // the concurrent condition's GEMM, bound once
 
   const TraceCapture& trace_calls() const {
     if (!recorded) recorded = capture_op_calls(opt.trace, op, kTraceCalls);
@@ -357,6 +367,61 @@ struct Checker {
     return rounding_allowance(ref, call_op(op, reference, rounded, s), written);
   }
 
+  // kConcurrentCopies calls (one per input set), each run alone first, then all at once on
+  // kLoadStreams streams while the backend's reference GEMM runs on another. Returns the call
+  // whose outputs moved furthest from its run alone (`chosen`: judged like any draw, so a race
+  // shows as error); `moved` says how many calls' bits moved at all.
+  OpRun run_under_load(const std::vector<OpInputs>& inputs, const OpShape& s, std::string* moved,
+                       size_t* chosen) const {
+    const MemoryOps& mem = *variant.memory;
+    if (!load) {
+      std::mt19937_64 gen(0);
+      load = std::make_unique<PreparedCall<KS>>(
+          "linear_forward", backend_reference,
+          op_inputs("linear_forward", kLoadGemm, {}, Values::Normal, gen), kLoadGemm);
+      load->launch(nullptr);  // its scratch allocated now, not while the copies run
+      load->read();
+    }
+    std::vector<std::unique_ptr<OwnedStream>> streams;
+    for (int i = 0; i <= kLoadStreams; ++i) streams.push_back(std::make_unique<OwnedStream>(mem));
+    void* load_stream = streams.back()->get();
+    std::vector<std::unique_ptr<PreparedCall<KS>>> copies;
+    std::vector<OpRun> alone;
+    for (int c = 0; c < kConcurrentCopies; ++c) {
+      copies.push_back(std::make_unique<PreparedCall<KS>>(op, variant, inputs[size_t(c)], s));
+      copies.back()->launch(streams[0]->get());
+      alone.push_back(copies.back()->read());
+      copies.back()->reset();
+    }
+    // Every copy's stream starts with a GEMM, so the copies queued behind them start together;
+    // the load stream keeps GEMMs running meanwhile.
+    for (int i = 0; i < kLoadStreams; ++i) load->launch(streams[size_t(i)]->get());
+    for (int c = 0; c < kConcurrentCopies; ++c) {
+      for (int g = 0; g < kLoadGemmsPerCopy; ++g) load->launch(load_stream);
+      copies[size_t(c)]->launch(streams[size_t(c % kLoadStreams)]->get());
+    }
+    OpRun furthest;
+    double furthest_by = -1;
+    int moved_copies = 0;
+    for (int c = 0; c < kConcurrentCopies; ++c) {
+      OpRun got = copies[size_t(c)]->read();
+      double by = 0;
+      for (size_t o = 0; o < got.outputs.size(); ++o)
+        for (size_t i = 0; i < got.outputs[o].size(); ++i) {
+          const double d = std::abs(got.outputs[o][i] - alone[size_t(c)].outputs[o][i]);
+          by = std::max(by, std::isnan(d) ? INFINITY : d);
+        }
+      if (!bitwise_equal(got, alone[size_t(c)])) ++moved_copies;
+      if (by > furthest_by) furthest = std::move(got), furthest_by = by, *chosen = size_t(c);
+    }
+    mem.synchronize(load_stream);
+    if (moved_copies > 0)
+      *moved = std::to_string(moved_copies) + " of " + std::to_string(kConcurrentCopies) +
+               " copies on " + std::to_string(kLoadStreams) +
+               " streams under load differ bitwise from the same call run alone";
+    return furthest;
+  }
+
   // A draw's shape: the condition's, or the first thing its generator draws.
   static OpShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
     return cond.random_shapes ? random_shape(gen) : cond.shape;
@@ -371,14 +436,14 @@ struct Checker {
     std::mt19937_64 gen(draw_seed);
     OpShape s;
     OpInputs x;
+    std::vector<TokenId> tokens;
     if (cond.from_trace) {
       const CapturedCall& call = trace_calls().calls.at(size_t(draw_index));
       s = call.shape, x = call.inputs;
       r.note = call.where + " in a step from the trace's weights: " + trace_calls().source;
     } else {
       s = forced ? *forced : draw_shape(cond, gen);
-      const std::vector<TokenId> tokens =
-          make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
+      tokens = make_tokens(cond.tokens, s, gen, draw_index, seed, streams, &r.note);
       if (tokens.empty()) {
         r.ran = false;
         r.shape = s.text();
@@ -389,6 +454,29 @@ struct Checker {
     r.shape = s.text();
     if (round_inputs)
       for (auto& v : x.values) round_to_bf16(v);
+    OpRun got;
+    std::string moved;
+    if (cond.concurrent) {
+      if (variant.memory->host_accessible) {
+        r.ran = false, r.note = "a GPU condition (streams): --backend cuda";
+        return r;
+      }
+      // Each copy its own inputs, so a copy that reads another's state shows as error.
+      std::vector<OpInputs> inputs{x};
+      while (inputs.size() < size_t(kConcurrentCopies)) {
+        inputs.push_back(op_inputs(op, s, tokens, cond.values, gen));
+        if (round_inputs)
+          for (auto& v : inputs.back().values) round_to_bf16(v);
+      }
+      try {
+        size_t chosen = 0;
+        got = run_under_load(inputs, s, &moved, &chosen);
+        x = std::move(inputs[chosen]);
+      } catch (const std::exception& e) {
+        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        return r;
+      }
+    }
     std::vector<ArgSpec> written;
     OpRun ref = call_op(op, reference, x, s, &written);
     if (cond.prefill) {
@@ -411,12 +499,13 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    OpRun got;
-    try {
-      got = call_op(op, variant, x, s);
-    } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
-      r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
-      return r;
+    if (!cond.concurrent) {
+      try {
+        got = call_op(op, variant, x, s);
+      } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
+        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        return r;
+      }
     }
     measure(r, got, ref, x.outputs, written, {});
     if (r.norm_error > kTolerance && !round_inputs) {
@@ -450,6 +539,14 @@ struct Checker {
       if (!r.deterministic && r.note.empty()) r.note = "not bitwise repeatable";
     }
     judge(r);
+    if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
+      if (r.failed)
+        r.why += " (" + moved +
+                 ": a race on shared scratch or device state, or work outside "
+                 "the stream it is given)";
+      else
+        r.note = moved + " (within the criteria: an order that varies, not a race)";
+    }
     return r;
   }
 
@@ -577,7 +674,7 @@ CheckReport new_check_report(const CheckOptions& opt) {
   rep.required = opt.precision == Precision::Bf16 ? Grade::Bf16 : opt.grade;
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
-  rep.trace = opt.trace;
+  rep.trace = opt.trace, rep.plugins = opt.plugins;
   rep.conditions.resize(conditions(!opt.trace.empty()).size());
   return rep;
 }
@@ -602,8 +699,17 @@ void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from
     open_backend(opt.backend);
     with_backend_catalogue(opt.backend, opt.precision, [&](const auto& catalogue) {
       const auto variant = catalogue.select({{rep.op, rep.variant}});
-      Checker<std::decay_t<decltype(variant)>> checker{
-          opt, rep.op, reference, variant, rep.required, opt.precision == Precision::Bf16, {}, {}};
+      const auto backend_reference = catalogue.select({});
+      Checker<std::decay_t<decltype(variant)>> checker{opt,
+                                                       rep.op,
+                                                       reference,
+                                                       variant,
+                                                       backend_reference,
+                                                       rep.required,
+                                                       opt.precision == Precision::Bf16,
+                                                       {},
+                                                       {},
+                                                       {}};
       checker.run_all(rep, from, progress);
     });
   } catch (const BackendError& e) {
@@ -693,7 +799,9 @@ std::string format_check(const CheckReport& r) {
     o << "replay: divlab check " << r.op << "=" << r.variant << " --seed " << r.seed
       << (r.backend != "cpu" ? " --backend " + r.backend : "")
       << (r.precision != "fp32" ? " --precision " + r.precision : "")
-      << (r.trace.empty() ? "" : " --trace " + r.trace) << "\n";
+      << (r.trace.empty() ? "" : " --trace " + r.trace);
+    for (const std::string& p : r.plugins) o << " --plugins " << p;
+    o << "\n";
     if (r.benchmark_verifier_passes)
       o << "note: the benchmark verifier (Gaussian inputs, one fixed seed, its shapes, |v - r| <= "
            "1e-2 + 1e-2 |r| for 99 % of elements), emulated, passes it: it would have accepted "

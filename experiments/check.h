@@ -99,7 +99,8 @@ struct CheckReport {
   // large), |v - r| <= 1e-2 + 1e-2 |r| on 99 % of elements. What the kernel passed before.
   bool benchmark_verifier_passes = true;
   uint64_t seed = 0;
-  std::string trace;      // --trace: the run whose recorded values were one condition
+  std::string trace;                 // --trace: the run whose recorded values were one condition
+  std::vector<std::string> plugins;  // --plugins, for the replay line
   std::string sanitizer;  // cuda: compute-sanitizer's summary line, or why it did not run
 };
 

@@ -39,6 +39,10 @@ class BoundArray {
     return bind<std::remove_const_t<V>>();
   }
   bool bound() const { return !bytes_.empty(); }
+  // Puts the initial contents (guards included) back, for another call on the same arrays.
+  void rewrite() {
+    if (bound()) bytes_.upload(initial_.data(), int64_t(initial_.size()));
+  }
   // What the call left: the values (guards excluded), widened, and whether a guard value
   // changed before or after them. One download.
   struct Result {
@@ -72,30 +76,23 @@ class BoundArray {
     std::vector<V> host(values_->size() + 2 * size_t(guard_), stored_as<V>(kGuardSentinel));
     for (size_t i = 0; i < values_->size(); ++i)
       host[size_t(guard_) + i] = stored_as<V>((*values_)[i]);
-    bytes_ = Buffer<unsigned char>(*mem_, int64_t(host.size() * sizeof(V)));
-    bytes_.upload(reinterpret_cast<const unsigned char*>(host.data()), bytes_.size());
+    const auto* first = reinterpret_cast<const unsigned char*>(host.data());
+    initial_.assign(first, first + host.size() * sizeof(V));
+    bytes_ = Buffer<unsigned char>(*mem_, int64_t(initial_.size()));
+    bytes_.upload(initial_.data(), bytes_.size());
     return reinterpret_cast<V*>(bytes_.data()) + guard_;
   }
   const MemoryOps* mem_;
   const std::vector<double>* values_;
   int64_t guard_;
   Buffer<unsigned char> bytes_;
+  std::vector<unsigned char> initial_;  // what bytes_ held when bound
   Storage type_ = Storage::F32;
   double sentinel_ = 0;
 };
 
-// Runs `call(k, in, ids, out)` (in, out: std::vector<BoundArray>, passed to the kernel as its
-// pointer arguments) with every tensor in k's memory; returns the outputs as doubles and any
-// guard value that changed.
-template <class KS, class F>
-OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
-  const MemoryOps& mem = *k.memory;
-  std::vector<BoundArray> in, out;
-  for (const auto& v : x.values) in.emplace_back(mem, v, 0);
-  for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
-  Buffer<TokenId> ids(mem, int64_t(x.ids.size()));
-  ids.upload(x.ids.data(), int64_t(x.ids.size()));
-  call(k, in, ids.data(), out);
+// The outputs as doubles and any guard value that changed (one download each).
+inline OpRun read_outputs(const std::vector<BoundArray>& out) {
   OpRun r;
   for (size_t o = 0; o < out.size(); ++o) {
     BoundArray::Result got = out[o].read();
@@ -106,6 +103,27 @@ OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
     r.outputs.push_back(std::move(got.values));
   }
   return r;
+}
+
+// One op call's arrays in a backend's memory: the inputs, the outputs with guards, the ids.
+struct BoundCall {
+  std::vector<BoundArray> in, out;
+  Buffer<TokenId> ids;
+  BoundCall(const MemoryOps& mem, const OpInputs& x) : ids(mem, int64_t(x.ids.size())) {
+    for (const auto& v : x.values) in.emplace_back(mem, v, 0);
+    for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
+    ids.upload(x.ids.data(), int64_t(x.ids.size()));
+  }
+};
+
+// Runs `call(k, in, ids, out)` (in, out: std::vector<BoundArray>, passed to the kernel as its
+// pointer arguments) with every tensor in k's memory; returns the outputs as doubles and any
+// guard value that changed.
+template <class KS, class F>
+OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
+  BoundCall b(*k.memory, x);
+  call(k, b.in, b.ids.data(), b.out);
+  return read_outputs(b.out);
 }
 
 }  // namespace divlab

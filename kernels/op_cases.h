@@ -66,6 +66,30 @@ template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written = nullptr);
 
+// One call of `op` with its arrays bound in k's memory once, to be launched on a stream of one's
+// choosing without waiting (several on several streams run at once: check's concurrent-load
+// condition) and read afterwards. Each has its own scratch workspace and the seed of a first
+// call, so copies of one call compute the same thing.
+template <class KS>
+class PreparedCall {
+ public:
+  PreparedCall(const std::string& op, const KS& k, OpInputs x, const OpShape& s);
+  PreparedCall(const PreparedCall&) = delete;  // the bound arrays point into x_
+  PreparedCall& operator=(const PreparedCall&) = delete;
+  void launch(void* stream);  // queues the call on `stream` (null: the legacy default stream)
+  void reset();               // outputs back to their initial contents
+  OpRun read();               // waits for the last launch's stream; the outputs
+
+ private:
+  Op op_;
+  const KS& k_;
+  OpInputs x_;
+  OpShape s_;
+  BoundCall arrays_;
+  OpContextSource contexts_;
+  void* stream_ = nullptr;
+};
+
 // Rounds every value to the nearest bf16 (so a bf16 kernel and the fp64 reference see the same
 // numbers).
 void round_to_bf16(std::vector<double>& v);

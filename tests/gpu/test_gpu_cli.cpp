@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <vector>
 
 #include "experiments/check.h"
 #include "experiments/config.h"
@@ -53,8 +55,8 @@ TEST(GpuTrain, WritesACompleteTraceWithGpuShadowMetrics) {
 TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
   REQUIRE_GPU();
   const std::string dir = temp_dir("gpu_shadow_all"), out = dir + "/run.h5";
-  const std::vector<std::string> ops = {"rmsnorm_forward", "rmsnorm_backward", "linear_forward",
-                                        "attention_forward", "cross_entropy"};
+  const std::vector<std::string> ops = {"rmsnorm_forward",   "rmsnorm_backward",   "linear_forward",
+                                        "attention_forward", "attention_backward", "cross_entropy"};
   std::string variants = "shadow.variants=[embed_rmsnorm_backward=fp64_accum";
   for (const auto& op : ops) variants += ", " + op + "=reference";
   const RunConfig cfg =
@@ -66,9 +68,10 @@ TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
   opt.out = out, opt.progress = false;
   EXPECT_EQ(train(cfg, opt).status, "completed");
   const TraceReader r(out);
-  for (const auto& name : {"embed_rmsnorm_backward/fp64_accum", "rmsnorm_forward/reference",
-                           "rmsnorm_backward/reference", "linear_forward/reference",
-                           "attention_forward/reference", "cross_entropy/reference"}) {
+  for (const auto& name :
+       {"embed_rmsnorm_backward/fp64_accum", "rmsnorm_forward/reference",
+        "rmsnorm_backward/reference", "linear_forward/reference", "attention_forward/reference",
+        "attention_backward/reference", "cross_entropy/reference"}) {
     const auto rel = r.floats(std::string("/shadow/") + name + "/rel_l2");
     ASSERT_EQ(rel.size(), 12u) << name;
     for (size_t i = 0; i < rel.size(); ++i) EXPECT_LT(rel[i], 1e-5) << name << " step " << i;
@@ -189,4 +192,32 @@ TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
   EXPECT_NE(text.find("6 completed"), std::string::npos) << text;
 }
 
+// check's concurrent-load condition: a kernel that stages its sums in device memory every call
+// shares is exact one call at a time and fails only when calls run at once on several streams
+// while GEMMs load the device; the references, and a kernel whose float atomics vary the order,
+// pass it.
+TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
+  REQUIRE_GPU();
+  CheckOptions opt;
+  opt.target = "add=racy_staging", opt.backend = Backend::Cuda;
+  opt.plugins = {DIVLAB_RACY_CUDA_PLUGIN};
+  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  const CheckReport racy = run_check(opt);
+  EXPECT_EQ(racy.failing, std::vector<std::string>{"concurrent load"}) << format_check(racy);
+  EXPECT_NE(format_check(racy).find("a race on shared scratch"), std::string::npos)
+      << format_check(racy);
+  opt.plugins = {DIVLAB_EXAMPLE_CUDA_PLUGIN};
+  for (const char* target :
+       {"add=reference", "linear_forward=reference", "linear_backward=reference",
+        "attention_backward=reference", "rmsnorm_backward=reference",
+        "embed_rmsnorm_backward=reference", "embed_rmsnorm_backward=example_cuda_fp32_atomic"}) {
+    opt.target = target;
+    const CheckReport ok = run_check(opt);
+    for (const ConditionResult& c : ok.conditions)
+      if (c.name == "concurrent load") {
+        EXPECT_TRUE(c.ran) << target;
+        EXPECT_FALSE(c.failed) << target << "\n" << format_check(ok);
+      }
+  }
+}
 }  // namespace divlab
