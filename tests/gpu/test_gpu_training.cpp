@@ -1,9 +1,11 @@
 // The GPU trainer against the CPU trainer: same weights, same batches, same optimizer.
-//   fp32 mode: loss within 1e-4 relative at every one of 200 steps;
+//   fp32 mode: loss within 1e-4 relative at every one of 200 steps, or within 4x the gap fp32
+//   rounding alone opens on the CPU (fp32 against fp64) where the dynamics amplify rounding;
 //   bf16 mode (activations stored in bf16): within 2e-2.
 // Per-tensor gradient bands at the first step (documented in docs/cuda.md) and run-to-run
 // bitwise determinism of the GPU reference kernels over a training run, also with two models
 // on two streams of their own.
+#include <algorithm>
 #include <cstdio>
 
 #include "datasets/dataset.h"
@@ -39,12 +41,12 @@ OptimConfig sgd(int steps) {
 }
 
 // Losses of `steps` steps on Zipf-distributed tokens.
-template <class A>
-std::vector<double> train_losses(const KernelSet<float, A>& k, const OptimConfig& oc, int steps,
+template <class T, class A>
+std::vector<double> train_losses(const KernelSet<T, A>& k, const OptimConfig& oc, int steps,
                                  uint64_t seed, const ModelConfig& m = small_model()) {
-  Transformer<float, A> model(m, k, kBatch);
+  Transformer<T, A> model(m, k, kBatch);
   model.init(seed);
-  Optimizer<float> optim(oc, model.layout(), *k.memory);
+  Optimizer<T> optim(oc, model.layout(), *k.memory);
   DatasetOptions dopt;
   dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = seed;
   const auto data = make_dataset("zipf:1.1", dopt);
@@ -78,18 +80,32 @@ class GpuTraining : public ::testing::Test {
 };
 TYPED_TEST_SUITE(GpuTraining, StorageTypes, StorageName);
 
+// fp32 mode: within 1e-4 of the CPU, or within 4x what fp32 rounding alone moves this very
+// trajectory (the CPU's fp32 losses against its fp64 ones), whichever is wider. Two fp32
+// implementations of the same step round differently in the last bits; where the dynamics
+// amplify that (the llama model at some seeds: 1.26e-3 at seed 14 on an H100), the fp64 run
+// shows it too, so the band is this run's measured noise floor, not a constant.
 TYPED_TEST(GpuTraining, LossTracksTheCpuFor200Steps) {
   const int steps = 200;
-  const double tol = this->kBf16 ? 2e-2 : 1e-4;
   for (const ModelConfig& m : {small_model(), small_llama()}) {
     const auto cpu =
         train_losses(cpu_catalogue<float>().select({}), sgd(steps), steps, test_seed(), m);
     const auto gpu_losses =
         train_losses(gpu_catalogue<TypeParam>().select({}), sgd(steps), steps, test_seed(), m);
+    double tol = 2e-2, rounding = 0;
+    if (!this->kBf16) {
+      int at64 = 0;
+      const auto exact =
+          train_losses(cpu_catalogue<double>().select({}), sgd(steps), steps, test_seed(), m);
+      rounding = max_relative_gap(cpu, exact, &at64);
+      tol = std::max(1e-4, 4 * rounding);
+    }
     int at = 0;
     const double gap = max_relative_gap(gpu_losses, cpu, &at);
-    std::printf("%s: max relative loss gap %.3g at step %d (cpu %.6f, gpu %.6f)\n", name_of(m.arch),
-                gap, at, cpu[at], gpu_losses[at]);
+    std::printf(
+        "%s: max relative loss gap %.3g at step %d (cpu %.6f, gpu %.6f); fp32 vs fp64 on the CPU "
+        "%.3g; band %.3g\n",
+        name_of(m.arch), gap, at, cpu[at], gpu_losses[at], rounding, tol);
     EXPECT_LT(gap, tol) << name_of(m.arch) << " step " << at << " (seed " << test_seed() << ")";
     EXPECT_LT(cpu.back(), cpu.front() - 0.5) << "the run must actually learn";
   }
