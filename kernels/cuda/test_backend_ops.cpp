@@ -86,6 +86,25 @@ TYPED_TEST(GpuOps, RowAndUpdateKernelsMatchFp64AtEveryForm) {
                          "sum_squares");
 }
 
+// Cross-entropy's wide rows (many packs of 8 per thread of 512, a tail not a multiple of 8, a
+// row unpacked), against fp64, both variants, repeatable bit for bit. 50 304 is GPT-2's
+// vocabulary.
+TYPED_TEST(GpuOps, CrossEntropyMatchesFp64AtEveryRowForm) {
+  const auto& cat = gpu_catalogue<TypeParam>();
+  std::mt19937_64 gen(test_seed());
+  for (int V : {8184, 8192, 8200, 16392, 24576, 24584, 50304, 57344, 57352, 57353})
+    for (const char* variant : {"reference", "no_max_subtraction"}) {
+      const auto k = cat.select({{"cross_entropy", variant}});
+      const OpShape s{1, 3, 4, 1, V};
+      const OpInputs x = every_op_inputs("cross_entropy", s, this->kBf16, gen);
+      const std::string what = std::string("cross_entropy=") + variant + " V " + std::to_string(V);
+      const OpRun first = expect_op_matches_fp64("cross_entropy", k, x, s,
+                                                 op_tolerance("cross_entropy", this->kBf16), what);
+      EXPECT_EQ(first.outputs, call_op("cross_entropy", k, x, s).outputs)
+          << what << ": not bitwise repeatable (seed " << test_seed() << ")";
+    }
+}
+
 // The activation copy: exact in fp32 mode, round to nearest even in bf16 mode.
 TYPED_TEST(GpuOps, CastRoundsToNearestEven) {
   std::mt19937_64 gen(test_seed());

@@ -105,8 +105,8 @@ TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
 namespace divlab {
 
 // The example CUDA plug-in: loaded into the GPU catalogues, trained with, shadowed; in fp32
-// mode as written, in bf16 mode through the adapters (widened copies of its bf16 dy).
-TEST(GpuPlugin, ExampleCudaPluginTrainsAndIsShadowed) {
+// mode as written, in bf16 mode through the adapters (widened copies of its bf16 dy); bisected.
+TEST(GpuPlugin, ExampleCudaPluginTrainsIsShadowedAndBisected) {
   REQUIRE_GPU();
   for (const char* precision : {"fp32", "bf16"}) {
     const std::string dir = temp_dir("gpu_plugin"), out = dir + "/run.h5";
@@ -122,10 +122,32 @@ TEST(GpuPlugin, ExampleCudaPluginTrainsAndIsShadowed) {
     const auto rel =
         TraceReader(out).floats("/shadow/embed_rmsnorm_backward/example_cuda_bf16_atomic/rel_l2");
     ASSERT_EQ(rel.size(), 2u) << precision;
-    for (double r : rel) EXPECT_GT(r, 1e-2) << precision;
+    // The bf16 atomics' error, far above fp32 rounding (the fp32-atomic kernel: ~1e-7). Measured
+    // on an H100, 8 runs: 2.6e-2 to 3.4e-2 at step 0, 1.1e-2 to 1.5e-2 at step 10 (the hot
+    // rows' gradients shrink as the unigram is learned).
+    for (double r : rel) EXPECT_GT(r, 1e-3) << precision;
     unlink(out.c_str());
     rmdir(dir.c_str());
   }
+  // bisect, on the seed bug's regime (a skewed chain, SGD, 16k tokens per step), names the
+  // plug-in's bf16-atomic kernel among two swaps; the other is harmless at this run's logits.
+  const std::string dir = temp_dir("gpu_plugin_bisect"), config = dir + "/two-swaps.toml";
+  std::ofstream(config) << "backend = \"cuda\"\ndata = \"markov:0.8,0.8\"\nplugins = [\""
+                        << DIVLAB_EXAMPLE_CUDA_PLUGIN
+                        << "\"]\n[model]\nvocab = 64\nd_model = 32\nn_layers = 1\nn_heads = 2\n"
+                           "seq_len = 32\n[train]\nbatch = 512\nsteps = 100\noptimizer = \"sgd\"\n"
+                           "lr = 0.3\nmomentum = 0.9\ngrad_clip = 0.0\nwarmup_steps = 20\n[eval]\n"
+                           "every = 0\n[kernels]\n"
+                           "embed_rmsnorm_backward = \"example_cuda_bf16_atomic\"\n"
+                           "cross_entropy = \"no_max_subtraction\"\n";
+  const std::string cmd = std::string(DIVLAB_BIN) + " bisect " + config + " --seeds 4 --out " +
+                          dir + "/bisect --jobs 2 > " + dir + "/bisect.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream log(dir + "/bisect.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("culprit: embed_rmsnorm_backward=example_cuda_bf16_atomic (diverged"),
+            std::string::npos)
+      << text;
 }
 
 // The bf16 example plug-in (a kernel as a benchmark submission writes it: raw __nv_bfloat16
