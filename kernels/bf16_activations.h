@@ -13,6 +13,7 @@
 #include "kernels/common/lowp.h"
 #include "kernels/memory.h"
 #include "kernels/registry.h"
+#include "kernels/storage_adapter.h"
 
 namespace divlab {
 
@@ -21,11 +22,8 @@ Catalogue<float, bf16>& mutable_cpu_bf16_catalogue();  // for plug-in variants
 
 // How a backend converts between fp32 scratch and bf16 activations, in its own memory, on the
 // calling op's stream.
-struct Bf16Conversions {
-  const MemoryOps* memory = nullptr;
-  void (*widen)(void* stream, float* out, const bf16* in, int64_t n) = nullptr;
-  void (*round)(void* stream, bf16* out, const float* in, int64_t n) = nullptr;  // nearest even
-};
+// The bf16 mode (arrays in bf16) running fp32 kernels: widen, then round to nearest even.
+using Bf16Conversions = StorageConversions<bf16, float>;
 const Bf16Conversions& host_bf16_conversions();
 
 // Adds variant `name` of `op` from `from` to `to`, adapted with `conv` (ops without activation

@@ -2,104 +2,34 @@
 
 #include <memory>
 #include <stdexcept>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "kernels/common/parallel.h"
 #include "kernels/op_spec.h"
 #include "kernels/plugin_calls.h"
+#include "kernels/storage_adapter.h"
 
 namespace divlab {
 
 namespace {
-constexpr int64_t kChunk = 1 << 14;
-
-// One argument of an adapted call, by its fp32-mode type and the fp16 kernel's: passed through
-// where the two agree, else an fp16 copy (a written array is widened back by finish()).
-template <class Outer, class Inner>
-struct Fp16Arg {
-  Inner convert(const OpContext&, const Fp16Conversions&, Outer v, const ArgSpec&) { return v; }
-  void finish(const OpContext&, const Fp16Conversions&) {}
-};
-template <>
-struct Fp16Arg<const float*, const fp16*> {
-  Buffer<fp16> v;
-  const fp16* convert(const OpContext& ctx, const Fp16Conversions& c, const float* p,
-                      const ArgSpec& spec) {
-    if (!p) return nullptr;
-    v = Buffer<fp16>(*c.memory, spec.size());
-    c.narrow(ctx.stream, v.data(), p, spec.size());
-    return v.data();
-  }
-  void finish(const OpContext&, const Fp16Conversions&) {}
-};
-template <>
-struct Fp16Arg<float*, fp16*> {
-  Buffer<fp16> v;
-  float* p = nullptr;
-  fp16* convert(const OpContext& ctx, const Fp16Conversions& c, float* out, const ArgSpec& spec) {
-    p = out;
-    if (!p) return nullptr;
-    v = Buffer<fp16>(*c.memory, spec.size());
-    c.narrow(ctx.stream, v.data(), p, spec.size());
-    return v.data();
-  }
-  void finish(const OpContext& ctx, const Fp16Conversions& c) {
-    if (p) c.widen(ctx.stream, p, v.data(), v.size());
-  }
-};
-
-template <class Fn16>
-struct Bound {
-  Kernel<Fn16> inner;
-  Fp16Conversions conv;
-};
-
-template <Op op, class Fn32, class Fn16>
-struct Adapter;
-template <Op op, class... Args32, class... Args16>
-struct Adapter<op, void (*)(const OpContext&, Args32...), void (*)(const OpContext&, Args16...)> {
-  using Fn16 = void (*)(const OpContext&, Args16...);
-  static void call(const OpContext& ctx, Args32... args) {
-    const auto& b = *static_cast<const Bound<Fn16>*>(ctx.state);
-    const std::tuple<Args32...> in(args...);
-    call_converted(ctx, b, in, OpSpec<op>::args(in), std::index_sequence_for<Args32...>());
-  }
-
- private:
-  template <class Spec, size_t... I>
-  static void call_converted(const OpContext& ctx, const Bound<Fn16>& b,
-                             const std::tuple<Args32...>& in, const Spec& spec,
-                             std::index_sequence<I...>) {
-    std::tuple<Fp16Arg<Args32, Args16>...> held;
-    b.inner(ctx, std::get<I>(held).convert(ctx, b.conv, std::get<I>(in), spec[I])...);
-    (std::get<I>(held).finish(ctx, b.conv), ...);
-  }
-};
+constexpr int64_t kNarrowChunk = 1 << 14;  // values per conversion task
 
 // Adds the fp16 kernel fn (of type Fn16 in the ABI) to `to`.
 template <Op op, class Fn16, class Ops>
 void add(Ops& to, const std::string& name, void (*fn)(void), VariantDoc doc,
          const Fp16Conversions& conv) {
-  using Fn32 = typename Ops::Function;
   const Kernel<Fn16> inner(&Abi2<Fn16>::call, reinterpret_cast<void*>(fn));
-  if constexpr (std::is_same_v<Fn32, Fn16>) {
-    to.add(name, inner, std::move(doc));  // no activation argument (embedding_forward)
-  } else {
-    static_assert(OpSpec<op>::known, "an op with activation arguments needs a spec to adapt");
-    auto bound = std::make_shared<Bound<Fn16>>(Bound<Fn16>{inner, conv});
-    to.add(name, {&Adapter<op, Fn32, Fn16>::call, bound.get()}, std::move(doc), bound);
-  }
+  auto [kernel, owner] = adapt_storage<op, typename Ops::Function, Fn16>(inner, conv, nullptr);
+  to.add(name, kernel, std::move(doc), std::move(owner));
 }
 
 void host_narrow(void* /*stream*/, fp16* out, const float* in, int64_t n) {
-  parallel_chunks(n, kChunk, [&](int64_t i0, int64_t i1) {
+  parallel_chunks(n, kNarrowChunk, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = to_fp16(in[i]);
   });
 }
 void host_widen(void* /*stream*/, float* out, const fp16* in, int64_t n) {
-  parallel_chunks(n, kChunk, [&](int64_t i0, int64_t i1) {
+  parallel_chunks(n, kNarrowChunk, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = widen(in[i]);
   });
 }

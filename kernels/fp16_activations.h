@@ -14,16 +14,14 @@
 #include "kernels/common/lowp.h"
 #include "kernels/memory.h"
 #include "kernels/registry.h"
+#include "kernels/storage_adapter.h"
 
 namespace divlab {
 
 // How a backend converts between fp32 activations and fp16 copies, in its own memory, on the
 // calling op's stream.
-struct Fp16Conversions {
-  const MemoryOps* memory = nullptr;
-  void (*narrow)(void* stream, fp16* out, const float* in, int64_t n) = nullptr;  // nearest even
-  void (*widen)(void* stream, float* out, const fp16* in, int64_t n) = nullptr;
-};
+// The fp32 mode running fp16 kernels: narrow (to nearest even), then widen.
+using Fp16Conversions = StorageConversions<float, fp16>;
 const Fp16Conversions& host_fp16_conversions();
 
 // Adds variant `name` of `op` to `to`: `fn`, an ABI 2 kernel of the op's fp16 function type
