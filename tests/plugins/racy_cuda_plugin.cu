@@ -24,8 +24,7 @@ __global__ void add_direct(float* y, const float* a, const float* b, int64_t n) 
   if (i < n) y[i] = a[i] + b[i];
 }
 
-void add_staged(const divlab_op_context* ctx, float* y, const float* a, const float* b,
-                int64_t n) {
+void add_staged(const divlab_op_context* ctx, float* y, const float* a, const float* b, int64_t n) {
   const auto stream = static_cast<cudaStream_t>(ctx->stream);
   const unsigned blocks = unsigned((n + 255) / 256);
   if (n > kStageValues) {
