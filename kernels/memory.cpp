@@ -58,6 +58,7 @@ const MemoryOps& host_memory() {
                              host_zero,
                              host_copy,
                              host_copy,
+                             host_copy,
                              host_synchronize,
                              host_allocate,
                              host_release,

@@ -33,6 +33,8 @@ struct MemoryOps {
   // Return once the host side may be reused (upload) or holds the values (download).
   void (*upload)(void* stream, void* dst, const void* host_src, size_t bytes);
   void (*download)(void* stream, void* host_dst, const void* src, size_t bytes);
+  // Between two places of this memory, queued behind the stream's work (immediate on the host).
+  void (*copy)(void* stream, void* dst, const void* src, size_t bytes);
   void (*synchronize)(void* stream);  // waits for the stream's queued work (a no-op on the host)
   // Host memory the backend copies to and from fastest (page-locked for CUDA), for staging.
   void* (*allocate_staging)(size_t bytes);  // throws OutOfMemory
@@ -111,6 +113,11 @@ class Buffer {
   }
   void download(T* host, int64_t n, int64_t at = 0, void* stream = nullptr) const {
     if (n) mem_->download(stream, host, p_ + at, sizeof(T) * size_t(n));
+  }
+  // Copies every value of `src` (a buffer of the same memory) into this one from element `at`.
+  void copy_from(const Buffer& src, int64_t at = 0, void* stream = nullptr) {
+    if (at < 0 || at + src.n_ > n_) throw std::out_of_range("Buffer::copy_from: past the end");
+    if (src.n_) mem_->copy(stream, p_ + at, src.p_, sizeof(T) * size_t(src.n_));
   }
   std::vector<T> to_vector(void* stream = nullptr) const {
     std::vector<T> v(static_cast<size_t>(n_));

@@ -142,6 +142,11 @@ void device_download(void* stream, void* dst, const void* src, size_t bytes) {
   DIVLAB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void device_copy(void* stream, void* dst, const void* src, size_t bytes) {
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    static_cast<cudaStream_t>(stream)));
+}
+
 void* pinned_allocate(size_t bytes) {
   void* p = nullptr;
   if (cudaMallocHost(&p, bytes) != cudaSuccess) {
@@ -205,6 +210,7 @@ const MemoryOps& device_memory() {
                              device_zero,
                              device_upload,
                              device_download,
+                             device_copy,
                              device_synchronize,
                              pinned_allocate,
                              pinned_release,
