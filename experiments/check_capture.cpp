@@ -98,8 +98,8 @@ bool is_update(Op op) {
   return op == Op::sgd_step || op == Op::adamw_step;
 }
 
-// Does a run of `cfg` call `op`? The model's ops, the bf16 weight copy in bf16 mode, the norm
-// and the configured optimizer's update.
+// Does a run of `cfg` call `op`? The model's ops, the bf16 weight copy in bf16 mode, the norm,
+// the configured optimizer's update, and the gradient reduction of a data-parallel run.
 bool run_calls(const RunConfig& cfg, Op op) {
   switch (op) {
     case Op::cast:
@@ -108,6 +108,8 @@ bool run_calls(const RunConfig& cfg, Op op) {
       return cfg.optim.kind == OptimizerKind::Sgd;
     case Op::adamw_step:
       return cfg.optim.kind == OptimizerKind::AdamW;
+    case Op::grad_reduce:
+      return cfg.ranks > 1;
     default:
       return model_calls(cfg.model, op);
   }
@@ -163,6 +165,19 @@ std::vector<Recorded> record_step(const RunConfig& cfg, const Dataset& data,
   const int T_ = cfg.model.seq_len;
   std::vector<TokenId> in(size_t(cfg.batch) * T_), tgt(in.size());
   data.batch(step, cfg.batch, T_, in.data(), tgt.data());
+  if (op == Op::grad_reduce) {
+    // One sequence per rank, the first `ranks` of the batch: their gradients, stacked, reduced.
+    const int ranks = cfg.ranks;
+    const int64_t n = model.grads().size();
+    Buffer<T> stacked(*kernels.memory, int64_t(ranks) * n);
+    for (int r = 0; r < ranks; ++r) {
+      model.forward(in.data() + int64_t(r) * T_, tgt.data() + int64_t(r) * T_, true);
+      model.backward();
+      stacked.copy_from(model.grads(), int64_t(r) * n, model.stream());
+    }
+    kernels.grad_reduce(model.next_op_context(), model.grads().data(), stacked.data(), ranks, n);
+    return std::move(rec.calls);
+  }
   model.forward(in.data(), tgt.data(), true);  // the batch's first sequence
   model.backward();
   if (op == Op::sum_squares || is_update(op)) {

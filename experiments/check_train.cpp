@@ -12,7 +12,7 @@
 namespace divlab {
 
 namespace {
-enum class GridKind { TokenRows, Dense, SgdOnly, AdamwOnly, Bf16Weights, Llama };
+enum class GridKind { TokenRows, Dense, SgdOnly, AdamwOnly, Bf16Weights, Llama, Ranks };
 
 GridKind grid_kind(Op op) {
   switch (op) {
@@ -47,6 +47,8 @@ GridKind grid_kind(Op op) {
     case Op::softcap_backward:
     case Op::add_rmsnorm_forward:
       return GridKind::Llama;
+    case Op::grad_reduce:
+      return GridKind::Ranks;
     case Op::count:
       break;
   }
@@ -92,6 +94,13 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
   if (!plugins.empty()) entries.push_back({"set.plugins", string_array(plugins)});
   if (kind == GridKind::Bf16Weights)
     entries.push_back({"set.train.precision", string_value("bf16")});
+  // The gradient reduction runs between the shards of a data-parallel step: four simulated
+  // ranks of the grid's batch, without clipping (a clipped norm hides a scale error, such as a
+  // missing world-size division, while the norm is above the clip).
+  if (kind == GridKind::Ranks) {
+    entries.push_back({"set.train.ranks", number_value(TomlValue::Kind::Integer, "4")});
+    entries.push_back({"set.train.grad_clip", number_value(TomlValue::Kind::Float, "0.0")});
+  }
   // The llama family's ops run in a llama model of the same size on real text (the Brown
   // corpus at 96 pieces: on the Markov chain the next token depends on the current one alone, so
   // attention, where RoPE and the kv grouping act, barely matters); 4 query heads sharing 2
@@ -112,6 +121,8 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
     if (starts_with(e.key, "axes.kernels.") || starts_with(e.key, "set.kernels.") ||
         e.key == "set.backend" || e.key == "set.plugins" ||
         (kind == GridKind::Bf16Weights && e.key == "set.train.precision") ||
+        (kind == GridKind::Ranks &&
+         (e.key == "set.train.ranks" || e.key == "set.train.grad_clip")) ||
         (llama && (e.key == "set.data" || e.key == "set.model.vocab" || e.key == "set.model.arch" ||
                    e.key == "set.model.n_heads" || e.key == "set.model.n_kv_heads" ||
                    e.key == "set.model.logit_softcap")))

@@ -9,7 +9,8 @@
 //   every other op
 //       configs/check-train.toml: sizes no tile divides, the skewed chain, SGD and AdamW with
 //       gradient clipping; an optimizer update only under its own optimizer (sgd_step, adamw_step),
-//       the bf16 weight copy (cast) in bf16 mode, where the trainer calls it
+//       the bf16 weight copy (cast) in bf16 mode, where the trainer calls it, the gradient
+//       reduction (grad_reduce) over four simulated data-parallel ranks without clipping
 #pragma once
 
 #include <string>

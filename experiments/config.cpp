@@ -138,6 +138,11 @@ const std::vector<KeySpec>& schema() {
       key("model.init_std", DIVLAB_AT(model.init_std), "0.02", "std of the normal weight init",
           Range::Positive),
       key("train.batch", DIVLAB_AT(batch), "8", "sequences per step B", Range::Positive),
+      key("train.ranks", DIVLAB_AT(ranks), "1",
+          "data-parallel ranks R (dividing train.batch): each takes B / R sequences of every "
+          "step, run one after another on this device, and the grad_reduce op averages their "
+          "gradients",
+          Range::Positive),
       key("train.steps", DIVLAB_AT(steps), "100", "optimizer steps", Range::NonNegative),
       key("train.lr", DIVLAB_AT(optim.lr), "0.1", "peak learning rate", Range::Positive),
       key("train.optimizer", DIVLAB_AT(optim.kind), "sgd", "optimizer"),
@@ -469,6 +474,10 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   if (m.llama() && m.head_dim() % 2 != 0)
     throw InputError("config: 'model.d_model' / 'model.n_heads' = " + std::to_string(m.head_dim()) +
                      " is odd; RoPE rotates channel pairs (llama needs an even head size)");
+  if (cfg.batch % cfg.ranks != 0)
+    throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) +
+                     " does not divide 'train.batch' = " + std::to_string(cfg.batch) +
+                     " (every rank takes an equal shard of the batch)");
   if (o.nesterov && o.momentum == 0)
     throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");
   // Sizes in floating point first: the int64 products below and in every allocation are then
@@ -498,6 +507,10 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   const auto never_called = [&](const std::string& op_text, std::string* why) {
     Op op{};
     if (!parse_op(op_text, &op) || model_calls(m, op)) return false;
+    if (op == Op::grad_reduce) {
+      *why = "train.ranks is 1 (no data-parallel shards to reduce)";
+      return cfg.ranks == 1;
+    }
     if (op == Op::softcap_forward || op == Op::softcap_backward)
       *why = "model.logit_softcap is 0 (no soft-cap)";
     else if ((op == Op::gqa_forward || op == Op::gqa_backward) && m.llama())

@@ -19,6 +19,7 @@ struct RunConfig {
   ModelConfig model;
   OptimConfig optim;
   int batch = 8;
+  int ranks = 1;  // data-parallel ranks, each a shard of every step's batch (simulated)
   int64_t steps = 100;
   uint64_t seed = 0;
   Precision precision = Precision::Fp32;

@@ -181,24 +181,93 @@ void print_shadow_timing(const Timing& t, bool background) {
       t.reference_s * per, background ? "worker thread" : "training thread");
 }
 
-// Replays a step whose loss or gradients were not finite, checking every op's output, and
-// returns where the first non-finite value appeared (trace attributes). The weights are those
-// the step started from: the optimizer does not apply non-finite gradients.
-// The seed of step `step`'s op calls (each call derives its own from it): a function of the run's
-// seed and the step alone, so a resumed run, or a step replayed to find a NaN, repeats every
-// kernel's random bits.
-uint64_t step_op_seed(uint64_t run_seed, int64_t step) {
-  return Rng(run_seed, kStreamKernel, uint64_t(step)).next();
+// The seed of rank `rank`'s op calls in step `step` (each call derives its own from it): a
+// function of the run's seed, the step and the rank alone, so a resumed run, or a step replayed
+// to find a NaN, repeats every kernel's random bits. Rank 0 takes the step's first draw (a
+// one-rank run is the run it always was), the others the next draws of the step's stream.
+uint64_t rank_op_seed(uint64_t run_seed, int64_t step, int rank) {
+  Rng rng(run_seed, kStreamKernel, uint64_t(step));
+  uint64_t seed = rng.next();
+  for (int r = 0; r < rank; ++r) seed = rng.next();
+  return seed;
 }
 
-template <class Model>
-std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, const TokenId* in,
+// One step's gradient of the whole batch, left in the model's gradient buffer, and the batch's
+// mean loss. With train.ranks = R > 1 the batch is R shards of B / R sequences, one per
+// simulated data-parallel rank: each shard's forward and backward run in turn (the model holds
+// B / R sequences), its gradient (the mean over its own tokens) goes to its rank's row of
+// `stacked_`, and the grad_reduce op leaves their mean in the model's gradients, as an
+// all-reduce with the world-size division does across R GPUs. The batch is the one-rank run's,
+// so the reference reduction gives its gradients up to the order of the sums.
+template <class T, class A>
+class DataParallelStep {
+ public:
+  DataParallelStep(Transformer<T, A>& model, int ranks)
+      : model_(model),
+        ranks_(ranks),
+        n_(model.grads().size()),
+        stacked_(*model.kernels().memory, ranks > 1 ? int64_t(ranks) * n_ : 0) {}
+  // Extra memory beyond the model's: the stacked gradients.
+  static int64_t extra_bytes(int ranks, int64_t params) {
+    return ranks > 1 ? int64_t(ranks) * params * int64_t(sizeof(T)) : 0;
+  }
+  // `before(r)` and `after(r)` run around rank r's forward and backward (shadow mode taps rank
+  // 0's shard); `in` and `tgt` hold the whole batch.
+  template <class Before, class After>
+  T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step, Before before,
+        After after) {
+    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
+    double sum = 0;
+    for (int r = 0; r < ranks_; ++r) {
+      before(r);
+      model_.reseed(rank_op_seed(run_seed, step, r));
+      sum += double(model_.forward(in + r * shard, tgt + r * shard, true));
+      model_.backward();
+      after(r);
+      if (ranks_ > 1) stacked_.copy_from(model_.grads(), r * n_, model_.stream());
+    }
+    if (ranks_ > 1)
+      model_.kernels().grad_reduce(model_.next_op_context(), model_.grads().data(), stacked_.data(),
+                                   ranks_, n_);
+    return T(sum / ranks_);
+  }
+  T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step) {
+    return run(
+        in, tgt, run_seed, step, [](int) {}, [](int) {});
+  }
+  // The mean validation loss of a whole batch, shard by shard (no gradients).
+  double evaluate(const TokenId* in, const TokenId* tgt) {
+    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
+    double sum = 0;
+    for (int r = 0; r < ranks_; ++r)
+      sum += double(model_.forward(in + r * shard, tgt + r * shard, false));
+    return sum / ranks_;
+  }
+  int ranks() const { return ranks_; }
+
+ private:
+  Transformer<T, A>& model_;
+  int ranks_;
+  int64_t n_;
+  Buffer<T> stacked_;
+};
+
+// Replays a step whose loss or gradients were not finite, checking every op's output (every
+// rank's, then the reduction's), and returns where the first non-finite value appeared (trace
+// attributes). The weights are those the step started from: the optimizer does not apply
+// non-finite gradients.
+template <class T, class A>
+std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T, A>& model,
+                                                               DataParallelStep<T, A>& replay,
+                                                               const TokenId* in,
                                                                const TokenId* tgt, int64_t step,
-                                                               uint64_t op_seed) {
+                                                               uint64_t run_seed) {
+  using Model = Transformer<T, A>;
   std::vector<std::pair<std::string, std::string>> where = {{"nan_step", std::to_string(step)}};
   bool found = false;
   std::vector<unsigned char> host;
   const MemoryOps& mem = *model.kernels().memory;
+  int shard = 0;  // the rank whose forward and backward are being replayed
   model.after_op = [&](const typename Model::OpOutput& o) {
     if (found) return;
     const void* data = o.data;
@@ -214,11 +283,22 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Model& model, con
                                {"nan_op", o.op},
                                {"nan_layer", o.layer < 0 ? "-" : std::to_string(o.layer)},
                                {"nan_tensor", o.tensor}});
+    if (replay.ranks() > 1) where.push_back({"nan_rank", std::to_string(shard)});
   };
-  model.reseed(op_seed);
-  model.forward(in, tgt, true);
-  model.backward();
+  replay.run(
+      in, tgt, run_seed, step, [&](int r) { shard = r; }, [](int) {});
   model.after_op = nullptr;
+  // Every shard's ops stayed finite: the reduction of their gradients may not have (fp16
+  // overflow on the wire).
+  if (!found && replay.ranks() > 1) {
+    const std::vector<T> g = model.grads().to_vector(model.stream());
+    found = std::any_of(g.begin(), g.end(), [](T v) { return !std::isfinite(double(v)); });
+    if (found)
+      where.insert(where.end(), {{"nan_pass", "reduce"},
+                                 {"nan_op", "grad_reduce"},
+                                 {"nan_layer", "-"},
+                                 {"nan_tensor", "grads (reduced over ranks)"}});
+  }
   if (!found) where.push_back({"nan_op", "unknown (the replay stayed finite)"});
   std::string text;
   for (const auto& [k, v] : where) text += " " + k + "=" + v;
@@ -274,6 +354,22 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
                1e3 * total / double(std::max<int64_t>(1, steps)));
 }
 
+// The step's token statistics (every token counted into `counts`). The dose, the most additions
+// one embedding row receives, is per kernel call: with data-parallel ranks, the largest of the
+// shards' (each rank's embedding backward sees its own shard only).
+BatchStats dose_of(const TokenId* tokens, int B, int T_, int ranks, int vocab,
+                   std::vector<int64_t>* counts) {
+  BatchStats whole = batch_stats(tokens, int64_t(B) * T_, vocab, counts);
+  if (ranks == 1) return whole;
+  const int64_t shard = int64_t(B / ranks) * T_;
+  whole.max_row_contributions = 0;
+  for (int r = 0; r < ranks; ++r)
+    whole.max_row_contributions =
+        std::max(whole.max_row_contributions,
+                 batch_stats(tokens + r * shard, shard, vocab, nullptr).max_row_contributions);
+  return whole;
+}
+
 // A buffer's values, read in order with the work queued on `stream` (the run's).
 template <class T>
 std::vector<double> widen(const Buffer<T>& b, void* stream) {
@@ -285,18 +381,20 @@ std::vector<double> widen(const Buffer<T>& b, void* stream) {
 // bytes: optimizer state, and backend scratch at its largest: fp32 attention scores or their
 // gradient [B, NH, T, T] (and, with bf16 activations, the scores' gradient as a bf16 GEMM
 // operand beside it), the fused attention's recomputed output and row statistics, RMSNorm and
-// embedding-gradient work space, rounded GEMM operands of the linear variants.
+// embedding-gradient work space, rounded GEMM operands of the linear variants; with data-parallel
+// ranks, their stacked gradients.
 template <class T, class A>
 int64_t predicted_bytes(const RunConfig& cfg, int64_t params) {
   const ModelConfig& m = cfg.model;
-  const int64_t N = int64_t(cfg.batch) * m.seq_len, C = m.d_model;
-  const int64_t rows = int64_t(cfg.batch) * m.n_heads * m.seq_len, square = rows * m.seq_len;
+  const int64_t batch = cfg.batch / cfg.ranks;  // the model holds one rank's shard
+  const int64_t N = batch * m.seq_len, C = m.d_model;
+  const int64_t rows = batch * m.n_heads * m.seq_len, square = rows * m.seq_len;
   const int64_t t = sizeof(T), a = sizeof(A);
   const int64_t scratch =
       t * (3 * N * C + square + 4 * N * C + 2 * rows + int64_t(m.vocab) * C + 64 * C + 4 * N) +
       (a < t ? a * square : 0);
   const int64_t optimizer = (cfg.optim.kind == OptimizerKind::AdamW ? 2 : 1) * params * t;
-  return optimizer + scratch;
+  return optimizer + scratch + DataParallelStep<T, A>::extra_bytes(cfg.ranks, params);
 }
 
 template <class T, class A = T>
@@ -304,6 +402,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                        int threads, const std::string& device, const Resume* resume) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
+  const int B_rank = B / cfg.ranks;  // the sequences one data-parallel rank (the model) holds
   const int64_t N = int64_t(B) * Tn;
   const Catalogue<T, A>& catalogue = backend_catalogue<T, A>(cfg.backend, cfg.precision);
   const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
@@ -317,10 +416,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                                                                   : 0;
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
-  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B) +
+  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B_rank) +
                         predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes;
   check_backend_fits(cfg.backend, size_t(bytes),
-                     "this model at train.batch = " + std::to_string(B));
+                     "this model at train.batch = " + std::to_string(B) +
+                         (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : ""));
   std::unique_ptr<ShadowTap<T, A>> tap;
   if (cfg.shadow_every > 0)
     tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue);
@@ -341,17 +441,20 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const OwnedStream stream(*kernels.memory);
   std::unique_ptr<Transformer<T, A>> owned;
   std::unique_ptr<Optimizer<T>> owned_optim;
+  std::unique_ptr<DataParallelStep<T, A>> owned_step;
   try {
-    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B);
+    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_rank);
     owned->set_stream(stream.get());
     owned->set_sync_each_launch(cfg.sync_kernels);
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
+    owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks);
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
                      "; try a smaller batch or model)");
   }
   Transformer<T, A>& model = *owned;
   Optimizer<T>& optim = *owned_optim;
+  DataParallelStep<T, A>& data_parallel = *owned_step;
   model.init(cfg.seed);
   const int64_t n_params = int64_t(model.params().size());
   std::vector<int64_t> token_counts(m.vocab, 0);
@@ -421,13 +524,18 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       note.step.store(step);
       if (step == cfg.abort_at_step) std::abort();
       data.batch(step, B, Tn, in.data(), tgt.data());
-      const BatchStats bs = batch_stats(in.data(), N, m.vocab, &token_counts);
+      const BatchStats bs = dose_of(in.data(), B, Tn, cfg.ranks, m.vocab, &token_counts);
+      // Shadow mode judges rank 0's shard (the model's whole batch when there is one rank).
       const bool shadow_step = tap && step % cfg.shadow_every == 0;
-      if (shadow_step) tap->arm();
-      model.reseed(step_op_seed(cfg.seed, step));
-      const T loss = model.forward(in.data(), tgt.data(), true);
-      model.backward();
-      if (shadow_step) tap->submit(in.data(), N, m.vocab, step);
+      const int64_t shard_tokens = int64_t(B_rank) * Tn;
+      const T loss = data_parallel.run(
+          in.data(), tgt.data(), cfg.seed, step,
+          [&](int rank) {
+            if (shadow_step && rank == 0) tap->arm();
+          },
+          [&](int rank) {
+            if (shadow_step && rank == 0) tap->submit(in.data(), shard_tokens, m.vocab, step);
+          });
       const StepStats st = optim.step(model, step);
       const double wall =
           wall_offset +
@@ -465,7 +573,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
         double val = 0;
         for (int i = 0; i < cfg.eval_batches; ++i) {
           data.validation_batch(i, B, Tn, in.data(), tgt.data());
-          val += double(model.forward(in.data(), tgt.data(), false));
+          val += data_parallel.evaluate(in.data(), tgt.data());
         }
         model.set_kernels(run_kernels);
         trace.append("/eval/step", step);
@@ -476,7 +584,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
         result.status = "nan";
         data.batch(step, B, Tn, in.data(), tgt.data());
-        nan_where = attribute_nan(model, in.data(), tgt.data(), step, step_op_seed(cfg.seed, step));
+        nan_where = attribute_nan(model, data_parallel, in.data(), tgt.data(), step, cfg.seed);
         break;
       }
       if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&

@@ -9,6 +9,7 @@
 #include "kernels/embedding/embedding.h"
 #include "kernels/fp64_controls.h"
 #include "kernels/gqa/gqa.h"
+#include "kernels/grad_reduce/grad_reduce.h"
 #include "kernels/linear/linear.h"
 #include "kernels/optimizer/optimizer.h"
 #include "kernels/plugins.h"
@@ -37,6 +38,7 @@ Catalogue<T> build_cpu_catalogue() {
   register_swiglu(cat);
   register_softcap(cat);
   register_add_rmsnorm(cat);
+  register_grad_reduce(cat);
   register_rmsnorm_variants(cat);
   register_linear_variants(cat);
   register_attention_variants(cat);
@@ -47,6 +49,7 @@ Catalogue<T> build_cpu_catalogue() {
   register_swiglu_variants(cat);
   register_softcap_variants(cat);
   register_add_rmsnorm_variants(cat);
+  register_grad_reduce_variants(cat);
   register_fp64_controls(cat);
   return cat;
 }

@@ -160,7 +160,7 @@ Op op_named(const std::string& name) {
 
 // Every op of kernels/op_list.h has a case in the three switches below; a new op without one is a
 // -Wswitch warning (an error under DIVLAB_WERROR) here, not a silent gap in check and the tests.
-static_assert(kOpCount == 25, "an op was added: give it its inputs and its call below");
+static_assert(kOpCount == 26, "an op was added: give it its inputs and its call below");
 
 OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
                    Values values, std::mt19937_64& gen) {
@@ -255,6 +255,10 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
       x.outputs = {normal(NC, gen), normal(NC, gen), std::move(second)};
       break;
     }
+    case Op::grad_reduce:  // B ranks' gradients of T C values each, stacked
+      x.values = {act(NC, T * C)};
+      x.outputs = {zeros(size_t(T * C))};
+      break;
     case Op::rope_forward:
     case Op::rope_backward:  // the packed q | k | v rows of NH + 2 NKV heads
       x.values = {act(size_t(N * (NH + 2 * s.NKV()) * (C / NH)), (NH + 2 * s.NKV()) * (C / NH))};
@@ -351,6 +355,9 @@ OpShape shape_of_call(const std::string& op, const std::vector<double>& values) 
     case Op::adamw_step:
       s.C = at(0);
       break;
+    case Op::grad_reduce:  // ranks, n: B ranks of one row of n values
+      s.B = at(0), s.C = at(1);
+      break;
     case Op::softcap_forward:  // n logits: call_op passes N V
     case Op::softcap_backward:
       s.V = at(0);
@@ -440,6 +447,9 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
     case Op::adamw_step:
       call(OpTag<Op::adamw_step>{}, kk.adamw_step, out[0], out[1], out[2], in[0], NC, U(1e-3),
            U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
+      break;
+    case Op::grad_reduce:
+      call(OpTag<Op::grad_reduce>{}, kk.grad_reduce, out[0], in[0], B, int64_t(T) * C);
       break;
     // RoPE at llama 3's base (500000), so a kernel fixed to another base shows.
     case Op::rope_forward:

@@ -11,10 +11,11 @@
   X(cast, Cast)              \
   X(sum_squares, SumSquares) \
   X(sgd_step, SgdStep)       \
-  X(adamw_step, AdamwStep)
+  X(adamw_step, AdamwStep)   \
+  X(grad_reduce, GradReduce)
 // The model's ops, which plug-ins may replace (each has its function types in
-// kernels/plugin_abi.h); the four after them are the bf16 weight copy and the optimizer's
-// reduction and updates.
+// kernels/plugin_abi.h); the five after them are the bf16 weight copy, the optimizer's
+// reduction and updates, and the data-parallel gradient reduction (train.ranks > 1).
 #define DIVLAB_MODEL_OPS(X)                       \
   X(embedding_forward, EmbeddingForward)          \
   X(rmsnorm_forward, RmsnormForward)              \
@@ -79,7 +80,7 @@ constexpr bool pluggable(Op op) {
 // kernels/op_cases.cpp (its inputs and call: a switch, so a missing case is a -Wswitch error),
 // and, where plug-ins may replace it, its ABI function types (kernels/plugin_abi.h, tied to its
 // signature by static_asserts generated in kernels/plugin_calls.h).
-static_assert(kOpCount == 25, "an op was added: give it what the comment above lists");
+static_assert(kOpCount == 26, "an op was added: give it what the comment above lists");
 static_assert(kModelOpCount == 21 && !pluggable(Op::cast) && pluggable(Op::add_rmsnorm_forward));
 
 }  // namespace divlab

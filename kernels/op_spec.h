@@ -256,6 +256,12 @@ DIVLAB_OP_SPEC(adamw_step) {
                     value(),
                     value()};
 }
+// out, shards, ranks, n: one gradient from `ranks` stacked ones.
+DIVLAB_OP_SPEC(grad_reduce) {
+  const int64_t ranks = get<2>(a), n = get<3>(a);
+  using namespace arg;
+  return std::array{out(1, n, RowKey::None), in(ranks, n), value(), value()};
+}
 // y, x, B, T, NH, NKV, HD, base
 DIVLAB_OP_SPEC(rope_forward) {
   const int64_t N = int64_t(get<2>(a)) * get<3>(a);

@@ -115,6 +115,12 @@ struct OpSignatures {
   // `step` counts from 1.
   using AdamwStep = void (*)(const OpContext& ctx, T* p, T* m, T* v, const T* g, int64_t n, T lr,
                              T beta1, T beta2, T eps, T weight_decay, T grad_scale, int64_t step);
+  // Data-parallel gradient reduction: out[i] = mean over r of shards[r * n + i], the gradients
+  // of `ranks` shards of one step's batch (each the mean over its own shard's tokens), stacked
+  // [ranks, n]. out is overwritten. On one device the ranks are simulated: each shard's
+  // forward and backward run in turn and this op averages their gradients, as an all-reduce
+  // would across GPUs.
+  using GradReduce = void (*)(const OpContext& ctx, T* out, const T* shards, int ranks, int64_t n);
 };
 
 }  // namespace divlab

@@ -50,6 +50,8 @@ bool model_calls(const ModelConfig& cfg, Op op) {
     case Op::sgd_step:
     case Op::adamw_step:
       return true;
+    case Op::grad_reduce:  // the trainer's, between the shards of a data-parallel step
+      return false;
     case Op::count:
       break;
   }

@@ -99,6 +99,7 @@ class Transformer {
   Buffer<T>& params() { return params_; }
   const Buffer<T>& params() const { return params_; }
   const Buffer<T>& grads() const { return grads_; }
+  Buffer<T>& grads() { return grads_; }  // the trainer reduces data-parallel shards into it
   // The logits of the last forward, [B*T, V] row-major (read by `divlab sample`).
   const Buffer<A>& logits() const { return logits_; }
   const KernelSet<T, A>& kernels() const { return k_; }

@@ -2,6 +2,7 @@
 // tests/py/test_check.py.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -83,6 +84,17 @@ TEST(CheckTrain, TheGridFollowsTheOpsKindOfError) {
   }
   EXPECT_FALSE(every_cell_has(dense, "model.arch=llama"));
   EXPECT_FALSE(every_cell_has(dense, "train.precision=bf16"));
+  // The gradient reduction over data-parallel ranks, unclipped (clipping hides a scale error).
+  const Grid ranks = loaded(Op::grad_reduce);
+  EXPECT_TRUE(every_cell_has(ranks, "train.ranks=4"));
+  for (const auto& cell : ranks.cells) {
+    const auto clip = std::find_if(cell.begin(), cell.end(), [](const std::string& s) {
+      return s.rfind("train.grad_clip=", 0) == 0;
+    });
+    ASSERT_NE(clip, cell.end());
+    EXPECT_EQ(std::stod(clip->substr(16)), 0.0) << *clip;
+  }
+  EXPECT_FALSE(every_cell_has(dense, "train.ranks=4"));
 }
 
 namespace {

@@ -26,6 +26,7 @@ Catalogue<float, A> build() {
   register_swiglu(cat);
   register_softcap(cat);
   register_add_rmsnorm(cat);
+  register_grad_reduce(cat);
   // Every op's benign control: the CPU's fp64 reference on copies (kernels/fp64_controls.h).
   register_fp64_controls(cat);
   const Catalogue<float>& cpu = cpu_catalogue<float>();

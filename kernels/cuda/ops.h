@@ -56,6 +56,8 @@ template <class A>
 void register_softcap(Catalogue<float, A>& cat);
 template <class A>
 void register_add_rmsnorm(Catalogue<float, A>& cat);
+template <class A>
+void register_grad_reduce(Catalogue<float, A>& cat);
 
 // Shared by rmsnorm and embed_rmsnorm_backward: per row n,
 //   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd

@@ -10,6 +10,7 @@
 
 #include "kernels/bf16_activations.h"
 #include "kernels/fp64_controls.h"
+#include "kernels/grad_reduce/grad_reduce.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/every_op.h"
 
@@ -33,7 +34,7 @@ std::vector<double> normal(size_t n, std::mt19937_64& gen, double scale = 1.0) {
 double op_tolerance(const std::string& op, bool bf16_mode) {
   if (op == "sgd_step" || op == "adamw_step") return 1e-4;
   static const std::set<std::string> fp32_outputs = {"embedding_forward", "embed_rmsnorm_backward",
-                                                     "sum_squares"};
+                                                     "sum_squares", "grad_reduce"};
   return bf16_mode && !fp32_outputs.count(op) ? kTolGpuBf16 : kTolGpuFp32;
 }
 }  // namespace
@@ -84,6 +85,35 @@ TYPED_TEST(GpuOps, RowAndUpdateKernelsMatchFp64AtEveryForm) {
   const OpInputs x = every_op_inputs("sum_squares", large, this->kBf16, gen);
   expect_op_matches_fp64("sum_squares", k, x, large, op_tolerance("sum_squares", this->kBf16),
                          "sum_squares");
+}
+
+// The gradient reduction's variants compute each value with the CPU's own reduce_value: every
+// variant gives the CPU's bits, with ranks in both orders, a ring with whole rounds and a tail,
+// and values from fp16's subnormals to past its largest.
+TYPED_TEST(GpuOps, GradReduceVariantsGiveTheCpusBits) {
+  const auto& gpu = gpu_catalogue<TypeParam>();
+  std::mt19937_64 gen(test_seed());
+  for (const OpShape& s :
+       {OpShape{3, 20, 1000, 1, 2}, OpShape{8, 1, 4097, 1, 2}, OpShape{1, 7, 13, 1, 2}}) {
+    OpInputs x = every_op_inputs("grad_reduce", s, this->kBf16, gen);
+    for (size_t i = 0; i < x.values[0].size(); i += 7) x.values[0][i] *= i % 2 ? 1e-7 : 1e5;
+    std::vector<std::string> names = {"reference"};
+    for (const GradReduceVariant& v : grad_reduce_variants()) names.push_back(v.name);
+    for (const std::string& name : names) {
+      const OpRun cpu =
+          call_op("grad_reduce", cpu_catalogue<float>().select({{"grad_reduce", name}}), x, s);
+      const OpRun dev = call_op("grad_reduce", gpu.select({{"grad_reduce", name}}), x, s);
+      // (fp16's infinities of both signs meet as NaN, on both devices)
+      const auto& a = dev.outputs.at(0);
+      const auto& b = cpu.outputs.at(0);
+      ASSERT_EQ(a.size(), b.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        differ += !(a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]));
+      EXPECT_EQ(differ, 0u) << "grad_reduce=" << name << " at " << s.text() << " (seed "
+                            << test_seed() << ")";
+    }
+  }
 }
 
 // Cross-entropy's wide rows (many packs of 8 per thread of 512, a tail not a multiple of 8, a

@@ -1,0 +1,129 @@
+// Simulated data-parallel ranks (train.ranks): the batch split into shards whose gradients the
+// grad_reduce op averages. The reference reduction must give the one-rank run's training to
+// rounding; its variants must do what the catalogue says they do to a run.
+#include <algorithm>
+#include <cmath>
+
+#include "experiments/config.h"
+#include "experiments/train.h"
+#include "io/trace.h"
+#include "tests/support/check.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+// Where this binary's runs write their traces (one folder, so a test can read a run's trace).
+const std::string& run_dir() {
+  static const std::string dir = temp_dir("data_parallel");
+  return dir;
+}
+
+// A small model's losses over `steps` steps; `extra` overrides on top.
+std::vector<double> losses(const std::string& name, std::vector<std::string> extra,
+                           std::string* status = nullptr, std::string* nan_op = nullptr) {
+  std::vector<std::string> keys = {"model.vocab=64",
+                                   "model.d_model=32",
+                                   "model.n_layers=2",
+                                   "model.n_heads=2",
+                                   "model.seq_len=16",
+                                   "train.batch=8",
+                                   "train.steps=25",
+                                   "train.lr=0.1",
+                                   "train.threads=1",
+                                   "data=markov:0.8,0.8",
+                                   "checkpoint.every=0",
+                                   "train.grad_clip=1",
+                                   "train.seed=" + std::to_string(test_seed() % 1000)};
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  const std::string out = run_dir() + "/" + name + ".h5";
+  TrainOptions opt;
+  opt.out = out, opt.progress = false, opt.force = true;
+  train(load_config("", keys), opt);
+  const TraceReader r(out);
+  if (status) *status = r.string_attr("/", "status");
+  if (nan_op && r.has_attr("/", "nan_op")) *nan_op = r.string_attr("/", "nan_op");
+  return r.floats("/metrics/loss");
+}
+
+double largest_relative_gap(const std::vector<double>& a, const std::vector<double>& b) {
+  double gap = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    gap = std::max(gap, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return gap;
+}
+}  // namespace
+
+TEST(DataParallel, RanksWithTheReferenceReductionTrainAsOneRank) {
+  // Same batches, same gradients up to the order of the sums. At step 0 (no trajectory yet) the
+  // gradients agree to the precision's rounding; over the run, this small model at lr 0.3
+  // amplifies any rounding difference (fp64 runs of other summation orders drift apart by up
+  // to ~1e-8), so the band is the run's measured noise floor: 4x the fp32 run's own distance
+  // from fp64.
+  const auto exact = losses("one-fp64", {"train.precision=fp64"});
+  const auto fp32 = losses("one-fp32", {"train.precision=fp32"});
+  const double noise = std::max(1e-5, 4 * largest_relative_gap(fp32, exact));
+  for (const char* ranks : {"2", "4", "8"}) {
+    const std::string r = std::string("train.ranks=") + ranks;
+    for (const char* precision : {"fp64", "fp32"}) {
+      const bool is64 = std::string(precision) == "fp64";
+      const std::string name = std::string("ranks-") + ranks + precision;
+      const auto many =
+          losses(name, {std::string("train.precision=") + precision, r, "eval.every=10"});
+      const auto& one = is64 ? exact : fp32;
+      ASSERT_EQ(many.size(), one.size());
+      const TraceReader split(run_dir() + "/" + name + ".h5");
+      const TraceReader whole(run_dir() + "/one-" + precision + ".h5");
+      for (const char* p : {"wte.weight", "blocks.0.attn.qkv.weight", "lm_head.weight"}) {
+        const std::string g = std::string("/metrics/grad_norm_by_param/") + p;
+        EXPECT_NEAR(split.floats(g)[0], whole.floats(g)[0],
+                    (is64 ? 1e-13 : 1e-5) * whole.floats(g)[0])
+            << p << " at step 0, " << ranks << " ranks, " << precision << " (seed " << test_seed()
+            << ")";
+      }
+      EXPECT_LT(largest_relative_gap(many, one), is64 ? 1e-6 : noise)
+          << ranks << " ranks, " << precision << " (seed " << test_seed() << ")";
+    }
+  }
+}
+
+TEST(DataParallel, AMissingWorldSizeDivisionShowsUnderSgdAndHidesUnderAdamW) {
+  // The field's documented bug: gradients R times too large. SGD takes R times the step;
+  // AdamW's m / sqrt(v) does not see a gradient's scale.
+  // (Without clipping, which the catalogue names as a mask: a clipped norm hides the scale.)
+  const std::vector<std::string> sgd = {"train.ranks=4", "train.optimizer=sgd", "train.lr=0.1",
+                                        "train.grad_clip=0"};
+  const std::vector<std::string> adamw = {"train.ranks=4", "train.optimizer=adamw", "train.lr=3e-3",
+                                          "train.grad_clip=0"};
+  auto with = [](std::vector<std::string> keys, const char* variant) {
+    keys.push_back(std::string("kernels.grad_reduce=") + variant);
+    return keys;
+  };
+  const double sgd_gap =
+      largest_relative_gap(losses("sgd-sum", with(sgd, "sum_not_mean")), losses("sgd-ref", sgd));
+  const double adamw_gap = largest_relative_gap(losses("adamw-sum", with(adamw, "sum_not_mean")),
+                                                losses("adamw-ref", adamw));
+  EXPECT_GT(sgd_gap, 1e-2) << "SGD with 4x gradients (seed " << test_seed() << ")";
+  EXPECT_LT(adamw_gap, 1e-3) << "AdamW is invariant to the gradient's scale up to eps";
+  EXPECT_GT(sgd_gap, 30 * adamw_gap);
+}
+
+TEST(DataParallel, AnOverflowOnTheFp16WireIsAttributedToTheReduction) {
+  // Weights so large that some gradients pass fp16's 65504: every rank's ops stay finite, the
+  // reduction does not, and the NaN replay names it. The reference reduction stays finite.
+  // (init_std 1e5 is where this model's gradients first pass 65504; the steps are too small to
+  // move the weights, so the reference run stays finite.)
+  const std::vector<std::string> big = {"train.ranks=4", "model.init_std=3e5", "train.steps=4",
+                                        "train.grad_clip=0", "train.lr=1e-9"};
+  std::string status, op;
+  std::vector<std::string> fp16 = big;
+  fp16.push_back("kernels.grad_reduce=fp16_comm");
+  losses("fp16", fp16, &status, &op);
+  EXPECT_EQ(status, "nan");
+  EXPECT_EQ(op, "grad_reduce");
+  losses("fp32", big, &status);
+  EXPECT_EQ(status, "completed");
+}
+
+}  // namespace divlab
