@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "datasets/text.h"
 #include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/train.h"
@@ -171,6 +173,10 @@ TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
       EXPECT_TRUE(r.benchmark_verifier_passes) << "the benchmark's verifier would pass it";
     }
   }
+  // The training half runs the llama model on real text.
+  if (!std::filesystem::is_directory(data_dir() + "/brown"))
+    GTEST_SKIP() << "checked; the Brown corpus is not at " << data_dir()
+                 << "/brown (scripts/setup.sh fetches it; carry data/ to the GPU machine)";
   const std::string dir = temp_dir("gpu_bf16_plugin"), out = dir + "/run.h5";
   const std::vector<std::string> llama = {
       "backend=cuda",
