@@ -39,6 +39,26 @@
   X(softcap_backward, SoftcapBackward)            \
   X(add_rmsnorm_forward, AddRmsnormForward)
 
+// The op directories (kernels/<dir>/), each registering its ops' references with
+// register_<dir>(catalogue): both devices' catalogues expand this list, so a new directory is
+// registered on the CPU and the GPU alike (embedding_forward's is embedding, the two rmsnorm ops'
+// rmsnorm, the optimizer's three ops' optimizer, ...).
+#define DIVLAB_OP_DIRECTORIES(X) \
+  X(embedding)                   \
+  X(rmsnorm)                     \
+  X(linear)                      \
+  X(attention)                   \
+  X(elementwise)                 \
+  X(cross_entropy)               \
+  X(embed_rmsnorm_backward)      \
+  X(optimizer)                   \
+  X(rope)                        \
+  X(gqa)                         \
+  X(swiglu)                      \
+  X(softcap)                     \
+  X(add_rmsnorm)                 \
+  X(grad_reduce)
+
 namespace divlab {
 
 // One enumerator per op, in list order.
@@ -76,7 +96,8 @@ constexpr bool pluggable(Op op) {
   return static_cast<int>(op) < kModelOpCount;
 }
 // Beyond what is generated from this list, each op has: its directory (kernels/<op>/: reference,
-// variants, CUDA kernels, registered by register_<op>), an OpSpec (kernels/op_spec.h), a case in
+// variants, CUDA kernels, registered by register_<dir>, the directory named once in
+// DIVLAB_OP_DIRECTORIES above), an OpSpec (kernels/op_spec.h), a case in
 // kernels/op_cases.cpp (its inputs and call: a switch, so a missing case is a -Wswitch error),
 // and, where plug-ins may replace it, its ABI function types (kernels/plugin_abi.h, tied to its
 // signature by static_asserts generated in kernels/plugin_calls.h).

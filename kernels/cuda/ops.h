@@ -30,34 +30,16 @@ void narrow_to_fp16(void* stream, fp16* out, const float* in, int64_t n);
 void widen_fp16(void* stream, float* out, const fp16* in, int64_t n);
 const Fp16Conversions& fp16_conversions();
 
-template <class A>
-void register_embedding(Catalogue<float, A>& cat);
-template <class A>
-void register_rmsnorm(Catalogue<float, A>& cat);
-template <class A>
-void register_linear(Catalogue<float, A>& cat);
-template <class A>
-void register_attention(Catalogue<float, A>& cat);
-template <class A>
-void register_elementwise(Catalogue<float, A>& cat);
-template <class A>
-void register_cross_entropy(Catalogue<float, A>& cat);
-template <class A>
-void register_embed_rmsnorm_backward(Catalogue<float, A>& cat);
-template <class A>
-void register_optimizer(Catalogue<float, A>& cat);
-template <class A>
-void register_rope(Catalogue<float, A>& cat);
-template <class A>
-void register_gqa(Catalogue<float, A>& cat);
-template <class A>
-void register_swiglu(Catalogue<float, A>& cat);
-template <class A>
-void register_softcap(Catalogue<float, A>& cat);
-template <class A>
-void register_add_rmsnorm(Catalogue<float, A>& cat);
-template <class A>
-void register_grad_reduce(Catalogue<float, A>& cat);
+// Each op directory's GPU kernels (kernels/<dir>/cuda.cu), registered by catalogue.cu for every
+// directory of DIVLAB_OP_DIRECTORIES (kernels/op_list.h).
+// Directory names are pasted into function names, never expressions.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_DECLARE_REGISTER(dir) \
+  template <class A>                 \
+  void register_##dir(Catalogue<float, A>& cat);
+DIVLAB_OP_DIRECTORIES(DIVLAB_DECLARE_REGISTER)
+#undef DIVLAB_DECLARE_REGISTER
+// NOLINTEND(bugprone-macro-parentheses)
 
 // Shared by rmsnorm and embed_rmsnorm_backward: per row n,
 //   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd
