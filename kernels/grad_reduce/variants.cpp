@@ -60,8 +60,8 @@ const std::vector<GradReduceVariant>& grad_reduce_variants() {
           "drops the last, partial round: the final n mod (R x 4096) values keep rank 0's own "
           "gradient divided by R",
           "the tail of the flat gradient buffer (the last parameters in layout order: the LM "
-          "head's last rows, or the final norm) is never reduced: those parameters follow one "
-          "shard at 1/R of its gradient",
+          "head, the final norm, the end of the last block) is never reduced: those parameters "
+          "follow one shard at 1/R of its gradient",
           "SGD; per-tensor gradient norms of the tail's tensors (the trace's grad_norm_by_param); "
           "tails that hold rows of frequent tokens",
           "buffers whose size is a multiple of R x 4096; AdamW (the 1/R scale); rare tokens in "

@@ -72,6 +72,13 @@ class Resume(unittest.TestCase):
         self.check_bitwise_after_kills(["train.optimizer=sgd", "train.momentum=0.9",
                                         "kernels.embed_rmsnorm_backward=bf16_stochastic_accum"])
 
+    def test_data_parallel_ranks_killed_five_times(self):
+        # Four simulated ranks, each drawing its kernels' random bits from (run seed, step,
+        # rank), their gradients reduced in bf16: the resumed run repeats every rank's bits.
+        self.check_bitwise_after_kills(["train.optimizer=sgd", "train.momentum=0.9",
+                                        "train.ranks=4", "kernels.grad_reduce=bf16_reduce",
+                                        "kernels.embed_rmsnorm_backward=bf16_stochastic_accum"])
+
     def test_resume_can_extend_a_finished_run(self):
         d = tmpdir()
         short, long_ = os.path.join(d, "short.h5"), os.path.join(d, "long.h5")
