@@ -220,7 +220,8 @@ void check_capture_source(const std::string& trace, const std::string& op) {
   if (!run_calls(cfg, o))
     throw InputError("check --trace '" + trace + "': its run never calls " + op + " (model " +
                      name_of(cfg.model.arch) + ", precision " + name_of(cfg.precision) +
-                     ", optimizer " + name_of(cfg.optim.kind) + ")");
+                     ", optimizer " + name_of(cfg.optim.kind) + ", train.ranks " +
+                     std::to_string(cfg.ranks) + ")");
 }
 
 TraceCapture capture_op_calls(const std::string& trace, const std::string& op, size_t max_calls) {

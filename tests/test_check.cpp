@@ -147,13 +147,13 @@ void linear_five_percent_large(float* y, const float* x, const float* W, int N, 
 }
 
 // A short run on Zipfian tokens whose trace keeps its final weights.
-std::string traced_run(const std::string& tag) {
+std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
   std::string out = testing::temp_dir(tag) + "/run.h5";
   const RunConfig cfg =
       load_config("", {"model.vocab=96", "model.d_model=16", "model.n_layers=2", "model.seq_len=12",
                        "train.batch=3", "train.steps=7", "data=\"zipf:1.1\"", "train.threads=1",
                        "train.seed=" + std::to_string(testing::test_seed() % 1000),
-                       "trace.final_weights=true"});
+                       "trace.final_weights=true", "train.ranks=" + ranks});
   TrainOptions opt;
   opt.out = out, opt.progress = false;
   train(cfg, opt);
@@ -203,6 +203,30 @@ TEST(CheckHoles, ATracesRecordedValuesAreOneMoreCondition) {
   opt.target = "softcap_forward=reference";
   EXPECT_THROW(run_check(opt), InputError);
   opt.target = "linear_forward=reference", opt.trace = trace + ".missing";
+  EXPECT_THROW(run_check(opt), InputError);
+}
+
+// A data-parallel run's trace gives the gradient reduction its recorded call: one sequence per
+// rank through the trace's weights, the ranks' gradients stacked; the world-size division left
+// out fails there.
+TEST(CheckHoles, ADataParallelTraceGivesTheReductionTheRanksGradients) {
+  const std::string trace = traced_run("check_trace_ranks", "3");
+  const TraceCapture got = capture_op_calls(trace, "grad_reduce", 3);
+  ASSERT_EQ(got.calls.size(), 1u);
+  const TraceReader r(trace);
+  const RunConfig cfg = parse_config_text(r.string_attr("/", "config_toml"), "trace", {});
+  const CapturedCall& call = got.calls[0];
+  EXPECT_EQ(call.shape.B, 3);
+  EXPECT_EQ(call.shape.C, param_count(cfg.model));
+  ASSERT_EQ(call.inputs.values.at(0).size(), size_t(3 * param_count(cfg.model)));
+  CheckOptions opt;
+  opt.target = "grad_reduce=reference", opt.seed = testing::test_seed(), opt.trace = trace;
+  const CheckReport ok = run_check(opt);
+  EXPECT_TRUE(ok.pass) << format_check(ok);
+  opt.target = "grad_reduce=sum_not_mean";
+  EXPECT_TRUE(fails_under(run_check(opt), "values from trace", "error"));
+  // The one-rank run never reduces.
+  opt.target = "grad_reduce=reference", opt.trace = traced_run("check_trace_one_rank");
   EXPECT_THROW(run_check(opt), InputError);
 }
 
