@@ -48,7 +48,7 @@ void add_fp16_plugin_variant(Catalogue<float>& to, const std::string& op, const 
   if (op == #op_name)                                                                   \
     return add<Op::op_name, OpSignatures<float, fp16>::Signature>(to.op_name, name, fn, \
                                                                   std::move(doc), conv);
-  DIVLAB_MODEL_OPS(DIVLAB_ADD_FP16)
+  DIVLAB_PLUGGABLE_OPS(DIVLAB_ADD_FP16)
 #undef DIVLAB_ADD_FP16
   // NOLINTEND(bugprone-macro-parentheses)
   throw std::logic_error("fp16 activations: op " + op + " is not in the plug-in ABI");

@@ -7,15 +7,18 @@
 #include <string_view>
 
 #define DIVLAB_OPS(X)        \
-  DIVLAB_MODEL_OPS(X)        \
+  DIVLAB_PLUGGABLE_OPS(X)    \
   X(cast, Cast)              \
   X(sum_squares, SumSquares) \
   X(sgd_step, SgdStep)       \
-  X(adamw_step, AdamwStep)   \
+  X(adamw_step, AdamwStep)
+// The ops plug-ins may replace (each has its function types in kernels/plugin_abi.h): the model's
+// ops and the data-parallel gradient reduction (train.ranks > 1), listed first; the four after
+// them are the bf16 weight copy and the optimizer's reduction and updates.
+#define DIVLAB_PLUGGABLE_OPS(X) \
+  DIVLAB_MODEL_OPS(X)           \
   X(grad_reduce, GradReduce)
-// The model's ops, which plug-ins may replace (each has its function types in
-// kernels/plugin_abi.h); the five after them are the bf16 weight copy, the optimizer's
-// reduction and updates, and the data-parallel gradient reduction (train.ranks > 1).
+// The model's ops: those a forward and backward call, which shadow mode can tap.
 #define DIVLAB_MODEL_OPS(X)                       \
   X(embedding_forward, EmbeddingForward)          \
   X(rmsnorm_forward, RmsnormForward)              \
@@ -84,16 +87,26 @@ constexpr bool parse_op(std::string_view name, Op* op) {
     if (name == op_name(static_cast<Op>(i))) return *op = static_cast<Op>(i), true;
   return false;
 }
-// Whether a plug-in may replace the op: the model's ops (DIVLAB_MODEL_OPS), listed first.
+// How many ops each group has; the groups are prefixes of the op list.
+#define DIVLAB_COUNT_OP(name, Signature) ++n;
 constexpr int kModelOpCount = [] {
   int n = 0;
-#define DIVLAB_COUNT_OP(name, Signature) ++n;
   DIVLAB_MODEL_OPS(DIVLAB_COUNT_OP)
-#undef DIVLAB_COUNT_OP
   return n;
 }();
-constexpr bool pluggable(Op op) {
+constexpr int kPluggableOpCount = [] {
+  int n = 0;
+  DIVLAB_PLUGGABLE_OPS(DIVLAB_COUNT_OP)
+  return n;
+}();
+#undef DIVLAB_COUNT_OP
+// Whether the model's forward or backward calls the op (DIVLAB_MODEL_OPS).
+constexpr bool model_op(Op op) {
   return static_cast<int>(op) < kModelOpCount;
+}
+// Whether a plug-in may replace the op (DIVLAB_PLUGGABLE_OPS).
+constexpr bool pluggable(Op op) {
+  return static_cast<int>(op) < kPluggableOpCount;
 }
 // Beyond what is generated from this list, each op has: its directory (kernels/<op>/: reference,
 // variants, CUDA kernels, registered by register_<dir>, the directory named once in
@@ -102,6 +115,7 @@ constexpr bool pluggable(Op op) {
 // and, where plug-ins may replace it, its ABI function types (kernels/plugin_abi.h, tied to its
 // signature by static_asserts generated in kernels/plugin_calls.h).
 static_assert(kOpCount == 26, "an op was added: give it what the comment above lists");
-static_assert(kModelOpCount == 21 && !pluggable(Op::cast) && pluggable(Op::add_rmsnorm_forward));
+static_assert(kModelOpCount == 21 && kPluggableOpCount == 22 && !pluggable(Op::cast) &&
+              pluggable(Op::grad_reduce) && !model_op(Op::grad_reduce));
 
 }  // namespace divlab

@@ -151,7 +151,9 @@ typedef struct divlab_op_context {
                                                    const A* dy, const A* x, int64_t n, float cap); \
   typedef void (*divlab2_add_rmsnorm_forward_##dtype)(                                             \
       const divlab_op_context* ctx, float* xout, A* y, float* rstd, const float* a, const A* b,    \
-      const float* w, int B, int T, int C, float eps);
+      const float* w, int B, int T, int C, float eps);                                             \
+  typedef void (*divlab2_grad_reduce_##dtype)(const divlab_op_context* ctx, float* out,            \
+                                              const float* shards, int ranks, int64_t n);
 /* NOLINTEND(bugprone-macro-parentheses) */
 DIVLAB2_FUNCTION_TYPES(fp32, float)
 DIVLAB2_FUNCTION_TYPES(bf16, divlab_bf16)
@@ -252,6 +254,12 @@ typedef void (*divlab_softcap_backward)(float* dx, const float* dy, const float*
 typedef void (*divlab_add_rmsnorm_forward)(float* xout, float* y, float* rstd, const float* a,
                                            const float* b, const float* w, int B, int T, int C,
                                            float eps);
+
+/* (grad_reduce) data-parallel ranks (train.ranks > 1): out[i] = mean over r of
+ * shards[r n + i], the ranks' gradients of their shards of the batch stacked [ranks, n]
+ * (overwrite); an all-reduce with the world-size division, as divlab's ranks simulate it. Its
+ * arrays are all float: the dtype a variant declares only says which mode runs it. */
+typedef void (*divlab_grad_reduce)(float* out, const float* shards, int ranks, int64_t n);
 
 typedef struct {
   const char* op;         /* e.g. "embed_rmsnorm_backward" (see the op names above) */

@@ -81,7 +81,7 @@ struct Abi2<void (*)(const OpContext&, Args...)> {
                                Abi2<OpSignatures<float, bf16>::Signature>::Function>);          \
   static_assert(std::is_same_v<divlab2_##name##_fp16,                                           \
                                Abi2<OpSignatures<float, fp16>::Signature>::Function>);
-DIVLAB_MODEL_OPS(DIVLAB_TIE_ABI)
+DIVLAB_PLUGGABLE_OPS(DIVLAB_TIE_ABI)
 #undef DIVLAB_TIE_ABI
 // NOLINTEND(bugprone-macro-parentheses)
 static_assert(std::is_same_v<divlab_token, TokenId>);

@@ -106,7 +106,8 @@ std::string refusal(const Cat& cat, const Declared& v) {
   Op o{};
   if (!parse_op(v.op, &o)) return "unknown op '" + v.op + "'";
   if (!pluggable(o))
-    return "op '" + v.op + "' is not replaceable by plug-ins (the ABI covers the model's ops)";
+    return "op '" + v.op +
+           "' is not replaceable by plug-ins (the ABI covers the model's ops and grad_reduce)";
   std::string why;
   cat.for_each_op([&](const auto& ops, auto) {
     if (ops.op == v.op && ops.find(v.name))

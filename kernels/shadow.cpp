@@ -131,14 +131,15 @@ void StagingPool::put(void* p, size_t bytes) {
 }
 
 std::vector<std::string> shadowable_ops() {
-  // Every op with a spec (kernels/op_spec.h) that a plug-in can replace (not the bf16 weight copy
-  // or the optimizer's reduction and updates). attention_backward's replays remake the state its
-  // forward saves (shadow_replay.cpp).
+  // Every op with a spec (kernels/op_spec.h) that the model's forward and backward call (not the
+  // bf16 weight copy, the optimizer's reduction and updates, or the reduction between
+  // data-parallel ranks, which run outside them). attention_backward's replays remake the state
+  // its forward saves (shadow_replay.cpp).
   std::vector<std::string> ops;
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_SHADOWABLE(name, Signature) \
-  if (OpSpec<Op::name>::known && pluggable(Op::name)) ops.push_back(#name);
+  if (OpSpec<Op::name>::known && model_op(Op::name)) ops.push_back(#name);
   DIVLAB_OPS(DIVLAB_SHADOWABLE)
 #undef DIVLAB_SHADOWABLE
   // NOLINTEND(bugprone-macro-parentheses)

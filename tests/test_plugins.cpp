@@ -216,9 +216,26 @@ TEST(Plugins, Abi2KernelsRunInTheirDtypesModesWithTheirContext) {
     EXPECT_LT(c.error, 2e-3) << c.describe("abi2_fp16_gelu");
     EXPECT_GT(c.error, 1e-5) << "fp16 outputs should carry fp16 rounding";
   }
+  // The gradient reduction takes plug-ins too: a compressed all-reduce, within int8 rounding of
+  // the mean and not bitwise it.
+  {
+    const int ranks = 4;
+    const int64_t n = 3000;
+    const std::vector<float> shards = randn<float>(size_t(ranks * n), gen, 1e-3);
+    std::vector<float> out(n, NAN), mean(n, 0.0f);
+    f32.select({{"grad_reduce", "abi2_int8_reduce"}})
+        .grad_reduce(test_context(), out.data(), shards.data(), ranks, n);
+    for (int r = 0; r < ranks; ++r)
+      for (int64_t i = 0; i < n; ++i) mean[i] += shards[size_t(r * n + i)] / ranks;
+    const auto c = compare(out, mean);
+    EXPECT_LT(c.error, 2e-2) << c.describe("abi2_int8_reduce");
+    EXPECT_GT(c.error, 1e-4) << c.describe("abi2_int8_reduce");
+    EXPECT_FALSE(f32.is_benign("grad_reduce", "abi2_int8_reduce"));
+  }
   unload_plugins();
   EXPECT_FALSE(b16.swiglu_forward.find("abi2_bf16_swiglu"));
   EXPECT_FALSE(f32.gelu_forward.find("abi2_fp16_gelu"));
+  EXPECT_FALSE(f32.grad_reduce.find("abi2_int8_reduce"));
 }
 
 // ABI 1 libraries still load, and their kernels compute without a context.

@@ -43,8 +43,8 @@ const std::vector<GradReduceVariant>& grad_reduce_variants() {
           "(an fp16 compression hook)",
           "fp16's range: gradients below 6.1e-5 lose precision (subnormals, a fixed quantum of "
           "6e-8) and those below 3e-8 become zero; above 65504 they become inf",
-          "small gradients: mean losses over many tokens, wide or deep models, late training, "
-          "small learning-rate-scaled parameters; an inf (then a NaN step) where one overflows",
+          "small gradients: mean losses over many tokens, wide or deep models, late training; "
+          "an inf (then a NaN step) where one overflows",
           "loss scaling (gradients multiplied up before the cast, as fp16 AMP does); large "
           "gradients early in training"}},
         {"sum_not_mean",

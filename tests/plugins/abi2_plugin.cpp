@@ -5,6 +5,8 @@
 //   gelu_forward   abi2_fp16_gelu         fp16, correct for fp16 storage
 //   add            abi2_context_add       fp32, correct; keeps the context it was called with
 //                                         (abi2_last_context) and writes through a workspace
+//   grad_reduce    abi2_int8_reduce       fp32 arrays, a compressed all-reduce: each rank's
+//                                         gradient in int8 with one scale per 256 values
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
 #include <cmath>
@@ -86,6 +88,24 @@ void context_add(const divlab_op_context* ctx, float* y, const float* a, const f
   std::memcpy(y, sum, sizeof(float) * size_t(n));
 }
 
+// Each rank's gradient quantised to int8 with one absmax scale per block of 256 values (as a
+// compressed all-reduce sends it), dequantised and summed in fp32, divided by the rank count.
+void int8_reduce(const divlab_op_context*, float* out, const float* shards, int ranks, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
+  for (int r = 0; r < ranks; ++r) {
+    const float* g = shards + int64_t(r) * n;
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = b + kBlock < n ? b + kBlock : n;
+      float absmax = 0.0f;
+      for (int64_t i = b; i < e; ++i) absmax = std::fmax(absmax, std::fabs(g[i]));
+      const float scale = absmax > 0.0f ? absmax / 127.0f : 1.0f;
+      for (int64_t i = b; i < e; ++i) out[i] += std::nearbyint(g[i] / scale) * scale;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] /= float(ranks);
+}
+
 const divlab_variant2 kVariants[] = {
     {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
@@ -97,8 +117,12 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&fp16_gelu), "GELU on fp16 activations", "", "", ""},
     {"add", "abi2_context_add", "cpu", DIVLAB_FP32, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&context_add), "an add through scratch memory", "", "", ""},
+    {"grad_reduce", "abi2_int8_reduce", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&int8_reduce), "int8 all-reduce, a scale per 256 values",
+     "a value far below its block's largest rounds to a few levels or to zero",
+     "blocks mixing large and small gradients", "blocks of similar values"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 4, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 5, kVariants};
 
 }  // namespace
 
