@@ -1,11 +1,13 @@
 // Writes what tests/py/test_parity.py needs to rebuild the model in PyTorch: initial weights,
-// each step's batch, the first step's loss and gradients, and the loss of every training step.
+// each step's batch, the first step's loss and gradients, and the loss of every training step
+// (with train.ranks > 1, each step's gradient from the ranks' shards, as the trainer does).
 //   parity_dump OUT.h5 key=value ...   (the same keys as divlab train's --set)
 #include <cstdio>
 #include <iostream>
 
 #include "datasets/dataset.h"
 #include "experiments/config.h"
+#include "experiments/data_parallel.h"
 #include "io/trace.h"
 #include "model/optimizer.h"
 
@@ -20,9 +22,10 @@ template <class T>
 void dump(const RunConfig& cfg, const std::string& out) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, N = B * m.seq_len;
-  Transformer<T> model(m, cpu_catalogue<T>().select(cfg.kernels), B);
+  Transformer<T> model(m, cpu_catalogue<T>().select(cfg.kernels), B / cfg.ranks);
   model.init(cfg.seed);
   Optimizer<T> optim(cfg.optim, model.layout(), host_memory());
+  DataParallelStep<T, T> step(model, cfg.ranks);
   DatasetOptions dopt;
   dopt.vocab = m.vocab, dopt.seed = cfg.seed, dopt.verbose = false;
   const auto data = make_dataset(cfg.data, dopt);
@@ -45,8 +48,7 @@ void dump(const RunConfig& cfg, const std::string& out) {
     data->batch(s, B, m.seq_len, in.data(), tgt.data());
     all_in.insert(all_in.end(), in.begin(), in.end());
     all_tgt.insert(all_tgt.end(), tgt.begin(), tgt.end());
-    w.append("/losses", double(model.forward(in.data(), tgt.data(), true)));
-    model.backward();
+    w.append("/losses", double(step.run(in.data(), tgt.data(), cfg.seed, s)));
     if (s == 0)
       for (const auto& p : model.layout())
         w.write_array("/grads/" + p.name, as_double(model.grads().data() + p.offset, p.size));

@@ -47,6 +47,11 @@ class GpuParity(test_parity.Parity):
     def test_20_steps_adamw(self):
         self.check_training(test_parity.ADAMW, "cuda")
 
+    def test_20_steps_sgd_over_four_data_parallel_ranks(self):
+        # The cuda trainer's simulated ranks: shards in turn, gradients stacked on the device and
+        # reduced by the GPU's grad_reduce (not yet run on a GPU when written, 2026-11-26).
+        self.check_training(test_parity.SGD + ["train.ranks=4"], "cuda")
+
     # The one-batch gradient tests compare the CPU dump; the GPU's gradients are held to the
     # CPU's by tests/gpu (GpuTraining.GradientsPerTensorAgreeWithTheCpu).
     test_loss_and_gradients_fp32 = None

@@ -73,14 +73,22 @@ class Parity(unittest.TestCase):
         inputs, targets = inputs.to(device), targets.to(device)
         opt, sched = optimizer_for(model, cfg)
         clip = cfg["train"]["grad_clip"]
+        # Data-parallel ranks as PyTorch users write them: gradient accumulation over the
+        # batch's shards, each shard's mean loss divided by the rank count.
+        ranks = cfg["train"].get("ranks", 1)
+        shard = inputs.shape[1] // ranks
         losses = []
         for s in range(steps):
             opt.zero_grad()
-            loss = model(inputs[s], targets[s])
-            loss.backward()
+            total = 0.0
+            for r in range(ranks):
+                rows = slice(r * shard, (r + 1) * shard)
+                loss = model(inputs[s][rows], targets[s][rows])
+                (loss / ranks).backward()
+                total += loss.item() / ranks
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            losses.append(loss.item())
+            losses.append(total)
             opt.step()
             sched.step()
         return losses
@@ -118,6 +126,9 @@ class Parity(unittest.TestCase):
 
     def test_20_steps_adamw(self):
         self.check_training(ADAMW)
+
+    def test_20_steps_sgd_over_four_data_parallel_ranks(self):
+        self.check_training(SGD + ["train.ranks=4"])
 
 
 class LlamaParity(Parity):
