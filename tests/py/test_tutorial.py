@@ -25,6 +25,11 @@ def final_loss(path):
         return float(f["metrics/loss"][-1])
 
 
+def mean_dose(path):
+    with h5py.File(path, "r") as f:
+        return float(f["metrics/max_row_contributions"][:].mean())
+
+
 class Tutorial(unittest.TestCase):
     def test_every_command_runs_and_the_page_tells_the_truth(self):
         d = tmpdir()
@@ -57,6 +62,17 @@ class Tutorial(unittest.TestCase):
         # Sections 4 and 5: AdamW, and the chain without hot tokens, hide it.
         self.assertLess(abs(run("adamw-bug") - run("adamw-reference")), 0.01)
         self.assertLess(abs(run("cold-bug") - run("cold-reference")), 0.01)
+        # Section 6: four ranks train like one; the bug's dose per call falls to about a
+        # quarter and its gap shrinks but stays; a missing world-size division stops SGD from
+        # learning and leaves AdamW where its correct run ended.
+        self.assertLess(abs(run("ranks-reference") - run("sgd-reference")), 1e-3)
+        dose = lambda name: mean_dose(os.path.join(d, "runs", "lesson", name + ".h5"))
+        self.assertLess(dose("ranks-bug"), 0.3 * dose("sgd-bug"))
+        ranks_gap = run("ranks-bug") - run("ranks-reference")
+        self.assertGreater(ranks_gap, 0.05)
+        self.assertLess(ranks_gap, run("sgd-bug") - run("sgd-reference"))
+        self.assertGreater(run("ranks-sum") - run("ranks-reference"), 1.0)
+        self.assertLess(abs(run("adamw-ranks-sum") - run("adamw-reference")), 0.01)
 
 
 if __name__ == "__main__":
