@@ -78,8 +78,12 @@ struct DatasetSummary {
   // Mean over sampled training batches of B x T tokens of the most occurrences of one id: the
   // additions the hottest embedding-gradient row receives per step.
   double expected_max_row_contributions = 0;
+  // The same per kernel call when R data-parallel ranks (train.ranks) each take B / R of the
+  // sequences: the mean of each batch's largest shard count (equal to the above for one rank).
+  double expected_max_row_contributions_per_rank = 0;
   int64_t batches_sampled = 0;
 };
-DatasetSummary summarize(const Dataset& data, int B, int T, int batches = 64);
+// `ranks` must divide B.
+DatasetSummary summarize(const Dataset& data, int B, int T, int batches = 64, int ranks = 1);
 
 }  // namespace divlab

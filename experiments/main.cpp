@@ -96,14 +96,18 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
 }
 
-int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t seed) {
+int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t seed, int ranks) {
   if (vocab < 2) throw InputError("--vocab " + std::to_string(vocab) + ": must be >= 2");
   if (batch < 1) throw InputError("--batch " + std::to_string(batch) + ": must be >= 1");
   if (seq < 1) throw InputError("--seq " + std::to_string(seq) + ": must be >= 1");
+  if (ranks < 1) throw InputError("--ranks " + std::to_string(ranks) + ": must be >= 1");
+  if (batch % ranks != 0)
+    throw InputError("--ranks " + std::to_string(ranks) + " does not divide --batch " +
+                     std::to_string(batch) + " (every rank takes an equal shard of the batch)");
   DatasetOptions opt;
   opt.vocab = vocab, opt.seq_len = seq, opt.seed = seed;
   const auto data = make_dataset(spec, opt);
-  const DatasetSummary s = summarize(*data, batch, seq);
+  const DatasetSummary s = summarize(*data, batch, seq, 64, ranks);
   const DatasetInfo& info = data->info();
   std::printf("dataset %s (%s), vocab %d\n", info.spec.c_str(), info.kind.c_str(), info.vocab);
   if (!info.corpus_sha256.empty()) std::printf("corpus sha256 %s\n", info.corpus_sha256.c_str());
@@ -120,6 +124,11 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   std::snprintf(what, sizeof what, "max contributions to one row per step (B*T=%d)", batch * seq);
   std::printf("%-44s %.1f (mean of %lld batches)\n", what, s.expected_max_row_contributions,
               (long long)s.batches_sampled);
+  if (ranks > 1) {
+    std::snprintf(what, sizeof what, "... per kernel call over %d ranks (B*T=%d each)", ranks,
+                  batch / ranks * seq);
+    std::printf("%-44s %.1f\n", what, s.expected_max_row_contributions_per_rank);
+  }
   return 0;
 }
 
@@ -309,6 +318,11 @@ int main(int argc, char** argv) {
   data->add_option("--vocab", vocab, "vocabulary size (text: BPE pieces)")->capture_default_str();
   data->add_option("--batch", batch, "sequences per step")->capture_default_str();
   data->add_option("--seq", seq, "tokens per sequence")->capture_default_str();
+  int data_ranks = 1;
+  data->add_option("--ranks", data_ranks,
+                   "data-parallel ranks (train.ranks) sharing each batch: also the dose one "
+                   "rank's kernel call sees")
+      ->capture_default_str();
   data->add_option("--seed", seed, "seed for the batches sampled")
       ->capture_default_str()
       ->check(kNotNegative);
@@ -477,7 +491,7 @@ int main(int argc, char** argv) {
     }
     if (*data) {
       if (!dump.out.empty()) throw InputError("--out: only with --dump-batch");
-      return cmd_data(spec, vocab, batch, seq, seed);
+      return cmd_data(spec, vocab, batch, seq, seed, data_ranks);
     }
     if (*sample_cmd) {
       const Sample out = sample(so);

@@ -1,5 +1,6 @@
 """Datasets from the command line: divlab data, the tokenizer cache, text traces, bad corpora."""
 import os
+import re
 import tomllib
 import unittest
 
@@ -29,6 +30,16 @@ class DataCommand(unittest.TestCase):
         for needle in ("tokens (training split)", "top-1 share", "top-10 share",
                        "fitted Zipf exponent", "max contributions to one row per step (B*T=256)"):
             self.assertIn(needle, first.stdout)
+
+    def test_data_parallel_ranks_cut_the_dose_per_kernel_call(self):
+        # Each of four ranks sees a quarter of the batch: its hottest row gets about a quarter
+        # of the additions (a little more: the largest of four shards).
+        out = run("data", "--dataset", "markov:0.8,0.8", "--vocab", "64", "--batch", "512",
+                  "--seq", "32", "--ranks", "4", check=True).stdout
+        whole = float(re.search(r"per step \(B\*T=16384\)\s+([0-9.]+)", out)[1])
+        shard = float(re.search(r"over 4 ranks \(B\*T=4096 each\)\s+([0-9.]+)", out)[1])
+        self.assertGreater(shard, 0.24 * whole)
+        self.assertLess(shard, 0.30 * whole)
 
     def test_zipf_statistics(self):
         out = run("data", "--dataset", "zipf:1.1", "--vocab", "1000", check=True).stdout
