@@ -74,17 +74,12 @@ DatasetSummary summarize(const Dataset& data, int B, int T, int batches, int ran
   s.tokens = data.info().kind == "text" ? data.info().corpus_tokens : -1;
   std::vector<TokenId> in(int64_t(B) * T), tgt(in.size());
   const int vocab = data.info().vocab;
-  const int64_t shard = int64_t(B / ranks) * T;
   double total = 0, per_rank = 0;
   for (int b = 0; b < batches; ++b) {
     data.batch(b, B, T, in.data(), tgt.data());
     total +=
         double(batch_stats(in.data(), int64_t(in.size()), vocab, nullptr).max_row_contributions);
-    int64_t largest = 0;
-    for (int r = 0; r < ranks; ++r)
-      largest = std::max(
-          largest, batch_stats(in.data() + r * shard, shard, vocab, nullptr).max_row_contributions);
-    per_rank += double(largest);
+    per_rank += double(largest_shard_contributions(in.data(), B, T, ranks, vocab));
   }
   s.expected_max_row_contributions = total / batches;
   s.expected_max_row_contributions_per_rank = per_rank / batches;

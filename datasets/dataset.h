@@ -66,6 +66,9 @@ struct BatchStats {
   double top1_share = 0;              // that count / batch tokens
 };
 BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<int64_t>* counts);
+// The most occurrences of one id in any of `ranks` equal shards of B x T tokens: the additions
+// the hottest row receives in one data-parallel rank's kernel call (train.ranks; B % ranks == 0).
+int64_t largest_shard_contributions(const TokenId* tokens, int B, int T, int ranks, int vocab);
 
 // Least-squares slope s of log p(rank) = c - s log(rank), over the ranks with p > 0 (at least
 // two). 0 for a flat distribution.

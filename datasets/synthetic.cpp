@@ -121,4 +121,13 @@ BatchStats batch_stats(const TokenId* tokens, int64_t n, int vocab, std::vector<
   return s;
 }
 
+int64_t largest_shard_contributions(const TokenId* tokens, int B, int T, int ranks, int vocab) {
+  const int64_t shard = int64_t(B / ranks) * T;
+  int64_t largest = 0;
+  for (int r = 0; r < ranks; ++r)
+    largest = std::max(
+        largest, batch_stats(tokens + r * shard, shard, vocab, nullptr).max_row_contributions);
+  return largest;
+}
+
 }  // namespace divlab

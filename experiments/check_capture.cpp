@@ -9,6 +9,7 @@
 #include "common/errors.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
+#include "experiments/data_parallel.h"
 #include "experiments/weights.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
@@ -145,8 +146,12 @@ Weights newest_weights(const std::string& trace, const std::vector<ParamInfo>& l
 template <class T, class A>
 std::vector<Recorded> record_step(const RunConfig& cfg, const Dataset& data,
                                   const std::optional<TraceWeights>& weights, Op op) {
+  // A data-parallel run's reduction is recorded over one sequence per rank.
+  const int ranks = op == Op::grad_reduce ? cfg.ranks : 1;
   try {  // memory predicted before it is allocated
-    check_backend_fits(Backend::Cpu, size_t(Transformer<T, A>::allocated_bytes(cfg.model, 1)),
+    check_backend_fits(Backend::Cpu,
+                       size_t(Transformer<T, A>::allocated_bytes(cfg.model, 1) +
+                              DataParallelStep<T, A>::extra_bytes(ranks, param_count(cfg.model))),
                        "check --trace: the run's model at one sequence");
   } catch (const BackendError& e) {
     throw InputError(e.what());
@@ -165,17 +170,8 @@ std::vector<Recorded> record_step(const RunConfig& cfg, const Dataset& data,
   const int T_ = cfg.model.seq_len;
   std::vector<TokenId> in(size_t(cfg.batch) * T_), tgt(in.size());
   data.batch(step, cfg.batch, T_, in.data(), tgt.data());
-  if (op == Op::grad_reduce) {
-    // One sequence per rank, the first `ranks` of the batch: their gradients, stacked, reduced.
-    const int ranks = cfg.ranks;
-    const int64_t n = model.grads().size();
-    Buffer<T> stacked(*kernels.memory, int64_t(ranks) * n);
-    for (int r = 0; r < ranks; ++r) {
-      model.forward(in.data() + int64_t(r) * T_, tgt.data() + int64_t(r) * T_, true);
-      model.backward();
-      stacked.copy_from(model.grads(), int64_t(r) * n, model.stream());
-    }
-    kernels.grad_reduce(model.next_op_context(), model.grads().data(), stacked.data(), ranks, n);
+  if (op == Op::grad_reduce) {  // the batch's first `ranks` sequences, one per rank
+    DataParallelStep<T, A>(model, ranks).run(in.data(), tgt.data(), cfg.seed, step);
     return std::move(rec.calls);
   }
   model.forward(in.data(), tgt.data(), true);  // the batch's first sequence

@@ -4,7 +4,6 @@
 // the NaN replay.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -91,13 +90,8 @@ class DataParallelStep {
 inline BatchStats dose_of(const TokenId* tokens, int B, int T_, int ranks, int vocab,
                           std::vector<int64_t>* counts) {
   BatchStats whole = batch_stats(tokens, int64_t(B) * T_, vocab, counts);
-  if (ranks == 1) return whole;
-  const int64_t shard = int64_t(B / ranks) * T_;
-  whole.max_row_contributions = 0;
-  for (int r = 0; r < ranks; ++r)
-    whole.max_row_contributions =
-        std::max(whole.max_row_contributions,
-                 batch_stats(tokens + r * shard, shard, vocab, nullptr).max_row_contributions);
+  if (ranks > 1)
+    whole.max_row_contributions = largest_shard_contributions(tokens, B, T_, ranks, vocab);
   return whole;
 }
 
