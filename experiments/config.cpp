@@ -143,6 +143,10 @@ const std::vector<KeySpec>& schema() {
           "step, run one after another on this device, and the grad_reduce op averages their "
           "gradients",
           Range::Positive),
+      key("train.data_parallel", DIVLAB_AT(data_parallel), "simulated",
+          "where the ranks run: simulated (one after another on this device) | nccl (one "
+          "process per GPU, backend = \"cuda\"; divlab starts them, or mpirun / srun / "
+          "torchrun does): the same numbers either way"),
       key("train.steps", DIVLAB_AT(steps), "100", "optimizer steps", Range::NonNegative),
       key("train.lr", DIVLAB_AT(optim.lr), "0.1", "peak learning rate", Range::Positive),
       key("train.optimizer", DIVLAB_AT(optim.kind), "sgd", "optimizer"),
@@ -478,6 +482,13 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) +
                      " does not divide 'train.batch' = " + std::to_string(cfg.batch) +
                      " (every rank takes an equal shard of the batch)");
+  if (cfg.data_parallel == RankTransport::Nccl && cfg.backend != Backend::Cuda)
+    throw InputError(
+        "config key 'train.data_parallel' = \"nccl\" needs 'backend' = \"cuda\" (one GPU "
+        "per rank)");
+  if (cfg.data_parallel == RankTransport::Nccl && cfg.ranks < 2)
+    throw InputError("config key 'train.data_parallel' = \"nccl\" needs 'train.ranks' >= 2 (" +
+                     std::to_string(cfg.ranks) + " given: one process per rank)");
   if (o.nesterov && o.momentum == 0)
     throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");
   // Sizes in floating point first: the int64 products below and in every allocation are then

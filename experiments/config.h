@@ -13,13 +13,24 @@
 
 namespace divlab {
 
+// Where a run's data-parallel ranks (train.ranks > 1) execute: one after another on the run's
+// device, or one process per GPU joined over NCCL. Both reduce the same stacked gradients with
+// the same grad_reduce kernel, so they compute the same numbers.
+enum class RankTransport { Simulated, Nccl };
+template <>
+struct EnumNames<RankTransport> {
+  static constexpr std::pair<RankTransport, const char*> table[] = {
+      {RankTransport::Simulated, "simulated"}, {RankTransport::Nccl, "nccl"}};
+};
+
 struct RunConfig {
   Backend backend = Backend::Cpu;
   std::string data = "uniform";
   ModelConfig model;
   OptimConfig optim;
   int batch = 8;
-  int ranks = 1;  // data-parallel ranks, each a shard of every step's batch (simulated)
+  int ranks = 1;  // data-parallel ranks, each a shard of every step's batch
+  RankTransport data_parallel = RankTransport::Simulated;
   int64_t steps = 100;
   uint64_t seed = 0;
   Precision precision = Precision::Fp32;

@@ -1,14 +1,18 @@
-// Simulated data-parallel ranks (train.ranks): one step's gradient of the whole batch from its
-// shards, one after another on the run's device, reduced by the grad_reduce op; the dose one
-// kernel call sees. Used by the trainer (experiments/train.cpp) for training, evaluation and
-// the NaN replay.
+// Data-parallel ranks (train.ranks): one step's gradient of the whole batch from its shards,
+// simulated one after another on the run's device or one per GPU over NCCL, reduced by the
+// grad_reduce op; the dose one kernel call sees. Used by the trainer (experiments/train.cpp) for
+// training, evaluation and the NaN replay.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
 #include "common/rng.h"
+#include "common/signals.h"
 #include "datasets/dataset.h"
+#include "kernels/communicator.h"
 #include "model/transformer.h"
 
 namespace divlab {
@@ -24,21 +28,36 @@ inline uint64_t rank_op_seed(uint64_t run_seed, int64_t step, int rank) {
   return seed;
 }
 
+// What one rank reports after each step (gathered from every rank over NCCL): its shard's mean
+// loss, where its time went, and whether it was asked to stop. Every rank decides from the same
+// gathered reports, so all stop after the same step and none is left waiting in a collective.
+struct RankReport {
+  double loss = 0;
+  double compute_s = 0;  // its shard's forward and backward
+  double reduce_s = 0;   // gathering the ranks' gradients and reducing them
+  double stop = 0;       // 1: a stop signal reached this rank
+};
+
 // One step's gradient of the whole batch, left in the model's gradient buffer, and the batch's
 // mean loss. With train.ranks = R > 1 the batch is R shards of B / R sequences, one per
-// simulated data-parallel rank: each shard's forward and backward run in turn (the model holds
-// B / R sequences), its gradient (the mean over its own tokens) goes to its rank's row of
+// data-parallel rank; each rank's gradient (the mean over its own tokens) goes to its row of
 // `stacked_`, and the grad_reduce op leaves their mean in the model's gradients, as an
-// all-reduce with the world-size division does across R GPUs. The batch is the one-rank run's,
-// so the reference reduction gives its gradients up to the order of the sums.
+// all-reduce with the world-size division does. The batch is the one-rank run's, so the
+// reference reduction gives its gradients up to the order of the sums.
+//
+// Simulated ranks (no communicator) run their shards one after another on this device. Ranks
+// over NCCL run their own shard each and fill `stacked_` by an all-gather: the same bits in the
+// same rows, reduced by the same kernel, so both give the same numbers, every variant included.
 template <class T, class A>
 class DataParallelStep {
  public:
-  DataParallelStep(Transformer<T, A>& model, int ranks)
+  DataParallelStep(Transformer<T, A>& model, int ranks, Communicator* comm = nullptr)
       : model_(model),
         ranks_(ranks),
+        comm_(comm),
         n_(model.grads().size()),
-        stacked_(*model.kernels().memory, ranks > 1 ? int64_t(ranks) * n_ : 0) {}
+        stacked_(*model.kernels().memory, ranks > 1 ? int64_t(ranks) * n_ : 0),
+        reports_(size_t(ranks)) {}
   // Extra memory beyond the model's: the stacked gradients.
   static int64_t extra_bytes(int ranks, int64_t params) {
     return ranks > 1 ? int64_t(ranks) * params * int64_t(sizeof(T)) : 0;
@@ -48,6 +67,42 @@ class DataParallelStep {
   template <class Before, class After>
   T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step, Before before,
         After after) {
+    if (comm_ == nullptr) return run_in_turn(in, tgt, run_seed, step, before, after);
+    using Clock = std::chrono::steady_clock;
+    const MemoryOps& mem = *model_.kernels().memory;
+    const int r = comm_->world().rank;
+    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
+    const auto t0 = Clock::now();
+    before(r);
+    model_.reseed(rank_op_seed(run_seed, step, r));
+    RankReport mine;
+    mine.loss = double(model_.forward(in + r * shard, tgt + r * shard, true));
+    model_.backward();
+    after(r);
+    mem.synchronize(model_.stream());
+    const auto t1 = Clock::now();
+    comm_->all_gather(model_.grads().data(), stacked_.data(), size_t(n_) * sizeof(T),
+                      model_.stream());
+    model_.kernels().grad_reduce(model_.next_op_context(), model_.grads().data(), stacked_.data(),
+                                 ranks_, n_);
+    mem.synchronize(model_.stream());
+    mine.compute_s = std::chrono::duration<double>(t1 - t0).count();
+    mine.reduce_s = std::chrono::duration<double>(Clock::now() - t1).count();
+    mine.stop = stop_signal() != 0 ? 1 : 0;
+    comm_->all_gather_host(&mine, reports_.data(), sizeof mine, model_.stream());
+    double sum = 0;  // in rank order, as the simulated ranks add them
+    for (const RankReport& rep : reports_) sum += rep.loss;
+    return T(sum / ranks_);
+  }
+  T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step) {
+    return run(
+        in, tgt, run_seed, step, [](int) {}, [](int) {});
+  }
+  // Every shard on this device, one after another (the NaN replay runs a step over NCCL so too,
+  // on rank 0 alone: the same kernels and seeds give the same numbers).
+  template <class Before, class After>
+  T run_in_turn(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step,
+                Before before, After after) {
     const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
     double sum = 0;
     for (int r = 0; r < ranks_; ++r) {
@@ -63,25 +118,43 @@ class DataParallelStep {
                                    ranks_, n_);
     return T(sum / ranks_);
   }
-  T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step) {
-    return run(
-        in, tgt, run_seed, step, [](int) {}, [](int) {});
-  }
   // The mean validation loss of a whole batch, shard by shard (no gradients).
   double evaluate(const TokenId* in, const TokenId* tgt) {
     const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
     double sum = 0;
-    for (int r = 0; r < ranks_; ++r)
-      sum += double(model_.forward(in + r * shard, tgt + r * shard, false));
+    if (comm_ == nullptr) {
+      for (int r = 0; r < ranks_; ++r)
+        sum += double(model_.forward(in + r * shard, tgt + r * shard, false));
+      return sum / ranks_;
+    }
+    const int r = comm_->world().rank;
+    const double mine = double(model_.forward(in + r * shard, tgt + r * shard, false));
+    std::vector<double> all(static_cast<size_t>(ranks_));
+    comm_->all_gather_host(&mine, all.data(), sizeof mine, model_.stream());
+    for (double v : all) sum += v;
     return sum / ranks_;
   }
   int ranks() const { return ranks_; }
+  // Over NCCL: the last step's reports, rank by rank (empty for simulated ranks).
+  const std::vector<RankReport>& reports() const {
+    static const std::vector<RankReport> none;
+    return comm_ ? reports_ : none;
+  }
+  // Whether the run stops after this step: a stop signal here (simulated ranks), or on any rank
+  // as the last step's reports say (over NCCL, where every rank must decide alike).
+  bool stop_requested() const {
+    if (comm_ == nullptr) return stop_signal() != 0;
+    return std::any_of(reports_.begin(), reports_.end(),
+                       [](const RankReport& r) { return r.stop != 0; });
+  }
 
  private:
   Transformer<T, A>& model_;
   int ranks_;
+  Communicator* comm_;
   int64_t n_;
   Buffer<T> stacked_;
+  std::vector<RankReport> reports_;
 };
 
 // The step's token statistics (every token counted into `counts`). The dose, the most additions

@@ -19,6 +19,7 @@
 #include "experiments/check.h"
 #include "experiments/config.h"
 #include "experiments/export.h"
+#include "experiments/ranks.h"
 #include "experiments/reproduce.h"
 #include "experiments/sample.h"
 #include "experiments/supervise.h"
@@ -77,20 +78,32 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
           "--resume: the trace holds its config and is the output; drop --config "
           "and --out");
     const TrainResult r = resume_training(resume, sets, !quiet);
+    if (r.launcher_exit) return *r.launcher_exit;  // rank 0 reported the run
+    const auto launch = launched_rank();
+    if (launch && launch->world.rank != 0) return r.status == "interrupted" ? 128 + r.signal : 0;
     std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
               << "  trace " << resume << std::endl;
     return r.status == "interrupted" ? 128 + r.signal : 0;
   }
   const RunConfig cfg = load_config(config, sets);
+  // A data-parallel rank that a launcher started: its launcher checked the output and printed
+  // the config (or, under mpirun and srun, rank 0 does); rank 0 alone reports the run.
+  const auto launch =
+      cfg.data_parallel == RankTransport::Nccl ? launched_rank() : std::optional<RankLaunch>();
   check_out_is_no_input(out, config, cfg);
-  check_output_path(out, force);  // before the config is printed, so an error stands alone
-  std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;
+  if (!launch || (launch->world.rank == 0 && !launch->lock_held)) {
+    check_output_path(out, force);  // before the config is printed, so an error stands alone
+    if (cfg.data_parallel == RankTransport::Nccl && !launch) check_local_gpus(cfg.ranks);
+    std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;
+  }
   TrainOptions opt;
   opt.out = out;
   opt.force = force;
   opt.progress = !quiet;
   opt.profile = profile;
   const TrainResult r = train(cfg, opt);
+  if (r.launcher_exit) return *r.launcher_exit;
+  if (launch && launch->world.rank != 0) return r.status == "interrupted" ? 128 + r.signal : 0;
   std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
             << "  trace " << out << std::endl;
   return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0

@@ -277,6 +277,19 @@ std::map<std::string, std::string> slurm_resources(const Grid& g, const SlurmRes
   if (cli.gpus_per_task >= 0) r["gpus_per_task"] = std::to_string(cli.gpus_per_task);
   if (cli.cpus_per_task >= 0) r["cpus_per_task"] = std::to_string(cli.cpus_per_task);
   if (!r.count("cpus_per_task")) r["cpus_per_task"] = "2";
+  // A cell whose ranks run over NCCL needs a GPU per rank on its node (divlab starts the ranks
+  // there): the array asks for the most any cell needs, unless told, and never for fewer.
+  int need = 0;
+  size_t needing = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const RunConfig cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
+    if (cfg.data_parallel == RankTransport::Nccl && cfg.ranks > need) need = cfg.ranks, needing = i;
+  }
+  if (need > 0 && !r.count("gpus_per_task")) r["gpus_per_task"] = std::to_string(need);
+  if (need > 0 && std::stoll(r["gpus_per_task"]) < need)
+    throw InputError("slurm gpus_per_task = " + r["gpus_per_task"] + ": cell " +
+                     std::to_string(needing) + " (" + g.describe(needing) + ") runs " +
+                     std::to_string(need) + " ranks over NCCL, one GPU each");
   for (const auto& [key, value] : r)
     if (value.find_first_of("\r\n") != std::string::npos)
       throw InputError("slurm " + key + ": must be one line");

@@ -18,16 +18,19 @@
 
 #include "common/host.h"
 #include "common/lock.h"
+#include "common/paths.h"
 #include "common/rng.h"
 #include "common/signals.h"
 #include "common/version.h"
 #include "datasets/dataset.h"
 #include "experiments/crash_report.h"
 #include "experiments/data_parallel.h"
+#include "experiments/ranks.h"
 #include "experiments/weights.h"
 #include "io/checkpoint.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
+#include "kernels/communicator.h"
 #include "kernels/op_tracker.h"
 #include "kernels/plugins.h"
 #include "kernels/profile.h"
@@ -97,8 +100,11 @@ std::string shadow_group(const ShadowSpec& s) {
 }
 
 // Root attributes, the resolved config, the dataset description, and every series.
+// `rank_series`: each NCCL rank's time per step (/ranks), for a run over NCCL or one resumed
+// from a trace that has them.
 void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data,
-                   const std::vector<ParamInfo>& layout, int threads, const std::string& device) {
+                   const std::vector<ParamInfo>& layout, int threads, const std::string& device,
+                   bool rank_series) {
   w.attr("/", "divlab_version", std::string(kDivlabVersion));
   w.attr("/", "git_commit", std::string(kGitCommit));
   w.attr("/", "start_utc", utc_now());
@@ -144,6 +150,11 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   // Readers (resume, analyze, tests) count a trace's complete steps by /metrics/step.
   w.commit_series("/metrics/step");
   for (const auto& p : layout) w.series("/metrics/grad_norm_by_param/" + p.name, K::Float64);
+  if (rank_series) w.series("/ranks/step", K::Int64);
+  if (rank_series)
+    for (int r = 0; r < cfg.ranks; ++r)
+      for (const char* s : {"compute_s", "reduce_s"})
+        w.series("/ranks/" + std::to_string(r) + "/" + s, K::Float64);
   if (cfg.eval_every > 0) {
     w.series("/eval/step", K::Int64);
     w.series("/eval/val_loss", K::Float64);
@@ -215,7 +226,7 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T, A>
                                {"nan_tensor", o.tensor}});
     if (replay.ranks() > 1) where.push_back({"nan_rank", std::to_string(shard)});
   };
-  replay.run(
+  replay.run_in_turn(
       in, tgt, run_seed, step, [&](int r) { shard = r; }, [](int) {});
   model.after_op = nullptr;
   // Every shard's ops stayed finite: the reduction of their gradients may not have (fp16
@@ -311,9 +322,19 @@ int64_t predicted_bytes(const RunConfig& cfg, int64_t params) {
   return optimizer + scratch + DataParallelStep<T, A>::extra_bytes(cfg.ranks, params);
 }
 
+// Over NCCL, NCCL's own buffers on each GPU beside the run's (channels, proxies, the all-gather's
+// staging): a reserve, since NCCL sizes them by the topology it finds.
+constexpr int64_t kNcclReserveBytes = int64_t(1) << 30;
+
+// How long ranks 1.. wait for rank 0 to publish NCCL's id (rank 0 may still be loading a corpus).
+constexpr double kRendezvousSeconds = 600;
+
 template <class T, class A = T>
 TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
-                       int threads, const std::string& device, const Resume* resume) {
+                       int threads, const std::string& device, const Resume* resume,
+                       const RankLaunch* launch) {
+  // Over NCCL every rank runs this function for its shard; rank 0 alone writes the trace.
+  const bool lead = launch == nullptr || launch->world.rank == 0;
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
   const int B_rank = B / cfg.ranks;  // the sequences one data-parallel rank (the model) holds
@@ -331,12 +352,24 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
   const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B_rank) +
-                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes;
+                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes +
+                        (launch ? kNcclReserveBytes : 0);
   check_backend_fits(cfg.backend, size_t(bytes),
                      "this model at train.batch = " + std::to_string(B) +
                          (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : ""));
+  // Every rank has read what it needs of a resumed trace before rank 0 writes it: joining is the
+  // ranks' barrier.
+  std::unique_ptr<Communicator> comm;
+  if (launch) {
+    try {
+      comm = open_nccl(launch->world, rendezvous_path(opt.out), launch->nonce, kRendezvousSeconds);
+    } catch (const CommunicatorError& e) {
+      throw RunFailed(std::string("rank ") + std::to_string(launch->world.rank) + ": " + e.what());
+    }
+    if (lead) std::remove(rendezvous_path(opt.out).c_str());  // every rank has joined
+  }
   std::unique_ptr<ShadowTap<T, A>> tap;
-  if (cfg.shadow_every > 0)
+  if (cfg.shadow_every > 0 && lead)
     tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue);
   // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
   std::unique_ptr<OpProfiler<T, A>> profiler;
@@ -361,7 +394,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     owned->set_stream(stream.get());
     owned->set_sync_each_launch(cfg.sync_kernels);
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
-    owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks);
+    owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, comm.get());
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
                      "; try a smaller batch or model)");
@@ -378,12 +411,23 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   // The trace is laid out beside its path and published (renamed onto it) once readable; a
   // resumed run publishes after copying the history up to its checkpoint, so the old file stays
   // resumable until the new one is.
-  TraceWriter trace(opt.out, resume ? true : opt.force);
-  lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device);
+  const std::unique_ptr<TraceWriter> owned_trace =
+      lead ? std::make_unique<TraceWriter>(opt.out, resume ? true : opt.force)
+           : std::make_unique<TraceWriter>();
+  TraceWriter& trace = *owned_trace;
+  const bool rank_series =
+      launch ||
+      (resume && std::any_of(resume->history.begin(), resume->history.end(),
+                             [](const auto& h) { return h.first.rfind("/ranks/", 0) == 0; }));
+  lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device, rank_series);
   if (cfg.checkpoint_every > 0)
     lay_out_checkpoints(trace, n_params, cfg.optim.kind == OptimizerKind::AdamW, m.vocab);
   if (cfg.initial_weights) lay_out_weights(trace, "initial", model.layout());
   if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
+  if (launch)
+    trace.attr("/", "data_parallel",
+               "nccl: " + std::to_string(cfg.ranks) + " ranks, one GPU each, launched by " +
+                   launch->launcher);
   if (resume)
     trace.attr("/", "resumed_at_step", resume->checkpoint ? resume->checkpoint->next_step : 0);
   trace.start();
@@ -426,11 +470,13 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const CrashReport crash(note, variants);
 
   std::vector<TokenId> in(N), tgt(N);
-  Progress progress(opt.progress);
+  Progress progress(opt.progress && lead);
   const auto t0 = std::chrono::steady_clock::now();
-  TrainResult result{"completed", first_step, 0.0, 0};
+  TrainResult result{"completed", first_step, 0.0, 0, std::nullopt};
   std::vector<std::pair<std::string, std::string>> nan_where;
-  const bool stopped_while_setting_up = stop_signal() != 0;  // then no step is taken
+  // Then no step is taken; over NCCL the first step's reports carry the request instead, so that
+  // every rank stops at the same step.
+  const bool stopped_while_setting_up = stop_signal() != 0 && !comm;
   if (stopped_while_setting_up) result.status = "interrupted", result.signal = stop_signal();
   try {
     for (int64_t step = stopped_while_setting_up ? cfg.steps : first_step; step < cfg.steps;
@@ -466,6 +512,13 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       for (size_t i = 0; i < model.layout().size(); ++i)
         trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name,
                      st.param_grad_norms[i]);
+      const std::vector<RankReport>& reports = data_parallel.reports();
+      if (!reports.empty()) trace.append("/ranks/step", step);
+      for (size_t r = 0; r < reports.size(); ++r) {
+        trace.append("/ranks/" + std::to_string(r) + "/compute_s", reports[r].compute_s);
+        trace.append("/ranks/" + std::to_string(r) + "/reduce_s", reports[r].reduce_s);
+      }
+      const bool stop = data_parallel.stop_requested();
       result.steps = step + 1;
       // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
       // the profile covers the steady steps after it when there are any.
@@ -473,7 +526,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       result.final_loss = double(loss);
       // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
       // order as they come, and all of them before a checkpoint or the end of the run.
-      const bool drain = step + 1 == cfg.steps || stop_signal() != 0 ||
+      const bool drain = step + 1 == cfg.steps || stop ||
                          (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
                          !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
       if (tap)
@@ -498,10 +551,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
         result.status = "nan";
         data.batch(step, B, Tn, in.data(), tgt.data());
-        nan_where = attribute_nan(model, data_parallel, in.data(), tgt.data(), step, cfg.seed);
+        if (lead)  // over NCCL rank 0 replays every shard itself; the others are done
+          nan_where = attribute_nan(model, data_parallel, in.data(), tgt.data(), step, cfg.seed);
         break;
       }
-      if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
+      if (lead && cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
           step + 1 < cfg.steps) {
         write_checkpoint(trace,
                          {step + 1, widen(model.params(), model.stream()),
@@ -509,9 +563,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                           widen(optim.second_moment(), model.stream()), token_counts},
                          checkpoint_slot(step + 1, cfg.checkpoint_every));
       }
-      if (stop_signal() != 0) {  // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed
+      // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed. Over NCCL only what every
+      // rank reported counts, so that all stop at this step.
+      if (stop || (!comm && stop_signal() != 0)) {
         result.status = "interrupted";
-        result.signal = stop_signal();
+        result.signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // a peer rank's
         break;
       }
     }
@@ -528,11 +584,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     throw RunFailed("train failed " + failure + " (trace '" + opt.out + "' records it)");
   }
   progress.done();
-  if (profiler)
+  if (profiler && lead)
     print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1));
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
-  if (cfg.final_weights)
+  if (cfg.final_weights && lead)
     write_weights(trace, "final", model.layout(), widen(model.params(), model.stream()),
                   result.steps);
   trace.finish(result.status, nan_where);
@@ -542,7 +598,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
 }  // namespace
 
 namespace {
-TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* resume) {
+TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* resume,
+                const RankLaunch* launch) {
+  if (launch) {
+    if (launch->world.size != cfg.ranks)
+      throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) + ", but " +
+                       launch->launcher + " started " + std::to_string(launch->world.size) +
+                       " ranks");
+    use_local_gpu(launch->world.local_rank);  // before anything starts CUDA in this process
+  }
   std::string device;
   try {
     device = open_backend(cfg.backend);
@@ -561,11 +625,11 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
   TrainResult r;
   try {
     if (cfg.precision == Precision::Fp64)
-      r = train_impl<double>(cfg, opt, *data, threads, device, resume);
+      r = train_impl<double>(cfg, opt, *data, threads, device, resume, launch);
     else if (cfg.precision == Precision::Bf16)
-      r = train_impl<float, bf16>(cfg, opt, *data, threads, device, resume);
+      r = train_impl<float, bf16>(cfg, opt, *data, threads, device, resume, launch);
     else
-      r = train_impl<float>(cfg, opt, *data, threads, device, resume);
+      r = train_impl<float>(cfg, opt, *data, threads, device, resume, launch);
   } catch (const BackendError& e) {
     if (dynamic_cast<const BackendBusy*>(&e)) throw DeviceBusyError(e.what());
     throw InputError(e.what());
@@ -574,12 +638,45 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
 }
 }  // namespace
 
+namespace {
+// The rank this process is, when its run goes over NCCL and a launcher started it.
+std::optional<RankLaunch> nccl_rank(const RunConfig& cfg) {
+  return cfg.data_parallel == RankTransport::Nccl ? launched_rank() : std::nullopt;
+}
+
+// Whether this process writes the trace (and so takes its writer lock): a run's only process,
+// or rank 0 of ranks that mpirun, srun or torchrun started. Ranks that divlab's launcher started
+// write under the launcher's lock, which then holds it for them.
+bool takes_writer_lock(const std::optional<RankLaunch>& launch) {
+  return !launch || (launch->world.rank == 0 && !launch->lock_held);
+}
+
+// The command one rank of `cfg`'s run starts with: the resolved config as overrides, so that
+// every rank computes exactly this run, whichever command resolved it (train, a sweep's cell).
+std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& opt) {
+  std::vector<std::string> args = {self_exe(), "train", "--out", opt.out, "--set"};
+  for (const auto& [key, value] : cfg.resolved) args.push_back(key + "=" + value);
+  if (opt.force) args.push_back("--force");
+  if (!opt.progress) args.push_back("--quiet");
+  if (opt.profile) args.push_back("--profile");
+  return args;
+}
+}  // namespace
+
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
-  check_output_path(opt.out, opt.force);
+  const std::optional<RankLaunch> launch = nccl_rank(cfg);
   // One writer per trace: a second run (--force included) is refused while this one lives.
-  WriterLock lock(opt.out + ".lock", "--out '" + opt.out + "'");
-  TrainResult r = run(cfg, opt, nullptr);
-  lock.done();
+  std::optional<WriterLock> lock;
+  if (takes_writer_lock(launch)) {
+    check_output_path(opt.out, opt.force);
+    lock.emplace(opt.out + ".lock", "--out '" + opt.out + "'");
+  }
+  TrainResult r;
+  if (cfg.data_parallel == RankTransport::Nccl && !launch)
+    r.launcher_exit = launch_local_ranks(cfg.ranks, opt.out, rank_command(cfg, opt));
+  else
+    r = run(cfg, opt, nullptr, launch ? &*launch : nullptr);
+  if (lock) lock->done();
   return r;
 }
 
@@ -590,19 +687,22 @@ namespace {
 void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
                             const std::string& path) {
   static const std::vector<std::string> may_change = {
-      "train.steps",      "train.threads",      "trace.flush_steps",  "trace.flush_seconds",
-      "checkpoint.every", "debug.sync_kernels", "debug.abort_at_step"};
+      "train.steps", "train.threads", "trace.flush_steps", "trace.flush_seconds",
+      "checkpoint.every", "debug.sync_kernels", "debug.abort_at_step",
+      // Simulated and NCCL ranks compute the same numbers (experiments/data_parallel.h).
+      "train.data_parallel"};
   std::map<std::string, std::string> before(recorded.resolved.begin(), recorded.resolved.end());
   std::map<std::string, std::string> after(now.resolved.begin(), now.resolved.end());
   for (const auto& [key, value] : after) {
     const auto it = before.find(key);
     if (it != before.end() && it->second == value) continue;
     if (std::find(may_change.begin(), may_change.end(), key) == may_change.end())
-      throw InputError("--resume '" + path + "': --set " + key + " would change what the run " +
-                       "computes (recorded " +
-                       (it == before.end() ? std::string("unset") : it->second) + ", given " +
-                       value + "); a resumed run may only change train.steps, train.threads, " +
-                       "trace.flush_*, trace.final_weights, checkpoint.every and debug.*");
+      throw InputError(
+          "--resume '" + path + "': --set " + key + " would change what the run " +
+          "computes (recorded " + (it == before.end() ? std::string("unset") : it->second) +
+          ", given " + value + "); a resumed run may only change train.steps, train.threads, " +
+          "trace.flush_*, trace.final_weights, checkpoint.every, train.data_parallel and " +
+          "debug.*");
     if (key == "train.steps" && now.optim.schedule == LrSchedule::Cosine)
       throw InputError("--resume '" + path + "': --set train.steps changes the cosine " +
                        "schedule, which spans train.steps, so the steps already run would have " +
@@ -616,7 +716,15 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   Resume resume;
   RunConfig cfg;
   if (access(path.c_str(), F_OK) != 0) throw InputError("--resume '" + path + "': no such file");
-  WriterLock lock(path + ".lock", "--resume '" + path + "'");
+  // Over NCCL, whether this process is a rank (and which) decides who takes the lock.
+  std::optional<RankLaunch> launch;
+  {
+    const TraceReader r(path);
+    launch = nccl_rank(
+        parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides));
+  }
+  std::optional<WriterLock> lock;
+  if (takes_writer_lock(launch)) lock.emplace(path + ".lock", "--resume '" + path + "'");
   {
     const TraceReader r(path);
     const std::string recorded = r.string_attr("/", "config_toml");
@@ -645,8 +753,16 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");
   TrainOptions opt;
   opt.out = path, opt.force = true, opt.progress = progress;
-  TrainResult r = run(cfg, opt, &resume);
-  lock.done();
+  TrainResult r;
+  if (cfg.data_parallel == RankTransport::Nccl && !launch) {
+    std::vector<std::string> args = {self_exe(), "train", "--resume", path};
+    if (!overrides.empty()) args.push_back("--set");
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    if (!progress) args.push_back("--quiet");
+    r.launcher_exit = launch_local_ranks(cfg.ranks, path, args);
+  } else
+    r = run(cfg, opt, &resume, launch ? &*launch : nullptr);
+  if (lock) lock->done();
   return r;
 }
 

@@ -1,6 +1,7 @@
 // `divlab train`: one run from a resolved config to a trace.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "experiments/config.h"
@@ -19,9 +20,14 @@ struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0;
   int signal = 0;  // the signal that interrupted the run
+  // train.data_parallel = "nccl" started by hand: this process launched the ranks (one per GPU,
+  // experiments/ranks.h), rank 0 reported the run, and the command exits with this status.
+  std::optional<int> launcher_exit;
 };
 
-// Validates the output path before anything is written (InputError if unusable), then trains.
+// Validates the output path before anything is written (InputError if unusable), then trains;
+// with train.data_parallel = "nccl", as the rank the environment names, or by launching one
+// process per rank (experiments/ranks.h).
 // SIGINT/SIGTERM end the run after the current step (status "interrupted"); a non-finite loss
 // or gradient ends it with status "nan" and the first op that produced one in the trace.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt);

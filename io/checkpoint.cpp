@@ -84,7 +84,7 @@ void collect(const TraceReader& r, const std::string& group, int64_t next_step, 
 std::vector<std::pair<std::string, std::vector<double>>> read_history(const TraceReader& r,
                                                                       int64_t next_step) {
   std::vector<std::pair<std::string, std::vector<double>>> out;
-  for (const char* group : {"/metrics", "/eval", "/shadow"})
+  for (const char* group : {"/metrics", "/eval", "/shadow", "/ranks"})
     if (r.exists(group)) collect(r, group, next_step, 0, out);
   return out;
 }

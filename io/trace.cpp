@@ -108,6 +108,8 @@ TraceWriter::TraceWriter(const std::string& path, bool overwrite)
   last_flush_ = std::chrono::steady_clock::now();
 }
 
+TraceWriter::TraceWriter() = default;
+
 TraceWriter::~TraceWriter() {
   if (!impl_ || impl_->finished) return;
   if (!published_) {  // an error before the trace was readable: leave nothing behind
@@ -129,6 +131,7 @@ TraceWriter::~TraceWriter() {
 
 void TraceWriter::attr(const std::string& object, const std::string& name,
                        const std::string& value) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group g;
   H5::DataSet d;
   H5::H5Object* o = impl_->object(object, g, d);
@@ -137,6 +140,7 @@ void TraceWriter::attr(const std::string& object, const std::string& name,
 }
 
 void TraceWriter::attr(const std::string& object, const std::string& name, double value) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group g;
   H5::DataSet d;
   impl_->object(object, g, d)
@@ -145,6 +149,7 @@ void TraceWriter::attr(const std::string& object, const std::string& name, doubl
 }
 
 void TraceWriter::attr(const std::string& object, const std::string& name, int64_t value) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group g;
   H5::DataSet d;
   impl_->object(object, g, d)
@@ -153,10 +158,12 @@ void TraceWriter::attr(const std::string& object, const std::string& name, int64
 }
 
 void TraceWriter::status_attr(const std::string& status) {
+  if (!impl_) return;  // a writer that keeps nothing
   attr("/", "status", status);
 }
 
 void TraceWriter::series(const std::string& path, Kind kind) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group parent = impl_->group(parent_of(path));
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
   H5::DSetCreatPropList dcpl;
@@ -167,10 +174,12 @@ void TraceWriter::series(const std::string& path, Kind kind) {
 }
 
 void TraceWriter::array(const std::string& path, Kind kind, int64_t size) {
+  if (!impl_) return;  // a writer that keeps nothing
   array(path, kind, std::vector<int64_t>{size});
 }
 
 void TraceWriter::array(const std::string& path, Kind kind, const std::vector<int64_t>& shape) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group parent = impl_->group(parent_of(path));
   const std::vector<hsize_t> dims(shape.begin(), shape.end());
   H5::DSetCreatPropList dcpl;
@@ -181,6 +190,7 @@ void TraceWriter::array(const std::string& path, Kind kind, const std::vector<in
 }
 
 void TraceWriter::bytes(const std::string& path, const std::string& data) {
+  if (!impl_) return;  // a writer that keeps nothing
   H5::Group parent = impl_->group(parent_of(path));
   const hsize_t n = data.size();
   H5::DataSet ds =
@@ -189,6 +199,7 @@ void TraceWriter::bytes(const std::string& path, const std::string& data) {
 }
 
 void TraceWriter::start() {
+  if (!impl_) return;  // a writer that keeps nothing
   reserve(0);
   impl_->file.flush(H5F_SCOPE_GLOBAL);
   if (H5Fstart_swmr_write(impl_->file.getId()) < 0)
@@ -197,6 +208,7 @@ void TraceWriter::start() {
 }
 
 void TraceWriter::append(const std::string& name, double value) {
+  if (!impl_) return;  // a writer that keeps nothing
   auto& s = impl_->series.at(name);
   if (s.kind == Kind::Int64)
     s.i.push_back(int64_t(value));
@@ -205,6 +217,7 @@ void TraceWriter::append(const std::string& name, double value) {
 }
 
 void TraceWriter::append(const std::string& name, int64_t value) {
+  if (!impl_) return;  // a writer that keeps nothing
   auto& s = impl_->series.at(name);
   if (s.kind == Kind::Int64)
     s.i.push_back(value);
@@ -214,6 +227,7 @@ void TraceWriter::append(const std::string& name, int64_t value) {
 
 void TraceWriter::write_array(const std::string& path, const void* values, int64_t count,
                               const H5::PredType& type) {
+  if (!impl_) return;  // a writer that keeps nothing
   if (write_failed_) return;
   reserve(count * 8);
   try {
@@ -228,13 +242,16 @@ void TraceWriter::write_array(const std::string& path, const void* values, int64
   }
 }
 void TraceWriter::write_array(const std::string& path, const std::vector<double>& values) {
+  if (!impl_) return;  // a writer that keeps nothing
   write_array(path, values.data(), int64_t(values.size()), H5::PredType::NATIVE_DOUBLE);
 }
 void TraceWriter::write_array(const std::string& path, const std::vector<int64_t>& values) {
+  if (!impl_) return;  // a writer that keeps nothing
   write_array(path, values.data(), int64_t(values.size()), H5::PredType::NATIVE_INT64);
 }
 
 void TraceWriter::maybe_flush(int64_t flush_steps, double flush_seconds) {
+  if (!impl_) return;  // a writer that keeps nothing
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_flush_).count();
   // Each step appends to every series; count steps by the loss series' pending length.
@@ -274,6 +291,7 @@ void TraceWriter::reserve(int64_t bytes) {
 }
 
 void TraceWriter::flush() {
+  if (!impl_) return;         // a writer that keeps nothing
   if (write_failed_) return;  // nothing more will reach the file
   int64_t pending = 0;
   for (const auto& [name, s] : impl_->series)
@@ -290,6 +308,7 @@ void TraceWriter::flush() {
 }
 
 void TraceWriter::commit_series(const std::string& series) {
+  if (!impl_) return;  // a writer that keeps nothing
   commit_series_ = series;
 }
 
@@ -309,6 +328,7 @@ void TraceWriter::flush_series() {
 }
 
 void TraceWriter::publish() {
+  if (!impl_) return;  // a writer that keeps nothing
   if (published_) return;
   flush();
   fault_point("trace.before_publish");
@@ -333,6 +353,7 @@ void set_root_strings(H5::Group& root,
 
 void TraceWriter::finish(const std::string& status,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
+  if (!impl_) return;  // a writer that keeps nothing
   publish();
   flush();
   impl_->series.clear();

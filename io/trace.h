@@ -37,6 +37,9 @@ class TraceWriter {
   // writer's and is truncated); throws InputError if PATH exists and not `overwrite`, or if the
   // file cannot be created. Destroyed before publish(), it removes PATH.partial again.
   TraceWriter(const std::string& path, bool overwrite);
+  // A writer that keeps nothing: every call below is accepted and dropped (the data-parallel
+  // ranks other than rank 0, which run the same code and leave the trace to rank 0).
+  TraceWriter();
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -76,8 +79,6 @@ class TraceWriter {
               const std::vector<std::pair<std::string, std::string>>& attrs = {});
 
   const std::string& path() const { return path_; }
-  // Renames the open file (atomically replacing `path`); finish() then uses the new name.
-  void rename_to(const std::string& path);
 
  private:
   struct Impl;

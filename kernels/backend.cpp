@@ -113,6 +113,19 @@ std::string open_backend(Backend backend) {
 #endif
 }
 
+int cuda_device_count() {
+#ifdef DIVLAB_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
 namespace {
 // A number read from a one-line file (cgroup's files), or `fallback` for "max" or no file.
 size_t read_bytes(const char* path, size_t fallback) {

@@ -76,6 +76,10 @@ decltype(auto) with_backend_catalogue(Backend backend, Precision precision, F&& 
 // newer) and returns a one-line description of the device. Throws BackendError.
 std::string open_backend(Backend backend);
 
+// The GPUs this process may use (CUDA_VISIBLE_DEVICES applied), without starting a context on
+// any of them; 0 in a build without CUDA or where none is usable.
+int cuda_device_count();
+
 // Throws BackendError when `bytes` of tensors will not fit in the backend's free memory: the
 // device's (cuda), or the host's available memory within this process's cgroup limit (cpu).
 // `what` names the consumer.

@@ -3,6 +3,7 @@
 # benchmarks, print a short table last.
 # Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce] [--gpt2-small] [--no-shadow-cost]
 #                       [--torch-modes=eager,default,reduce-overhead,max-autotune] [--gpt2-only]
+#                       [--nccl] [--nccl-only]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
@@ -11,7 +12,9 @@
 # and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
 # where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
 # alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
-# more; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, most of their time.)
+# more; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, most of their time;
+# --nccl (on a machine of two or more GPUs) runs the ranks-over-NCCL tests and
+# bench/data_parallel.py, and --nccl-only runs those alone after the build.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/divlab-gpu}
@@ -35,12 +38,13 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"
-all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400 torch_modes= core=1
+all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400 torch_modes= core=1 nccl=0
 for a in "$@"; do
   case $a in
     --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;;
     --gpt2-small) gpt2=1 ;; --gpt2-only) gpt2=1 core=0 ;; --no-shadow-cost) shadow_steps=0 ;;
     --torch-modes=*) torch_modes="--torch-modes=${a#*=}" ;;
+    --nccl) nccl=1 ;; --nccl-only) nccl=1 core=0 ;;
   esac
 done
 py=$(command -v python3)
@@ -70,6 +74,11 @@ if [ $core = 1 ]; then
     --config configs/bench-gpu.toml --set model.vocab=2048 --set model.d_model=128 \
     --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=128 --set train.batch=64
 fi
+if [ $nccl = 1 ]; then
+  # Simulated ranks against ranks over NCCL, bit for bit; the launcher; then the timings.
+  step nccl_tests ctest --preset cuda -R 'py.test_nccl_ranks|Ranks|Rendezvous' --output-on-failure
+  step bench_nccl "$py" bench/data_parallel.py --divlab build/cuda/divlab --steps 20
+fi
 if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpu.toml --set model.vocab=50304 \
     model.d_model=768 model.n_layers=12 model.n_heads=12 model.seq_len=1024 train.batch=16 \
@@ -90,7 +99,7 @@ echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
 for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu profile_gpu \
-  bench_gpu bench_gpu_small profile_gpt2 bench_gpt2 sanitize reproduce; do
+  bench_gpu bench_gpu_small profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests bench_nccl; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
@@ -106,3 +115,5 @@ tail -6 "$out/bench_gpu.log" 2>/dev/null
 tail -12 "$out/bench_gpt2.log" 2>/dev/null
 cat "$out/sanitize.log" 2>/dev/null
 grep -iE "cells|verdict|wall|minutes" "$out/reproduce.log" 2>/dev/null | tail -6
+grep -E "^(test_|Ran |OK|FAILED)|tests passed|tests failed" "$out/nccl_tests.log" 2>/dev/null | tail -14
+tail -9 "$out/bench_nccl.log" 2>/dev/null

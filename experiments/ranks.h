@@ -1,0 +1,51 @@
+// Data-parallel ranks as processes (train.data_parallel = "nccl"): which rank this process is,
+// and the launcher that starts one process per local GPU when no other launcher did.
+//
+// Launchers, in the order their environment is read:
+//   divlab itself:  DIVLAB_RANK, DIVLAB_WORLD_SIZE, DIVLAB_LOCAL_RANK, DIVLAB_RUN_NONCE
+//   mpirun (Open MPI): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (nonce: PMIX_NAMESPACE)
+//   srun (Slurm):   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (nonce: job and step id)
+//   torchrun:       RANK, WORLD_SIZE, LOCAL_RANK (nonce: TORCHELASTIC_RUN_ID)
+// A world of one (a Slurm batch script's single task) is no launch: divlab starts the ranks.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/communicator.h"
+
+namespace divlab {
+
+struct RankLaunch {
+  World world;
+  std::string nonce;       // shared by every rank of this launch (common/rendezvous.h)
+  std::string launcher;    // "divlab", "mpirun", "srun", "torchrun": for messages
+  bool lock_held = false;  // divlab's launcher holds the trace's writer lock for the ranks
+};
+
+// This process's place among launched ranks, or nothing when no launcher started it. Throws
+// InputError naming the variable when one is malformed.
+std::optional<RankLaunch> launched_rank();
+
+// Before CUDA starts in this process: narrows CUDA_VISIBLE_DEVICES to the GPU of `local_rank`
+// (its entry in the inherited list, or that index when the list is unset; a list of one is
+// already narrowed by the launcher, as srun --gpus-per-task=1 does), so that every thread of the
+// rank, and NCCL, sees that GPU alone as device 0.
+void use_local_gpu(int local_rank);
+
+// Throws InputError unless this machine shows `ranks` GPUs, one per local rank.
+void check_local_gpus(int ranks);
+
+// The launcher: after checking that this machine shows `ranks` GPUs (InputError otherwise),
+// starts `ranks` processes of the command `args`, rank r on GPU r (DIVLAB_RANK and the other
+// variables above tell each its place), each in its own process group; forwards
+// stop signals to them; stops the rest when one fails (SIGTERM, then SIGKILL: a rank blocked in a
+// collective cannot poll); and records a rank's crash in `trace` (its writer lock is held here).
+// Returns the command's exit status: rank 0's, or the first failed rank's.
+int launch_local_ranks(int ranks, const std::string& trace, const std::vector<std::string>& args);
+
+// Where the ranks of a run writing `trace` meet (common/rendezvous.h).
+std::string rendezvous_path(const std::string& trace);
+
+}  // namespace divlab

@@ -1,0 +1,179 @@
+// Ranks as processes (train.data_parallel = "nccl"), what the CPU can check: how a rank learns
+// its place from each launcher's environment, which GPU it narrows itself to, and the rendezvous
+// file through which the ranks of one launch, and only they, meet. The NCCL runs themselves are
+// tests/py/test_nccl_ranks.py (two GPUs).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <tuple>
+
+#include "common/errors.h"
+#include "common/rendezvous.h"
+#include "experiments/ranks.h"
+#include "tests/support/check.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+using namespace testing;
+
+namespace {
+// Every variable a launcher sets, cleared for the test and restored after it.
+class CleanEnvironment {
+ public:
+  CleanEnvironment() {
+    for (const char* name :
+         {"DIVLAB_RANK", "DIVLAB_WORLD_SIZE", "DIVLAB_LOCAL_RANK", "DIVLAB_RUN_NONCE",
+          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
+          "SLURM_STEP_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
+          "CUDA_VISIBLE_DEVICES"}) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      unsetenv(name);
+      names_.push_back(name);
+    }
+  }
+  ~CleanEnvironment() {
+    for (const auto& name : names_) unsetenv(name.c_str());
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  void set(const char* name, const char* value) { setenv(name, value, 1); }
+
+ private:
+  std::vector<std::string> names_;
+  std::map<std::string, std::string> saved_;
+};
+
+// f() throws InputError whose message holds `needle`.
+template <class F>
+void expect_input_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no InputError; expected one saying '" << needle << "'";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+
+TEST(Ranks, NoLauncherNoRank) {
+  CleanEnvironment env;
+  EXPECT_FALSE(launched_rank().has_value());
+}
+
+TEST(Ranks, DivlabsLauncherHoldsTheLock) {
+  CleanEnvironment env;
+  env.set("DIVLAB_RANK", "1"), env.set("DIVLAB_WORLD_SIZE", "2");
+  env.set("DIVLAB_LOCAL_RANK", "1"), env.set("DIVLAB_RUN_NONCE", "abc");
+  const auto l = launched_rank();
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->launcher, "divlab");
+  EXPECT_EQ(l->world.rank, 1);
+  EXPECT_EQ(l->world.size, 2);
+  EXPECT_EQ(l->world.local_rank, 1);
+  EXPECT_EQ(l->nonce, "abc");
+  EXPECT_TRUE(l->lock_held);
+}
+
+TEST(Ranks, SrunsTasksAreRanksAndItsJobStepTheNonce) {
+  CleanEnvironment env;
+  env.set("SLURM_PROCID", "3"), env.set("SLURM_NTASKS", "4"), env.set("SLURM_LOCALID", "1");
+  env.set("SLURM_JOB_ID", "77"), env.set("SLURM_STEP_ID", "0");
+  const auto l = launched_rank();
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->launcher, "srun");
+  EXPECT_EQ(l->world.rank, 3);
+  EXPECT_EQ(l->world.local_rank, 1);
+  EXPECT_EQ(l->nonce, "77.0");
+  EXPECT_FALSE(l->lock_held);  // rank 0 of srun's takes the trace's lock itself
+}
+
+TEST(Ranks, ASingleTaskIsNoLaunch) {
+  // A Slurm batch script's one task: divlab starts the ranks itself.
+  CleanEnvironment env;
+  env.set("SLURM_PROCID", "0"), env.set("SLURM_NTASKS", "1");
+  EXPECT_FALSE(launched_rank().has_value());
+}
+
+TEST(Ranks, MpirunAndTorchrunAreRead) {
+  {
+    CleanEnvironment env;
+    env.set("OMPI_COMM_WORLD_RANK", "0"), env.set("OMPI_COMM_WORLD_SIZE", "2");
+    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "0"), env.set("PMIX_NAMESPACE", "job-5");
+    const auto l = launched_rank();
+    ASSERT_TRUE(l.has_value());
+    EXPECT_EQ(l->launcher, "mpirun");
+    EXPECT_EQ(l->nonce, "job-5");
+  }
+  CleanEnvironment env;
+  env.set("RANK", "1"), env.set("WORLD_SIZE", "2"), env.set("LOCAL_RANK", "1");
+  const auto l = launched_rank();
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->launcher, "torchrun");
+  EXPECT_EQ(l->world.rank, 1);
+}
+
+TEST(Ranks, AMalformedVariableIsNamed) {
+  for (const auto& [rank, size, needle] :
+       std::vector<std::tuple<const char*, const char*, const char*>>{
+           {"x", "2", "DIVLAB_RANK='x'"},
+           {"1", "2.5", "DIVLAB_WORLD_SIZE='2.5'"},
+           {"2", "2", "DIVLAB_RANK=2: not below DIVLAB_WORLD_SIZE=2"},
+           {"-1", "2", "DIVLAB_RANK='-1'"}}) {
+    CleanEnvironment env;
+    env.set("DIVLAB_RANK", rank), env.set("DIVLAB_WORLD_SIZE", size);
+    expect_input_error([] { launched_rank(); }, needle);
+  }
+}
+
+TEST(Ranks, EachRankNarrowsItselfToItsGpu) {
+  const auto visible_after = [](const char* before, int local_rank) {
+    CleanEnvironment env;
+    if (before) env.set("CUDA_VISIBLE_DEVICES", before);
+    use_local_gpu(local_rank);
+    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+    return std::string(v ? v : "(unset)");
+  };
+  EXPECT_EQ(visible_after(nullptr, 1), "1");
+  EXPECT_EQ(visible_after("4,6,7", 2), "7");
+  EXPECT_EQ(visible_after("GPU-3f2a,GPU-77c1", 1), "GPU-77c1");
+  EXPECT_EQ(visible_after("5", 1), "5");  // one GPU per task already
+  CleanEnvironment env;
+  env.set("CUDA_VISIBLE_DEVICES", "4,6");
+  expect_input_error([] { use_local_gpu(2); }, "local rank 2 has no GPU");
+}
+
+TEST(Rendezvous, TheTokenOfThisLaunchArrivesWhole) {
+  const std::string path = temp_dir("rendezvous") + "/run.h5.rendezvous";
+  const std::string token("\x00\x01zz\xff\n ", 7);  // NCCL's id is raw bytes
+  publish_token(path, "launch-1", token);
+  EXPECT_EQ(await_token(path, "launch-1", 1.0), token);
+}
+
+TEST(Rendezvous, AnEarlierLaunchsFileIsNeverTaken) {
+  const std::string path = temp_dir("rendezvous") + "/stale.rendezvous";
+  publish_token(path, "killed-launch", "old id");
+  try {
+    await_token(path, "this-launch", 0.05);
+    FAIL() << "a stale token was taken";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("published nothing"), std::string::npos) << e.what();
+  }
+  std::string token;
+  EXPECT_FALSE(parse_token("not a rendezvous file\n", "", &token));
+  EXPECT_FALSE(parse_token("divlab-rendezvous 1\nnonce a\ntoken 0g\n", "a", &token));
+}
+
+TEST(Rendezvous, AWaitGivesUpWhenAsked) {
+  const std::string path = temp_dir("rendezvous") + "/never.rendezvous";
+  int polls = 0;
+  try {
+    await_token(path, "n", 60.0, [&] { return ++polls >= 3; });
+    FAIL() << "the wait did not give up";
+  } catch (const RendezvousError& e) {
+    EXPECT_EQ(polls, 3);
+    EXPECT_NE(std::string(e.what()).find("stopped while waiting"), std::string::npos);
+  }
+}
+
+}  // namespace divlab
