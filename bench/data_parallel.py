@@ -1,0 +1,85 @@
+"""Data-parallel ranks on one GPU and over NCCL, in one run, on the same machine.
+
+    python3 bench/data_parallel.py --divlab build/cuda/divlab [--ranks 2] [--steps 20]
+
+At GPT-2 small's shape (V 50304, C 768, 12 blocks, 12 heads, T 1024, bf16, SGD) it times
+`divlab train` four ways, each the median step over the steps after the first three, from the
+trace's /metrics/wall_s:
+  1. one GPU, one rank, B sequences per step;
+  2. one GPU, R simulated ranks sharing those B sequences (shards one after another);
+  3. R GPUs over NCCL sharing the same B sequences (the same numbers as 2, bit for bit);
+  4. R GPUs over NCCL with R x B sequences (each rank B: weak scaling).
+and, for the NCCL runs, each rank's median compute (forward + backward) and reduction (the
+all-gather of every rank's fp32 gradient and the grad_reduce kernel) from /ranks. Prints a table
+with tokens/s and the weak-scaling efficiency (4's tokens/s over R x 1's).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+GPT2_SMALL = ["backend=cuda", "train.precision=bf16", "data=uniform", "model.vocab=50304",
+              "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.seq_len=1024",
+              "train.lr=1e-4", "checkpoint.every=0", "eval.every=0"]
+
+
+def run(divlab, keys, steps):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "run.h5")
+        cmd = [divlab, "train", "--quiet", "--set", *GPT2_SMALL, f"train.steps={steps}", *keys,
+               "--out", out]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+        with h5py.File(out, "r") as f:
+            wall = f["/metrics/wall_s"][:]
+            loss = f["/metrics/loss"][:]
+            ranks = {}
+            if "ranks" in f:
+                for name in f["ranks"]:
+                    if name != "step":
+                        ranks[int(name)] = {k: float(np.median(f[f"ranks/{name}/{k}"][3:]))
+                                            for k in ("compute_s", "reduce_s")}
+        return statistics.median(np.diff(wall)[3:]), loss, ranks
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--divlab", required=True)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16, help="sequences per step of rows 1-3")
+    p.add_argument("--steps", type=int, default=20)
+    a = p.parse_args()
+    R, B, T = a.ranks, a.batch, 1024
+    rows = [("1 GPU, 1 rank", [f"train.batch={B}", "train.ranks=1"], B),
+            (f"1 GPU, {R} simulated ranks", [f"train.batch={B}", f"train.ranks={R}"], B),
+            (f"{R} GPUs over NCCL", [f"train.batch={B}", f"train.ranks={R}",
+                                     "train.data_parallel=nccl"], B),
+            (f"{R} GPUs over NCCL, {R}x batch", [f"train.batch={R * B}", f"train.ranks={R}",
+                                                 "train.data_parallel=nccl"], R * B)]
+    results = []
+    for name, keys, batch in rows:
+        step_s, loss, ranks = run(a.divlab, keys, a.steps)
+        results.append((name, batch, step_s, loss, ranks))
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.split("\n")[0]
+    print(f"GPT-2 small shape, bf16, {a.steps} steps, {gpu}")
+    print(f"{'run':34} {'seq/step':>8} {'ms/step':>9} {'tokens/s':>10}   per-rank compute / reduce ms")
+    for name, batch, step_s, _, ranks in results:
+        per_rank = "  ".join(f"r{r}: {v['compute_s'] * 1e3:.2f} / {v['reduce_s'] * 1e3:.2f}"
+                             for r, v in sorted(ranks.items()))
+        print(f"{name:34} {batch:8d} {step_s * 1e3:9.2f} {batch * T / step_s:10.0f}   {per_rank}")
+    same = np.array_equal(results[1][3], results[2][3])
+    print(f"simulated and NCCL ranks, losses bit for bit equal: {same}")
+    one, weak = results[0], results[3]
+    print(f"weak scaling over {R} GPUs: {weak[1] / weak[2] / (R * one[1] / one[2]):.2f} "
+          f"of {R}x one GPU's tokens/s")
+
+
+if __name__ == "__main__":
+    main()
