@@ -64,7 +64,10 @@ std::string nonce_of(const std::string& launcher) {
   if (launcher == "divlab") return env(kNonce);
   if (launcher == "mpirun") return env("PMIX_NAMESPACE") + env("OMPI_MCA_ess_base_jobid");
   if (launcher == "srun") return env("SLURM_JOB_ID") + "." + env("SLURM_STEP_ID");
-  return env("TORCHELASTIC_RUN_ID");
+  // torchrun's run id is "none" unless given: its rendezvous endpoint and restart count tell
+  // launches apart too.
+  return env("TORCHELASTIC_RUN_ID") + "@" + env("MASTER_ADDR") + ":" + env("MASTER_PORT") + "#" +
+         env("TORCHELASTIC_RESTART_COUNT");
 }
 
 std::string random_nonce() {

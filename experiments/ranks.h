@@ -5,7 +5,7 @@
 //   divlab itself:  DIVLAB_RANK, DIVLAB_WORLD_SIZE, DIVLAB_LOCAL_RANK, DIVLAB_RUN_NONCE
 //   mpirun (Open MPI): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (nonce: PMIX_NAMESPACE)
 //   srun (Slurm):   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (nonce: job and step id)
-//   torchrun:       RANK, WORLD_SIZE, LOCAL_RANK (nonce: TORCHELASTIC_RUN_ID)
+//   torchrun:       RANK, WORLD_SIZE, LOCAL_RANK (nonce: run id, endpoint, restart count)
 // A world of one (a Slurm batch script's single task) is no launch: divlab starts the ranks.
 #pragma once
 
