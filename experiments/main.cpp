@@ -79,8 +79,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
           "and --out");
     const TrainResult r = resume_training(resume, sets, !quiet);
     if (r.launcher_exit) return *r.launcher_exit;  // rank 0 reported the run
-    const auto launch = launched_rank();
-    if (launch && launch->world.rank != 0) return r.status == "interrupted" ? 128 + r.signal : 0;
+    if (!r.reports) return r.status == "interrupted" ? 128 + r.signal : 0;
     std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
               << "  trace " << resume << std::endl;
     return r.status == "interrupted" ? 128 + r.signal : 0;
@@ -103,7 +102,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   opt.profile = profile;
   const TrainResult r = train(cfg, opt);
   if (r.launcher_exit) return *r.launcher_exit;
-  if (launch && launch->world.rank != 0) return r.status == "interrupted" ? 128 + r.signal : 0;
+  if (!r.reports) return r.status == "interrupted" ? 128 + r.signal : 0;
   std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
             << "  trace " << out << std::endl;
   return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0

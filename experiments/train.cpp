@@ -472,7 +472,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   std::vector<TokenId> in(N), tgt(N);
   Progress progress(opt.progress && lead);
   const auto t0 = std::chrono::steady_clock::now();
-  TrainResult result{"completed", first_step, 0.0, 0, std::nullopt};
+  TrainResult result{"completed", first_step, 0.0, 0, std::nullopt, lead};
   std::vector<std::pair<std::string, std::string>> nan_where;
   // Then no step is taken; over NCCL the first step's reports carry the request instead, so that
   // every rank stops at the same step.

@@ -23,6 +23,8 @@ struct TrainResult {
   // train.data_parallel = "nccl" started by hand: this process launched the ranks (one per GPU,
   // experiments/ranks.h), rank 0 reported the run, and the command exits with this status.
   std::optional<int> launcher_exit;
+  // False in a data-parallel rank other than 0: rank 0 reports the run to the user.
+  bool reports = true;
 };
 
 // Validates the output path before anything is written (InputError if unusable), then trains;
