@@ -125,12 +125,12 @@ RunConfig trace_config(const std::string& trace) {
   return parse_config_text(r.string_attr("/", "config_toml"), "trace '" + trace + "'", {});
 }
 
-struct Weights {
+struct NewestWeights {
   std::optional<TraceWeights> found;
   std::string source;
 };
 
-Weights newest_weights(const std::string& trace, const std::vector<ParamInfo>& layout) {
+NewestWeights newest_weights(const std::string& trace, const std::vector<ParamInfo>& layout) {
   const TraceReader r(trace);
   for (const std::string which : {"final", "checkpoint", "initial"}) {
     auto w = trace_weights(r, which, layout);
@@ -225,7 +225,7 @@ TraceCapture capture_op_calls(const std::string& trace, const std::string& op, s
   const RunConfig cfg = trace_config(trace);
   Op o{};
   parse_op(op, &o);
-  Weights w = newest_weights(trace, param_layout(cfg.model));
+  NewestWeights w = newest_weights(trace, param_layout(cfg.model));
   DatasetOptions dopt;
   dopt.vocab = cfg.model.vocab, dopt.seq_len = cfg.model.seq_len, dopt.seed = cfg.seed;
   dopt.verbose = false;

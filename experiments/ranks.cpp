@@ -31,7 +31,7 @@ constexpr const char* kNonce = "DIVLAB_RUN_NONCE";
 
 // How long ranks asked to stop after another failed get before they are killed: a rank blocked
 // in a collective whose peer is gone never reaches its next stop check.
-constexpr double kGraceSeconds = 10;
+constexpr double kRankStopGraceSeconds = 10;
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -77,7 +77,7 @@ std::string random_nonce() {
   return out.str();
 }
 
-std::string describe(int status) {
+std::string describe_end(int status) {
   if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
   return "signal " + std::to_string(WTERMSIG(status));
 }
@@ -183,7 +183,7 @@ int launch_local_ranks(int ranks, const std::string& trace, const std::vector<st
       if (failed && first_failure < 0) {
         first_failure = r;
         std::fprintf(stderr, "divlab: rank %d ended with %s; stopping the other ranks\n", r,
-                     describe(status).c_str());
+                     describe_end(status).c_str());
         signal_all(SIGTERM);
         stop_asked = Clock::now();
       }
@@ -194,7 +194,7 @@ int launch_local_ranks(int ranks, const std::string& trace, const std::vector<st
       stop_asked = Clock::now();
     }
     if (live > 0 && stop_asked != Clock::time_point{} &&
-        std::chrono::duration<double>(Clock::now() - stop_asked).count() > kGraceSeconds)
+        std::chrono::duration<double>(Clock::now() - stop_asked).count() > kRankStopGraceSeconds)
       signal_all(SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -204,7 +204,7 @@ int launch_local_ranks(int ranks, const std::string& trace, const std::vector<st
   // its end: the trace gets it here, where its writer lock is held.
   if (WIFSIGNALED(statuses[0]))
     record_crash(trace, "crashed: rank " + std::to_string(reported) + " ended with " +
-                            describe(statuses[size_t(reported)]) +
+                            describe_end(statuses[size_t(reported)]) +
                             (reported == 0 ? "" : "; rank 0 was stopped"));
   const int status = statuses[size_t(reported)];
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);

@@ -18,15 +18,15 @@ namespace divlab {
 
 namespace {
 
-struct Weights {
+struct SampledWeights {
   std::vector<double> params;
   std::string what;
 };
 
 // The asked-for weights; "final" falls back to the newest checkpoint (a sweep cell keeps no
 // final weights unless asked).
-Weights weights_of(const TraceReader& r, const std::string& which, const ModelConfig& m,
-                   const std::string& path) {
+SampledWeights weights_of(const TraceReader& r, const std::string& which, const ModelConfig& m,
+                          const std::string& path) {
   const auto layout = param_layout(m);
   if (auto w = trace_weights(r, which, layout); w && which != "checkpoint")
     return {std::move(w->params), which + " weights (after " + std::to_string(w->step) + " steps)"};
@@ -83,7 +83,7 @@ Sample sample(const SampleOptions& opt) {
   }
   const RunConfig cfg = load_config_text(recorded, "trace '" + opt.trace + "'", overrides);
   const ModelConfig& m = cfg.model;
-  Weights w = weights_of(r, opt.weights, m, opt.trace);
+  SampledWeights w = weights_of(r, opt.weights, m, opt.trace);
   const std::string tokenizer =
       r.exists("/dataset/tokenizer_model") ? r.blob("/dataset/tokenizer_model") : "";
   std::vector<int> context = prompt_ids(opt.prompt, tokenizer, m.vocab);
