@@ -76,7 +76,7 @@ if [ $core = 1 ]; then
 fi
 if [ $nccl = 1 ]; then
   # Simulated ranks against ranks over NCCL, bit for bit; the launcher; then the timings.
-  step nccl_tests ctest --preset cuda -R 'py.test_nccl_ranks|Ranks|Rendezvous' --output-on-failure
+  step nccl_tests ctest --preset cuda -R 'py.test_nccl|Ranks|Rendezvous' --output-on-failure
   step bench_nccl "$py" bench/data_parallel.py --divlab build/cuda/divlab --steps 20
 fi
 if [ $gpt2 = 1 ]; then

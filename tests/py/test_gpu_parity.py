@@ -10,6 +10,7 @@ import unittest
 import h5py
 import torch
 
+import cli
 import test_parity
 
 BIN = os.environ["DIVLAB_BIN"]
@@ -63,4 +64,4 @@ class GpuLlamaParity(GpuParity):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    cli.main_reporting_skips()

@@ -247,4 +247,4 @@ data_parallel = ["simulated", "nccl"]
 
 
 if __name__ == "__main__":
-    unittest.main()
+    cli.main_reporting_skips()
