@@ -145,8 +145,9 @@ const std::vector<KeySpec>& schema() {
           Range::Positive),
       key("train.data_parallel", DIVLAB_AT(data_parallel), "simulated",
           "where the ranks run: simulated (one after another on this device) | nccl (one "
-          "process per GPU, backend = \"cuda\"; divlab starts them, or mpirun / srun / "
-          "torchrun does): the same numbers either way"),
+          "process per GPU, backend = \"cuda\") | processes (one process per rank on this "
+          "host's CPU, backend = \"cpu\"); divlab starts the processes, or mpirun / srun / "
+          "torchrun does: the same numbers every way"),
       key("train.steps", DIVLAB_AT(steps), "100", "optimizer steps", Range::NonNegative),
       key("train.lr", DIVLAB_AT(optim.lr), "0.1", "peak learning rate", Range::Positive),
       key("train.optimizer", DIVLAB_AT(optim.kind), "sgd", "optimizer"),
@@ -486,8 +487,13 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     throw InputError(
         "config key 'train.data_parallel' = \"nccl\" needs 'backend' = \"cuda\" (one GPU "
         "per rank)");
-  if (cfg.data_parallel == RankTransport::Nccl && cfg.ranks < 2)
-    throw InputError("config key 'train.data_parallel' = \"nccl\" needs 'train.ranks' >= 2 (" +
+  if (cfg.data_parallel == RankTransport::Processes && cfg.backend != Backend::Cpu)
+    throw InputError(
+        "config key 'train.data_parallel' = \"processes\" needs 'backend' = \"cpu\" (on GPUs: "
+        "\"nccl\")");
+  if (ranks_are_processes(cfg.data_parallel) && cfg.ranks < 2)
+    throw InputError("config key 'train.data_parallel' = \"" +
+                     std::string(name_of(cfg.data_parallel)) + "\" needs 'train.ranks' >= 2 (" +
                      std::to_string(cfg.ranks) + " given: one process per rank)");
   if (o.nesterov && o.momentum == 0)
     throw InputError("config key 'train.nesterov' = true needs 'train.momentum' > 0");

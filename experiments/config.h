@@ -14,14 +14,21 @@
 namespace divlab {
 
 // Where a run's data-parallel ranks (train.ranks > 1) execute: one after another on the run's
-// device, or one process per GPU joined over NCCL. Both reduce the same stacked gradients with
-// the same grad_reduce kernel, so they compute the same numbers.
-enum class RankTransport { Simulated, Nccl };
+// device, one process per GPU joined over NCCL, or one process per rank on this host's CPU
+// joined over sockets. All reduce the same stacked gradients with the same grad_reduce kernel,
+// so they compute the same numbers.
+enum class RankTransport { Simulated, Nccl, Processes };
 template <>
 struct EnumNames<RankTransport> {
   static constexpr std::pair<RankTransport, const char*> table[] = {
-      {RankTransport::Simulated, "simulated"}, {RankTransport::Nccl, "nccl"}};
+      {RankTransport::Simulated, "simulated"},
+      {RankTransport::Nccl, "nccl"},
+      {RankTransport::Processes, "processes"}};
 };
+// Whether the ranks run as processes of their own (started by a launcher).
+inline bool ranks_are_processes(RankTransport t) {
+  return t != RankTransport::Simulated;
+}
 
 struct RunConfig {
   Backend backend = Backend::Cpu;

@@ -88,7 +88,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   // A data-parallel rank that a launcher started: its launcher checked the output and printed
   // the config (or, under mpirun and srun, rank 0 does); rank 0 alone reports the run.
   const auto launch =
-      cfg.data_parallel == RankTransport::Nccl ? launched_rank() : std::optional<RankLaunch>();
+      ranks_are_processes(cfg.data_parallel) ? launched_rank() : std::optional<RankLaunch>();
   check_out_is_no_input(out, config, cfg);
   if (!launch || (launch->world.rank == 0 && !launch->lock_held)) {
     check_output_path(out, force);  // before the config is printed, so an error stands alone

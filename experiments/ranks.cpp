@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -142,8 +143,15 @@ void check_local_gpus(int ranks) {
                      "; train.data_parallel = \"simulated\" runs the same ranks on one device");
 }
 
-int launch_local_ranks(int ranks, const std::string& trace, const std::vector<std::string>& args) {
-  check_local_gpus(ranks);
+int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
+                       const std::vector<std::string>& args) {
+  if (gpus) check_local_gpus(ranks);
+  // CPU ranks share this host's cores (the kernels' fixed chunks give the same bits with any
+  // count): each its share, unless OMP_NUM_THREADS says otherwise.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string threads = env("OMP_NUM_THREADS").empty()
+                                  ? std::to_string(std::max(1u, cores / unsigned(ranks)))
+                                  : env("OMP_NUM_THREADS");
   const std::string nonce = random_nonce();
   std::remove(rendezvous_path(trace).c_str());  // an earlier launch's, never this one's
   std::vector<pid_t> pids;
@@ -162,6 +170,7 @@ int launch_local_ranks(int ranks, const std::string& trace, const std::vector<st
                  std::string(kLocalRank) + "=" + std::to_string(r),
                  std::string(kNonce) + "=" + nonce,
                  std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
+    if (!gpus) so.setenv.push_back("OMP_NUM_THREADS=" + threads);
     const pid_t pid = spawn_process(args, so);
     if (pid < 0) {
       signal_all(SIGKILL);

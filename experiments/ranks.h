@@ -1,5 +1,5 @@
-// Data-parallel ranks as processes (train.data_parallel = "nccl"): which rank this process is,
-// and the launcher that starts one process per local GPU when no other launcher did.
+// Data-parallel ranks as processes (train.data_parallel = "nccl" or "processes"): which rank
+// this process is, and the launcher that starts one process per rank when no other launcher did.
 //
 // Launchers, in the order their environment is read:
 //   divlab itself:  DIVLAB_RANK, DIVLAB_WORLD_SIZE, DIVLAB_LOCAL_RANK, DIVLAB_RUN_NONCE
@@ -37,13 +37,15 @@ void use_local_gpu(int local_rank);
 // Throws InputError unless this machine shows `ranks` GPUs, one per local rank.
 void check_local_gpus(int ranks);
 
-// The launcher: after checking that this machine shows `ranks` GPUs (InputError otherwise),
-// starts `ranks` processes of the command `args`, rank r on GPU r (DIVLAB_RANK and the other
-// variables above tell each its place), each in its own process group; forwards
+// The launcher: starts `ranks` processes of the command `args` (DIVLAB_RANK and the other
+// variables above tell each its place), with `gpus` rank r on GPU r after checking that this
+// machine shows `ranks` GPUs (InputError otherwise), else each with its share of the cores
+// (OMP_NUM_THREADS), each in its own process group; forwards
 // stop signals to them; stops the rest when one fails (SIGTERM, then SIGKILL: a rank blocked in a
 // collective cannot poll); and records a rank's crash in `trace` (its writer lock is held here).
 // Returns the command's exit status: rank 0's, or the first failed rank's.
-int launch_local_ranks(int ranks, const std::string& trace, const std::vector<std::string>& args);
+int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
+                       const std::vector<std::string>& args);
 
 // Where the ranks of a run writing `trace` meet (common/rendezvous.h).
 std::string rendezvous_path(const std::string& trace);

@@ -351,9 +351,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                                                                   : 0;
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
-  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, B_rank) +
-                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes +
-                        (launch ? kNcclReserveBytes : 0);
+  const int64_t bytes =
+      Transformer<T, A>::allocated_bytes(m, B_rank) + predicted_bytes<T, A>(cfg, param_count(m)) +
+      checkpoint_bytes +
+      (launch && cfg.data_parallel == RankTransport::Nccl ? kNcclReserveBytes : 0);
   check_backend_fits(cfg.backend, size_t(bytes),
                      "this model at train.batch = " + std::to_string(B) +
                          (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : ""));
@@ -361,12 +362,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   // ranks' barrier.
   std::unique_ptr<Communicator> comm;
   if (launch) {
+    const bool nccl = cfg.data_parallel == RankTransport::Nccl;
     try {
-      comm = open_nccl(launch->world, rendezvous_path(opt.out), launch->nonce, kRendezvousSeconds);
+      comm = nccl ? open_nccl(launch->world, rendezvous_path(opt.out), launch->nonce,
+                              kRendezvousSeconds)
+                  : open_local_sockets(launch->world, launch->nonce, kRendezvousSeconds);
     } catch (const CommunicatorError& e) {
       throw RunFailed(std::string("rank ") + std::to_string(launch->world.rank) + ": " + e.what());
     }
-    if (lead) std::remove(rendezvous_path(opt.out).c_str());  // every rank has joined
+    if (lead && nccl) std::remove(rendezvous_path(opt.out).c_str());  // every rank has joined
   }
   std::unique_ptr<ShadowTap<T, A>> tap;
   if (cfg.shadow_every > 0 && lead)
@@ -426,8 +430,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
   if (launch)
     trace.attr("/", "data_parallel",
-               "nccl: " + std::to_string(cfg.ranks) + " ranks, one GPU each, launched by " +
-                   launch->launcher);
+               std::string(name_of(cfg.data_parallel)) + ": " + std::to_string(cfg.ranks) +
+                   (cfg.data_parallel == RankTransport::Nccl ? " ranks, one GPU each"
+                                                             : " ranks, processes on one host") +
+                   ", launched by " + launch->launcher);
   if (resume)
     trace.attr("/", "resumed_at_step", resume->checkpoint ? resume->checkpoint->next_step : 0);
   trace.start();
@@ -605,7 +611,8 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
       throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) + ", but " +
                        launch->launcher + " started " + std::to_string(launch->world.size) +
                        " ranks");
-    use_local_gpu(launch->world.local_rank);  // before anything starts CUDA in this process
+    // Before anything starts CUDA in this process.
+    if (cfg.data_parallel == RankTransport::Nccl) use_local_gpu(launch->world.local_rank);
   }
   std::string device;
   try {
@@ -641,7 +648,7 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
 namespace {
 // The rank this process is, when its run goes over NCCL and a launcher started it.
 std::optional<RankLaunch> nccl_rank(const RunConfig& cfg) {
-  return cfg.data_parallel == RankTransport::Nccl ? launched_rank() : std::nullopt;
+  return ranks_are_processes(cfg.data_parallel) ? launched_rank() : std::nullopt;
 }
 
 // Whether this process writes the trace (and so takes its writer lock): a run's only process,
@@ -672,8 +679,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
     lock.emplace(opt.out + ".lock", "--out '" + opt.out + "'");
   }
   TrainResult r;
-  if (cfg.data_parallel == RankTransport::Nccl && !launch)
-    r.launcher_exit = launch_local_ranks(cfg.ranks, opt.out, rank_command(cfg, opt));
+  if (ranks_are_processes(cfg.data_parallel) && !launch)
+    r.launcher_exit = launch_local_ranks(cfg.ranks, cfg.data_parallel == RankTransport::Nccl,
+                                         opt.out, rank_command(cfg, opt));
   else
     r = run(cfg, opt, nullptr, launch ? &*launch : nullptr);
   if (lock) lock->done();
@@ -754,12 +762,13 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   TrainOptions opt;
   opt.out = path, opt.force = true, opt.progress = progress;
   TrainResult r;
-  if (cfg.data_parallel == RankTransport::Nccl && !launch) {
+  if (ranks_are_processes(cfg.data_parallel) && !launch) {
     std::vector<std::string> args = {self_exe(), "train", "--resume", path};
     if (!overrides.empty()) args.push_back("--set");
     args.insert(args.end(), overrides.begin(), overrides.end());
     if (!progress) args.push_back("--quiet");
-    r.launcher_exit = launch_local_ranks(cfg.ranks, path, args);
+    r.launcher_exit =
+        launch_local_ranks(cfg.ranks, cfg.data_parallel == RankTransport::Nccl, path, args);
   } else
     r = run(cfg, opt, &resume, launch ? &*launch : nullptr);
   if (lock) lock->done();

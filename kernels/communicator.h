@@ -1,8 +1,9 @@
-// Data-parallel ranks as processes, one GPU each (train.data_parallel = "nccl"): the one
-// collective the trainer needs. Every rank's gradient is gathered whole, so each rank runs the
-// run's grad_reduce variant on exactly the stacked gradients the simulated ranks reduce on one
-// device: the same kernel on the same bits gives the same reduced gradient, for the reference,
-// every variant and every plug-in alike (docs/guide.md, "Data-parallel ranks").
+// Data-parallel ranks as processes, one GPU each over NCCL (train.data_parallel = "nccl") or
+// on one host's CPU over sockets ("processes"): the one collective the trainer needs. Every
+// rank's gradient is gathered whole, so each rank runs the run's grad_reduce variant on exactly the
+// stacked gradients the simulated ranks reduce on one device: the same kernel on the same bits
+// gives the same reduced gradient, for the reference, every variant and every plug-in alike
+// (docs/guide.md, "Data-parallel ranks").
 #pragma once
 
 #include <cstddef>
@@ -38,6 +39,12 @@ class Communicator {
 
 // Whether this build can run ranks over NCCL (the cuda preset, where NCCL was found).
 bool nccl_built();
+
+// Joins the world of ranks as processes on this host's CPU (train.data_parallel =
+// "processes"; kernels/socket_communicator.cpp): rank 0 listens on a socket named by `nonce`,
+// the others connect within `timeout_s`. The arrays are host memory. Throws CommunicatorError.
+std::unique_ptr<Communicator> open_local_sockets(const World& world, const std::string& nonce,
+                                                 double timeout_s);
 
 // Joins the world over NCCL on this process's current GPU: rank 0 makes the unique id and
 // publishes it at `rendezvous` tagged `nonce` (common/rendezvous.h); the others wait for it up
