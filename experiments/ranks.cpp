@@ -156,9 +156,10 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
   std::remove(rendezvous_path(trace).c_str());  // an earlier launch's, never this one's
   std::vector<pid_t> pids;
   std::vector<int> statuses(size_t(ranks), -1);
+  std::vector<int> sent(size_t(ranks), 0);  // the last signal this launcher sent each rank
   const auto signal_all = [&](int sig) {
     for (size_t r = 0; r < pids.size(); ++r)
-      if (statuses[r] < 0) kill(pids[r], sig);
+      if (statuses[r] < 0) kill(pids[r], sig), sent[r] = sig;
   };
   for (int r = 0; r < ranks; ++r) {
     SpawnOptions so;
@@ -180,7 +181,7 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
     pids.push_back(pid);
   }
   using Clock = std::chrono::steady_clock;
-  int forwarded = 0, first_failure = -1, live = ranks;
+  int forwarded = 0, first_failure = -1, killed = -1, live = ranks;
   Clock::time_point stop_asked{};
   while (live > 0) {
     for (int r = 0; r < ranks; ++r) {
@@ -189,10 +190,11 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
       statuses[size_t(r)] = status, --live;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0) &&
                           !(WIFEXITED(status) && WEXITSTATUS(status) >= 128 && forwarded);
+      // A rank killed by a signal this launcher did not send is where a failure began: its
+      // peers fail after it (a closed socket, a lost NCCL peer), sometimes before it is seen.
+      if (WIFSIGNALED(status) && WTERMSIG(status) != sent[size_t(r)] && killed < 0) killed = r;
       if (failed && first_failure < 0) {
         first_failure = r;
-        std::fprintf(stderr, "divlab: rank %d ended with %s; stopping the other ranks\n", r,
-                     describe_end(status).c_str());
         signal_all(SIGTERM);
         stop_asked = Clock::now();
       }
@@ -208,7 +210,10 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::remove(rendezvous_path(trace).c_str());
-  const int reported = first_failure >= 0 ? first_failure : 0;
+  const int reported = killed >= 0 ? killed : first_failure >= 0 ? first_failure : 0;
+  if (first_failure >= 0)
+    std::fprintf(stderr, "divlab: rank %d ended with %s; the other ranks were stopped\n", reported,
+                 describe_end(statuses[size_t(reported)]).c_str());
   // Rank 0 killed (by a crash, or by this launcher after another rank failed) could not record
   // its end: the trace gets it here, where its writer lock is held.
   if (WIFSIGNALED(statuses[0]))
