@@ -7,7 +7,7 @@
 # cores; docs/reliability.md.) Time on CI's 2 cores is kept under 30 minutes: the cuda build
 # compiles through ccache (only its CUDA sources and the files its define changes are new), and
 # the sanitizer build is -O1 with line tables only and a unity build (5.9 min; 10 at -O2 -g
-# file by file). A clean clone took 14 min 10 s on 2 cores (2026-11-26, the VM's ccache kept;
+# file by file). A clean clone took 11 min 39 s on 2 cores (2026-11-26, the VM's ccache kept;
 # 29 min 56 s on 2026-11-25's VM with a fresh one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
