@@ -1,16 +1,19 @@
-// Ranks as processes (train.data_parallel = "nccl"), what the CPU can check: how a rank learns
-// its place from each launcher's environment, which GPU it narrows itself to, and the rendezvous
-// file through which the ranks of one launch, and only they, meet. The NCCL runs themselves are
-// tests/py/test_nccl_ranks.py (two GPUs).
+// Ranks as processes (train.data_parallel = "nccl" or "processes"), the parts below a run: how
+// a rank learns its place from each launcher's environment, which GPU it narrows itself to, the
+// rendezvous file through which the ranks of one launch, and only they, meet, and the CPU's
+// socket transport (ranks as threads here). Whole runs: tests/py/ranks_cases.py.
 #include <unistd.h>
 
 #include <cstdlib>
+#include <future>
 #include <map>
+#include <random>
 #include <tuple>
 
 #include "common/errors.h"
 #include "common/rendezvous.h"
 #include "experiments/ranks.h"
+#include "kernels/communicator.h"
 #include "tests/support/check.h"
 #include "tests/support/fixtures.h"
 
@@ -173,6 +176,62 @@ TEST(Rendezvous, AWaitGivesUpWhenAsked) {
   } catch (const RendezvousError& e) {
     EXPECT_EQ(polls, 3);
     EXPECT_NE(std::string(e.what()).find("stopped while waiting"), std::string::npos);
+  }
+}
+
+namespace {
+// A fresh socket name per test run, so two test binaries never meet.
+std::string test_nonce() {
+  return "test-" + std::to_string(std::random_device{}()) + "-" + std::to_string(getpid());
+}
+}  // namespace
+
+TEST(Sockets, AllGatherStacksEveryRanksBytesInRankOrder) {
+  constexpr int kRanks = 3;
+  const std::string nonce = test_nonce();
+  std::vector<std::future<std::vector<float>>> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.push_back(std::async(std::launch::async, [r, &nonce] {
+      auto comm = open_local_sockets({r, kRanks, r}, nonce, 30);
+      std::vector<float> all;
+      for (int call = 0; call < 3; ++call) {  // the stack is rebuilt call after call
+        const std::vector<float> mine(1000, float(10 * call + r));
+        all.assign(size_t(kRanks) * mine.size(), -1.0f);
+        comm->all_gather(mine.data(), all.data(), mine.size() * sizeof(float), nullptr);
+      }
+      return all;
+    }));
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<float> all = ranks[size_t(r)].get();
+    for (int from = 0; from < kRanks; ++from)
+      for (int i = 0; i < 1000; ++i)
+        ASSERT_EQ(all[size_t(from) * 1000 + size_t(i)], float(20 + from))
+            << "rank " << r << " sees rank " << from << "'s value " << i;
+  }
+}
+
+TEST(Sockets, APeerThatGoesAwayIsAnErrorNotAHang) {
+  const std::string nonce = test_nonce();
+  auto leaver = std::async(std::launch::async, [&nonce] {
+    auto comm = open_local_sockets({1, 2, 1}, nonce, 30);  // joins, then leaves at once
+  });
+  auto comm = open_local_sockets({0, 2, 0}, nonce, 30);
+  leaver.get();
+  double mine = 1, all[2];
+  try {
+    comm->all_gather(&mine, all, sizeof mine, nullptr);
+    FAIL() << "the all-gather returned without its peer";
+  } catch (const CommunicatorError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 went away"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sockets, NoRankZeroIsAnErrorAfterTheWait) {
+  try {
+    open_local_sockets({1, 2, 1}, test_nonce(), 0.1);
+    FAIL() << "joined a world without rank 0";
+  } catch (const CommunicatorError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 did not listen"), std::string::npos) << e.what();
   }
 }
 
