@@ -190,6 +190,7 @@ TEST(Sockets, AllGatherStacksEveryRanksBytesInRankOrder) {
   constexpr int kRanks = 3;
   const std::string nonce = test_nonce();
   std::vector<std::future<std::vector<float>>> ranks;
+  ranks.reserve(kRanks);
   for (int r = 0; r < kRanks; ++r)
     ranks.push_back(std::async(std::launch::async, [r, &nonce] {
       auto comm = open_local_sockets({r, kRanks, r}, nonce, 30);
