@@ -87,10 +87,10 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   const RunConfig cfg = load_config(config, sets);
   // A data-parallel rank that a launcher started: its launcher checked the output and printed
   // the config (or, under mpirun and srun, rank 0 does); rank 0 alone reports the run.
-  const auto launch =
-      ranks_are_processes(cfg.data_parallel) ? launched_rank() : std::optional<RankLaunch>();
+  const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
+  if (launch) check_world_size(*launch, cfg.ranks);
   check_out_is_no_input(out, config, cfg);
-  if (!launch || (launch->world.rank == 0 && !launch->lock_held)) {
+  if (answers_for_output(launch)) {
     check_output_path(out, force);  // before the config is printed, so an error stands alone
     if (cfg.data_parallel == RankTransport::Nccl && !launch) check_local_gpus(cfg.ranks);
     std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;

@@ -107,6 +107,20 @@ std::optional<RankLaunch> launched_rank() {
   return std::nullopt;
 }
 
+std::optional<RankLaunch> launched_rank(RankTransport transport) {
+  return ranks_are_processes(transport) ? launched_rank() : std::nullopt;
+}
+
+bool answers_for_output(const std::optional<RankLaunch>& launch) {
+  return !launch || (launch->world.rank == 0 && !launch->lock_held);
+}
+
+void check_world_size(const RankLaunch& launch, int ranks) {
+  if (launch.world.size != ranks)
+    throw InputError("config key 'train.ranks' = " + std::to_string(ranks) + ", but " +
+                     launch.launcher + " started " + std::to_string(launch.world.size) + " ranks");
+}
+
 void use_local_gpu(int local_rank) {
   const std::string visible = env("CUDA_VISIBLE_DEVICES");
   std::vector<std::string> list;
@@ -114,7 +128,6 @@ void use_local_gpu(int local_rank) {
   for (std::string e; std::getline(entries, e, ',');) list.push_back(e);
   std::string mine;
   if (list.size() == 1) return;  // narrowed already (one GPU per task)
-  if (list.empty() && !visible.empty()) return;
   if (list.empty()) {
     mine = std::to_string(local_rank);
   } else {

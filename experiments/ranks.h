@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/config.h"
 #include "kernels/communicator.h"
 
 namespace divlab {
@@ -27,6 +28,19 @@ struct RankLaunch {
 // This process's place among launched ranks, or nothing when no launcher started it. Throws
 // InputError naming the variable when one is malformed.
 std::optional<RankLaunch> launched_rank();
+
+// launched_rank() for a run whose ranks are processes (`transport` nccl or processes); nothing
+// for simulated ranks, whose run never reads launcher variables.
+std::optional<RankLaunch> launched_rank(RankTransport transport);
+
+// Whether this process answers for the run's output: checks its path, prints the resolved
+// config and takes the trace's writer lock. A run's only process, or rank 0 of ranks that
+// mpirun, srun or torchrun started; ranks that divlab's launcher started leave all of it to the
+// launcher, which holds the lock for them.
+bool answers_for_output(const std::optional<RankLaunch>& launch);
+
+// Throws InputError unless the launcher started as many ranks as the config asks for.
+void check_world_size(const RankLaunch& launch, int ranks);
 
 // Before CUDA starts in this process: narrows CUDA_VISIBLE_DEVICES to the GPU of `local_rank`
 // (its entry in the inherited list, or that index when the list is unset; a list of one is

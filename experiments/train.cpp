@@ -607,10 +607,7 @@ namespace {
 TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* resume,
                 const RankLaunch* launch) {
   if (launch) {
-    if (launch->world.size != cfg.ranks)
-      throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) + ", but " +
-                       launch->launcher + " started " + std::to_string(launch->world.size) +
-                       " ranks");
+    check_world_size(*launch, cfg.ranks);
     // Before anything starts CUDA in this process.
     if (cfg.data_parallel == RankTransport::Nccl) use_local_gpu(launch->world.local_rank);
   }
@@ -646,18 +643,6 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
 }  // namespace
 
 namespace {
-// The rank this process is, when its run goes over NCCL and a launcher started it.
-std::optional<RankLaunch> nccl_rank(const RunConfig& cfg) {
-  return ranks_are_processes(cfg.data_parallel) ? launched_rank() : std::nullopt;
-}
-
-// Whether this process writes the trace (and so takes its writer lock): a run's only process,
-// or rank 0 of ranks that mpirun, srun or torchrun started. Ranks that divlab's launcher started
-// write under the launcher's lock, which then holds it for them.
-bool takes_writer_lock(const std::optional<RankLaunch>& launch) {
-  return !launch || (launch->world.rank == 0 && !launch->lock_held);
-}
-
 // The command one rank of `cfg`'s run starts with: the resolved config as overrides, so that
 // every rank computes exactly this run, whichever command resolved it (train, a sweep's cell).
 std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& opt) {
@@ -671,10 +656,10 @@ std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& 
 }  // namespace
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
-  const std::optional<RankLaunch> launch = nccl_rank(cfg);
+  const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
   // One writer per trace: a second run (--force included) is refused while this one lives.
   std::optional<WriterLock> lock;
-  if (takes_writer_lock(launch)) {
+  if (answers_for_output(launch)) {
     check_output_path(opt.out, opt.force);
     lock.emplace(opt.out + ".lock", "--out '" + opt.out + "'");
   }
@@ -728,11 +713,12 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   std::optional<RankLaunch> launch;
   {
     const TraceReader r(path);
-    launch = nccl_rank(
-        parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides));
+    launch = launched_rank(
+        parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides)
+            .data_parallel);
   }
   std::optional<WriterLock> lock;
-  if (takes_writer_lock(launch)) lock.emplace(path + ".lock", "--resume '" + path + "'");
+  if (answers_for_output(launch)) lock.emplace(path + ".lock", "--resume '" + path + "'");
   {
     const TraceReader r(path);
     const std::string recorded = r.string_attr("/", "config_toml");

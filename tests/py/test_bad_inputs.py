@@ -99,7 +99,7 @@ class BadInputCatalogue(unittest.TestCase):
                 args = case["args"]
                 for k, v in SUBST.items():
                     args = [a.replace(k, v) for a in args]
-                assert_rejected(self, args, case["needle"], setup_for(case))
+                assert_rejected(self, args, case["needle"], setup_for(case), case.get("env"))
 
 
 if __name__ == "__main__":
