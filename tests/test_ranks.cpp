@@ -25,12 +25,28 @@ namespace {
 class CleanEnvironment {
  public:
   CleanEnvironment() {
-    for (const char* name :
-         {"DIVLAB_RANK", "DIVLAB_WORLD_SIZE", "DIVLAB_LOCAL_RANK", "DIVLAB_RUN_NONCE",
-          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-          "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
-          "SLURM_STEP_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID",
-          "CUDA_VISIBLE_DEVICES"}) {
+    for (const char* name : {"DIVLAB_RANK",
+                             "DIVLAB_WORLD_SIZE",
+                             "DIVLAB_LOCAL_RANK",
+                             "DIVLAB_RUN_NONCE",
+                             "OMPI_COMM_WORLD_RANK",
+                             "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK",
+                             "PMIX_NAMESPACE",
+                             "SLURM_PROCID",
+                             "SLURM_NTASKS",
+                             "SLURM_LOCALID",
+                             "SLURM_JOB_ID",
+                             "SLURM_STEP_ID",
+                             "RANK",
+                             "WORLD_SIZE",
+                             "LOCAL_RANK",
+                             "TORCHELASTIC_RUN_ID",
+                             "MASTER_ADDR",
+                             "MASTER_PORT",
+                             "TORCHELASTIC_RESTART_COUNT",
+                             "OMPI_MCA_ess_base_jobid",
+                             "CUDA_VISIBLE_DEVICES"}) {
       if (const char* v = std::getenv(name)) saved_[name] = v;
       unsetenv(name);
       names_.push_back(name);
@@ -64,31 +80,72 @@ TEST(Ranks, NoLauncherNoRank) {
   EXPECT_FALSE(launched_rank().has_value());
 }
 
-TEST(Ranks, DivlabsLauncherHoldsTheLock) {
-  CleanEnvironment env;
-  env.set("DIVLAB_RANK", "1"), env.set("DIVLAB_WORLD_SIZE", "2");
-  env.set("DIVLAB_LOCAL_RANK", "1"), env.set("DIVLAB_RUN_NONCE", "abc");
-  const auto l = launched_rank();
-  ASSERT_TRUE(l.has_value());
-  EXPECT_EQ(l->launcher, "divlab");
-  EXPECT_EQ(l->world.rank, 1);
-  EXPECT_EQ(l->world.size, 2);
-  EXPECT_EQ(l->world.local_rank, 1);
-  EXPECT_EQ(l->nonce, "abc");
-  EXPECT_TRUE(l->lock_held);
-}
-
-TEST(Ranks, SrunsTasksAreRanksAndItsJobStepTheNonce) {
-  CleanEnvironment env;
-  env.set("SLURM_PROCID", "3"), env.set("SLURM_NTASKS", "4"), env.set("SLURM_LOCALID", "1");
-  env.set("SLURM_JOB_ID", "77"), env.set("SLURM_STEP_ID", "0");
-  const auto l = launched_rank();
-  ASSERT_TRUE(l.has_value());
-  EXPECT_EQ(l->launcher, "srun");
-  EXPECT_EQ(l->world.rank, 3);
-  EXPECT_EQ(l->world.local_rank, 1);
-  EXPECT_EQ(l->nonce, "77.0");
-  EXPECT_FALSE(l->lock_held);  // rank 0 of srun's takes the trace's lock itself
+// Each launcher's variables, and what a rank makes of them.
+TEST(Ranks, EachLaunchersVariablesAreRead) {
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> vars;
+    const char* launcher;
+    int rank, size, local_rank;
+    const char* nonce;
+    bool lock_held;  // only divlab's launcher holds the trace's lock for its ranks
+  };
+  const std::vector<Case> cases = {
+      {{{"DIVLAB_RANK", "1"},
+        {"DIVLAB_WORLD_SIZE", "2"},
+        {"DIVLAB_LOCAL_RANK", "1"},
+        {"DIVLAB_RUN_NONCE", "abc"}},
+       "divlab",
+       1,
+       2,
+       1,
+       "abc",
+       true},
+      {{{"SLURM_PROCID", "3"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "1"},
+        {"SLURM_JOB_ID", "77"},
+        {"SLURM_STEP_ID", "0"}},
+       "srun",
+       3,
+       4,
+       1,
+       "77.0",
+       false},
+      {{{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+        {"PMIX_NAMESPACE", "job-5"}},
+       "mpirun",
+       0,
+       2,
+       0,
+       "job-5",
+       false},
+      {{{"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"LOCAL_RANK", "1"},
+        {"TORCHELASTIC_RUN_ID", "none"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "29500"}},
+       "torchrun",
+       1,
+       2,
+       1,
+       "none@h:29500#",
+       false},
+  };
+  for (const Case& c : cases) {
+    CleanEnvironment env;
+    for (const auto& [name, value] : c.vars) env.set(name, value);
+    const auto l = launched_rank();
+    ASSERT_TRUE(l.has_value()) << c.launcher;
+    EXPECT_EQ(l->launcher, c.launcher);
+    EXPECT_EQ(l->world.rank, c.rank) << c.launcher;
+    EXPECT_EQ(l->world.size, c.size) << c.launcher;
+    EXPECT_EQ(l->world.local_rank, c.local_rank) << c.launcher;
+    EXPECT_EQ(l->nonce, c.nonce) << c.launcher;
+    EXPECT_EQ(l->lock_held, c.lock_held) << c.launcher;
+  }
 }
 
 TEST(Ranks, ASingleTaskIsNoLaunch) {
@@ -96,24 +153,6 @@ TEST(Ranks, ASingleTaskIsNoLaunch) {
   CleanEnvironment env;
   env.set("SLURM_PROCID", "0"), env.set("SLURM_NTASKS", "1");
   EXPECT_FALSE(launched_rank().has_value());
-}
-
-TEST(Ranks, MpirunAndTorchrunAreRead) {
-  {
-    CleanEnvironment env;
-    env.set("OMPI_COMM_WORLD_RANK", "0"), env.set("OMPI_COMM_WORLD_SIZE", "2");
-    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "0"), env.set("PMIX_NAMESPACE", "job-5");
-    const auto l = launched_rank();
-    ASSERT_TRUE(l.has_value());
-    EXPECT_EQ(l->launcher, "mpirun");
-    EXPECT_EQ(l->nonce, "job-5");
-  }
-  CleanEnvironment env;
-  env.set("RANK", "1"), env.set("WORLD_SIZE", "2"), env.set("LOCAL_RANK", "1");
-  const auto l = launched_rank();
-  ASSERT_TRUE(l.has_value());
-  EXPECT_EQ(l->launcher, "torchrun");
-  EXPECT_EQ(l->world.rank, 1);
 }
 
 TEST(Ranks, AMalformedVariableIsNamed) {
