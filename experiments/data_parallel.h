@@ -71,14 +71,11 @@ class DataParallelStep {
     using Clock = std::chrono::steady_clock;
     const MemoryOps& mem = *model_.kernels().memory;
     const int r = comm_->world().rank;
-    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
     const auto t0 = Clock::now();
-    before(r);
-    model_.reseed(rank_op_seed(run_seed, step, r));
     RankReport mine;
-    mine.loss = double(model_.forward(in + r * shard, tgt + r * shard, true));
-    model_.backward();
-    after(r);
+    mine.loss = train_shard(r, in, tgt, run_seed, step, before, after);
+    // Waiting for the shard's kernels here splits the step's time into compute and reduction
+    // (the all-gather waits for them anyway, and the reports below for everything).
     mem.synchronize(model_.stream());
     const auto t1 = Clock::now();
     comm_->all_gather(model_.grads().data(), stacked_.data(), size_t(n_) * sizeof(T),
@@ -103,14 +100,9 @@ class DataParallelStep {
   template <class Before, class After>
   T run_in_turn(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step,
                 Before before, After after) {
-    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
     double sum = 0;
     for (int r = 0; r < ranks_; ++r) {
-      before(r);
-      model_.reseed(rank_op_seed(run_seed, step, r));
-      sum += double(model_.forward(in + r * shard, tgt + r * shard, true));
-      model_.backward();
-      after(r);
+      sum += train_shard(r, in, tgt, run_seed, step, before, after);
       if (ranks_ > 1) stacked_.copy_from(model_.grads(), r * n_, model_.stream());
     }
     if (ranks_ > 1)
@@ -120,18 +112,15 @@ class DataParallelStep {
   }
   // The mean validation loss of a whole batch, shard by shard (no gradients).
   double evaluate(const TokenId* in, const TokenId* tgt) {
-    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
-    double sum = 0;
+    std::vector<double> losses(static_cast<size_t>(ranks_));
     if (comm_ == nullptr) {
-      for (int r = 0; r < ranks_; ++r)
-        sum += double(model_.forward(in + r * shard, tgt + r * shard, false));
-      return sum / ranks_;
+      for (int r = 0; r < ranks_; ++r) losses[size_t(r)] = shard_loss(r, in, tgt, false);
+    } else {
+      const double mine = shard_loss(comm_->world().rank, in, tgt, false);
+      comm_->all_gather_host(&mine, losses.data(), sizeof mine, model_.stream());
     }
-    const int r = comm_->world().rank;
-    const double mine = double(model_.forward(in + r * shard, tgt + r * shard, false));
-    std::vector<double> all(static_cast<size_t>(ranks_));
-    comm_->all_gather_host(&mine, all.data(), sizeof mine, model_.stream());
-    for (double v : all) sum += v;
+    double sum = 0;  // in rank order either way
+    for (double v : losses) sum += v;
     return sum / ranks_;
   }
   int ranks() const { return ranks_; }
@@ -149,6 +138,23 @@ class DataParallelStep {
   }
 
  private:
+  // Rank r's shard's mean loss (the model's forward on its sequences of the whole batch).
+  double shard_loss(int r, const TokenId* in, const TokenId* tgt, bool training) {
+    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
+    return double(model_.forward(in + r * shard, tgt + r * shard, training));
+  }
+  // Rank r's forward and backward with its own op seed: its gradient in the model's buffer.
+  template <class Before, class After>
+  double train_shard(int r, const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step,
+                     Before& before, After& after) {
+    before(r);
+    model_.reseed(rank_op_seed(run_seed, step, r));
+    const double loss = shard_loss(r, in, tgt, true);
+    model_.backward();
+    after(r);
+    return loss;
+  }
+
   Transformer<T, A>& model_;
   int ranks_;
   Communicator* comm_;
