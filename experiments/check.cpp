@@ -517,14 +517,21 @@ struct Checker {
       measure(again, got, ref, x.outputs, written, allow);
       r = again;
     }
-    if (required == Grade::Fp32 && !round_inputs && r.norm_error > kFp32Grade &&
-        r.norm_error <= kTolerance) {
+    // (Also past 1e-2: such a draw passed only on the bf16 allowance above, and the fp32 grade
+    // still asks whether fp32 arithmetic explains it.)
+    if (required == Grade::Fp32 && !round_inputs && r.norm_error > kFp32Grade) {
       // Past the fp32 grade: is it more than the op's own conditioning explains? An fp32 kernel
       // computes on fp32 inputs, and at large values rounding them already moves the exact
-      // result (attention at x1e3 values: scores near 1e6 carry errors near 0.1 in fp32).
+      // result (attention at x1e3 values: scores near 1e6 carry errors near 0.1 in fp32); so
+      // does an fp32 kernel's own arithmetic, as the backend's fp32 reference on the same inputs
+      // shows (two nearly tied scores can swap which one the softmax picks). Twice the larger
+      // of the two is accepted: an fp32 kernel is judged against what fp32 can do on this input.
+      std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
+      const std::vector<double> own =
+          rounding_allowance(ref, call_op(op, backend_reference, x, s), written);
+      for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
       ConditionResult fp32;
-      measure(fp32, got, ref, x.outputs, written,
-              input_rounding_allowance(x, s, ref, written, round_to_fp32));
+      measure(fp32, got, ref, x.outputs, written, allow);
       r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
     }
     r.stray_writes = got.stray_writes;
@@ -767,7 +774,7 @@ std::string format_check(const CheckReport& r) {
     const std::string result = c.failed                       ? "FAIL: " + c.why
                                : c.grade_error() > kFp32Grade ? "ok (bf16-grade)"
                                : c.norm_error > kFp32Grade
-                                   ? "ok (fp32: within what rounding its inputs to fp32 moves)"
+                                   ? "ok (fp32: within what fp32 moves on this input)"
                                    : "ok";
     std::snprintf(line, sizeof line, "%-22s %-24s %5d %9s %9s %8s %+10.2e  %s%s\n", c.name.c_str(),
                   c.shape.c_str(), c.draws, fmt(c.norm_error).c_str(), fmt(c.row_error).c_str(),

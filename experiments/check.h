@@ -67,9 +67,10 @@ struct ConditionResult {
   // Error accepted beyond 1e-2: twice what rounding the inputs to bf16 moves the exact result
   // (normalised; computed only for a draw past 1e-2), and the error left beyond it.
   double rounding_allowance = 0, beyond_allowance = 0;
-  // The error the fp32 grade judges, where a draw is past 1e-4: what exceeds twice the change
-  // that rounding the inputs to fp32 makes to the exact result (an ill-conditioned input, such as
-  // attention at x1e3 values, moves it even for an exact fp32 kernel); -1: the plain error.
+  // The error the fp32 grade judges, where a draw is past 1e-4: what exceeds twice the larger of
+  // the change rounding the inputs to fp32 makes to the exact result and the backend's fp32
+  // reference's distance from it on the same inputs (an ill-conditioned input, such as attention
+  // at x1e3 values, moves it even for an exact fp32 kernel); -1: the plain error.
   double fp32_grade_error = -1;
   double grade_error() const { return fp32_grade_error >= 0 ? fp32_grade_error : norm_error; }
   double verifier_pass = 1;   // fraction with |v - r| <= 1e-2 + 1e-2 |r|
