@@ -178,6 +178,11 @@ const std::vector<KeySpec>& schema() {
       key("shadow.every", DIVLAB_AT(shadow_every), "0",
           "shadow-evaluate variants every K steps (0 = off)", Range::NonNegative),
       key("shadow.variants", DIVLAB_AT(shadow_variants), "", "op=variant entries to shadow"),
+      key("shadow.reference", DIVLAB_AT(shadow_reference), "auto",
+          "what candidates are compared with: fp64 (the op's reference in fp64 on the host, "
+          "exact) | fp32_device (cuda: the GPU's fp32 reference kernels, compared on the GPU; "
+          "metrics within the fp32 reference's own distance from fp64) | auto (fp32_device on "
+          "cuda, fp64 on the cpu)"),
       key("trace.flush_steps", DIVLAB_AT(flush_steps), "10",
           "flush the trace at least every K steps", Range::Positive),
       key("trace.flush_seconds", DIVLAB_AT(flush_seconds), "2", "... and at least every S seconds",
@@ -520,6 +525,10 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
     throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
                      " needs 'shadow.variants' (op=variant entries)");
+  if (cfg.shadow_reference == ShadowReference::Fp32Device && cfg.backend != Backend::Cuda)
+    throw InputError(
+        "config key 'shadow.reference' = \"fp32_device\" needs 'backend' = \"cuda\" (on the "
+        "cpu the reference is fp64)");
   // A kernel the model never calls would label the run with a variant that never ran.
   const auto never_called = [&](const std::string& op_text, std::string* why) {
     Op op{};

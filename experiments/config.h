@@ -30,6 +30,19 @@ inline bool ranks_are_processes(RankTransport t) {
   return t != RankTransport::Simulated;
 }
 
+// What shadow mode compares the candidates with: the op's reference in fp64 on the host (exact;
+// a GPU run sends every recorded input there), or, on a GPU, the backend's fp32 reference
+// kernels on the device with the comparison there too (kernels/shadow.h, DeviceComparison).
+// auto: fp32_device on cuda, fp64 on the cpu.
+enum class ShadowReference { Auto, Fp64, Fp32Device };
+template <>
+struct EnumNames<ShadowReference> {
+  static constexpr std::pair<ShadowReference, const char*> table[] = {
+      {ShadowReference::Auto, "auto"},
+      {ShadowReference::Fp64, "fp64"},
+      {ShadowReference::Fp32Device, "fp32_device"}};
+};
+
 struct RunConfig {
   Backend backend = Backend::Cpu;
   std::string data = "uniform";
@@ -47,6 +60,12 @@ struct RunConfig {
   std::map<std::string, std::string> kernels;  // op -> variant
   int64_t shadow_every = 0;
   std::vector<std::string> shadow_variants;
+  ShadowReference shadow_reference = ShadowReference::Auto;
+  // shadow_reference with auto resolved for the backend.
+  bool shadow_on_device() const {
+    return shadow_reference == ShadowReference::Fp32Device ||
+           (shadow_reference == ShadowReference::Auto && backend == Backend::Cuda);
+  }
   std::vector<std::string> plugins;  // shared libraries with candidate kernels
   int64_t flush_steps = 10;
   double flush_seconds = 2.0;

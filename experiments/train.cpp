@@ -99,6 +99,23 @@ std::string shadow_group(const ShadowSpec& s) {
   return "/shadow/" + s.op + "/" + s.variant;
 }
 
+// The device comparison of a run whose shadow reference is on its device (fp32 runs only: an
+// fp64 run is on the cpu).
+template <class T>
+const DeviceComparison* shadow_comparison(const RunConfig& cfg) {
+  if (!std::is_same_v<T, float> || !cfg.shadow_on_device()) return nullptr;
+  return device_shadow_comparison(cfg.backend);
+}
+
+// What the run's shadow metrics are measured against (the trace's /shadow attribute
+// "reference").
+std::string shadow_reference_text(const RunConfig& cfg) {
+  const DeviceComparison* device =
+      cfg.shadow_on_device() ? device_shadow_comparison(cfg.backend) : nullptr;
+  return device ? device->description
+                : "fp64: each op's reference in fp64 on the host, on the recorded inputs";
+}
+
 // Root attributes, the resolved config, the dataset description, and every series.
 // `rank_series`: each NCCL rank's time per step (/ranks), for a run over NCCL or one resumed
 // from a trace that has them.
@@ -159,13 +176,15 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
     w.series("/eval/step", K::Int64);
     w.series("/eval/val_loss", K::Float64);
   }
-  for (const auto& s : shadow_specs_of(cfg)) {
+  const auto specs = shadow_specs_of(cfg);
+  for (const auto& s : specs) {
     const std::string g = shadow_group(s);
     for (const char* m : {"rel_l2", "max_row_rel", "cosine"}) w.series(g + "/" + m, K::Float64);
     w.series(g + "/step", K::Int64);
     for (const auto& label : frequency_bucket_labels())
       w.series(g + "/bucket_rel_l2/" + label, K::Float64);
   }
+  if (!specs.empty()) w.attr("/shadow", "reference", shadow_reference_text(cfg));
 }
 
 void record_shadow(TraceWriter& w, const std::vector<ShadowSpec>& specs,
@@ -188,7 +207,7 @@ void print_shadow_timing(const Timing& t, bool background) {
   const double per = 1e3 / double(t.evaluations);
   std::printf(
       "shadow mode, %lld evaluations, ms each: recording %.2f, candidates %.2f, waiting for the "
-      "worker %.2f (training thread); fp64 reference + comparison %.2f (%s)\n",
+      "worker %.2f (training thread); reference + comparison %.2f (%s)\n",
       (long long)t.evaluations, t.capture_s * per, t.candidates_s * per, t.waited_s * per,
       t.reference_s * per, background ? "worker thread" : "training thread");
 }
@@ -374,7 +393,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   }
   std::unique_ptr<ShadowTap<T, A>> tap;
   if (cfg.shadow_every > 0 && lead)
-    tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue);
+    tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue, -1,
+                                            shadow_comparison<T>(cfg));
   // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
   std::unique_ptr<OpProfiler<T, A>> profiler;
   if (opt.profile) profiler = std::make_unique<OpProfiler<T, A>>(tap ? tap->kernels() : kernels);

@@ -53,6 +53,15 @@ const Catalogue<float>& backend_catalogue(Backend backend, Precision precision) 
 #endif
 }
 
+const DeviceComparison* device_shadow_comparison(Backend backend) {
+  if (backend == Backend::Cpu) return nullptr;
+#ifdef DIVLAB_HAVE_CUDA
+  return &cuda::shadow_comparison();
+#else
+  no_cuda();
+#endif
+}
+
 template <>
 const Catalogue<float, bf16>& backend_catalogue(Backend backend, Precision /*bf16*/) {
   if (backend == Backend::Cpu) return cpu_bf16_catalogue();

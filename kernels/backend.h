@@ -72,6 +72,12 @@ decltype(auto) with_backend_catalogue(Backend backend, Precision precision, F&& 
   return f(backend_catalogue<float>(backend, Precision::Fp32));
 }
 
+struct DeviceComparison;
+// How a run of `backend` compares shadow candidates on its own device (shadow.reference =
+// "fp32_device", kernels/shadow.h); null for the cpu, whose shadow reference is fp64 on the host.
+// Throws BackendError for cuda in a build without it.
+const DeviceComparison* device_shadow_comparison(Backend backend);
+
 // Makes sure `backend` can run on this machine now (for cuda: a GPU of compute capability 9.0 or
 // newer) and returns a one-line description of the device. Throws BackendError.
 std::string open_backend(Backend backend);

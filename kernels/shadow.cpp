@@ -19,6 +19,12 @@ using shadow_detail::moved_list;
 using shadow_detail::Output;
 using shadow_detail::replay;
 
+// A pool's check before it grows: the device's, naming what the memory is for.
+std::function<void(size_t)> checked_growth(const DeviceComparison* device, const char* what) {
+  if (!device) return {};
+  return [device, what](size_t bytes) { device->check_fits(bytes, what); };
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -41,14 +47,26 @@ struct Recorder {
         return;
       }
       const size_t n = size_t(spec.size());
+      const MemoryOps& mem = *t.run_kernels().memory;
       if constexpr (std::is_same_v<E, TokenId>) {
         if (spec.role != ArgRole::TokenIds) return;
+        if (t.on_device()) {
+          c.device_ids = PoolBlock(&t.device_captures(), sizeof(TokenId) * n);
+          mem.copy(c.stream, c.device_ids.get(), v, sizeof(TokenId) * n);
+          return;
+        }
         c.ids = Staged<TokenId>(n, StagingAllocator<TokenId>(&t.staging()));
-        t.run_kernels().memory->download_async(c.stream, c.ids.data(), v, sizeof(TokenId) * n);
+        mem.download_async(c.stream, c.ids.data(), v, sizeof(TokenId) * n);
       } else {
         if (spec.role != ArgRole::Input) return;
+        if (t.on_device()) {
+          DeviceArray copy = DeviceArray::make<E>(int64_t(n), &t.device_captures());
+          mem.copy(c.stream, copy.block.get(), v, sizeof(E) * n);
+          c.device_inputs.push_back(std::move(copy));
+          return;
+        }
         StagedArray copy = StagedArray::make<E>(int64_t(n), &t.staging());
-        t.run_kernels().memory->download_async(c.stream, copy.bytes.data(), v, sizeof(E) * n);
+        mem.download_async(c.stream, copy.bytes.data(), v, sizeof(E) * n);
         c.inputs.push_back(std::move(copy));
       }
     } else {
@@ -110,7 +128,8 @@ int frequency_bucket(int64_t count) {
 }
 
 StagingPool::~StagingPool() {
-  for (const auto& [bytes, p] : free_) mem_.release_staging(p);
+  for (const auto& [bytes, p] : free_)
+    place_ == Place::Device ? mem_.release(p) : mem_.release_staging(p);
 }
 
 void* StagingPool::get(size_t bytes) {
@@ -122,7 +141,8 @@ void* StagingPool::get(size_t bytes) {
       return p;
     }
   }
-  return mem_.allocate_staging(bytes);
+  if (before_growing_) before_growing_(bytes);
+  return place_ == Place::Device ? mem_.allocate(bytes) : mem_.allocate_staging(bytes);
 }
 
 void StagingPool::put(void* p, size_t bytes) {
@@ -188,6 +208,11 @@ struct ShadowTap<T, A>::Job {
   std::vector<std::vector<std::vector<Output>>> candidate;
   std::vector<TokenId> batch;
   std::vector<int64_t> id_count;
+  // With a DeviceComparison: each spec's sums (ShadowSums) as they come back, and the staged
+  // token counts and tokens the device reads, kept until the fence has passed.
+  std::vector<StagedArray> sums;
+  Staged<int64_t> staged_counts;
+  Staged<TokenId> staged_batch;
   const MemoryOps* mem = nullptr;
   void* fence = nullptr;
 
@@ -206,14 +231,26 @@ struct ShadowTap<T, A>::Job {
 
 template <class T, class A>
 ShadowTap<T, A>::ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector<ShadowSpec>& specs,
-                           const Catalogue<T, A>& variants, int background)
+                           const Catalogue<T, A>& variants, int background,
+                           const DeviceComparison* device)
     : run_(run_kernels),
       tapped_(run_kernels),
       staging_(*run_kernels.memory),
       host_arrays_(host_memory()),
       replay_context_(*run_kernels.memory),
+      device_(device),
+      device_captures_(*run_kernels.memory, StagingPool::Place::Device,
+                       checked_growth(device, "shadow mode's device copies of recorded inputs")),
+      device_arrays_(*run_kernels.memory, StagingPool::Place::Device,
+                     checked_growth(device, "shadow mode's replays on the device")),
       variants_(variants),
       specs_(specs) {
+  if (device_) {
+    if (!std::is_same_v<T, float> || run_.memory->host_accessible)
+      throw std::logic_error("shadow: a device comparison is for fp32 runs on a device");
+    stream_ = std::make_unique<OwnedStream>(*run_.memory);
+    replay_context_.set_stream(stream_->get());
+  }
   for (const auto& s : specs) {
     ++wanted_[s.op];
     install_tap(tapped_, s.op, this);
@@ -248,6 +285,10 @@ std::vector<ShadowMetrics> compare_with_reference(const Job& job, const std::vec
   // One fp64 replay per recorded call, shared by every variant of that op.
   std::map<std::string, std::vector<std::vector<Output>>> ref_outputs;
   std::vector<ShadowMetrics> out;
+  if (!job.sums.empty()) {  // compared on the device: the sums are all that is left to read
+    for (const StagedArray& sums : job.sums) out.push_back(metrics_from_sums(sums.data<double>()));
+    return out;
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& calls = job.captured.at(specs[i].op);
     auto& refs = ref_outputs[specs[i].op];
@@ -270,19 +311,25 @@ void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t
   job->batch.assign(batch, batch + n);
   job->id_count.assign(size_t(vocab), 0);
   for (int64_t i = 0; i < n; ++i) ++job->id_count[batch[i]];
-  for (const auto& s : specs_) {
-    const auto it = captured_.find(s.op);
-    if (it == captured_.end())
+  for (const auto& s : specs_)
+    if (!captured_.count(s.op))
       throw std::logic_error("shadow: op " + s.op + " was not called during the step");
-    const KernelSet<T, A> variant = variants_.select({{s.op, s.variant}});
-    auto& outputs = job->candidate.emplace_back();
-    for (const auto& call : it->second)
-      outputs.push_back(replay<T, A>(s.op, call, variant, replay_context_, &staging_));
-  }
-  // Behind every copy the step's calls and the candidates' replays queued, on the run's stream.
+  // Behind every copy the step's calls and the candidates' replays queued, on the run's stream;
+  // on the tap's own stream with a DeviceComparison.
   void* stream = captured_.empty() || captured_.begin()->second.empty()
                      ? nullptr
                      : captured_.begin()->second.front().stream;
+  if (device_) {
+    evaluate_on_device(*job, batch, n);
+    stream = stream_->get();
+  } else {
+    for (const auto& s : specs_) {
+      const KernelSet<T, A> variant = variants_.select({{s.op, s.variant}});
+      auto& outputs = job->candidate.emplace_back();
+      for (const auto& call : captured_.at(s.op))
+        outputs.push_back(replay<T, A>(s.op, call, variant, replay_context_, &staging_));
+    }
+  }
   job->captured = std::move(captured_);
   captured_.clear();
   job->mem = run_.memory;
@@ -305,6 +352,71 @@ void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t
   timing_.waited_s += seconds_since(t1);
   pending_.push_back(std::move(job));
   changed_.notify_all();
+}
+
+template <class T, class A>
+void ShadowTap<T, A>::evaluate_on_device(Job& job, const TokenId* batch, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    using shadow_detail::replay_on_device;
+    const MemoryOps& mem = *run_.memory;
+    void* side = stream_->get();
+    // After the recorded copies, queued on the calls' streams (the run's).
+    std::vector<void*> waited;
+    for (const auto& [op, calls] : captured_)
+      for (const auto& c : calls)
+        if (std::find(waited.begin(), waited.end(), c.stream) == waited.end()) {
+          device_->wait_for(side, c.stream);
+          waited.push_back(c.stream);
+        }
+    // The step's token counts and tokens, which bucket the rows.
+    job.staged_counts = Staged<int64_t>(job.id_count.size(), StagingAllocator<int64_t>(&staging_));
+    std::copy(job.id_count.begin(), job.id_count.end(), job.staged_counts.begin());
+    job.staged_batch = Staged<TokenId>(size_t(n), StagingAllocator<TokenId>(&staging_));
+    std::copy(batch, batch + n, job.staged_batch.begin());
+    const PoolBlock counts(&device_arrays_, sizeof(int64_t) * job.staged_counts.size());
+    const PoolBlock tokens(&device_arrays_, sizeof(TokenId) * size_t(n));
+    mem.upload_async(side, counts.get(), job.staged_counts.data(), counts.bytes());
+    mem.upload_async(side, tokens.get(), job.staged_batch.data(), tokens.bytes());
+    const auto* id_count = static_cast<const int64_t*>(counts.get());
+    const auto* ids = static_cast<const TokenId*>(tokens.get());
+
+    std::vector<PoolBlock> sums;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      sums.emplace_back(&device_arrays_, sizeof(double) * ShadowSums::Count);
+      mem.zero(side, sums.back().get(), sums.back().bytes());
+    }
+    // Op by op and call by call: the reference's outputs of one call, then each of that op's
+    // candidates on the same call, compared at once, so one call's arrays are alive at a time.
+    // Each spec's sums still add its calls in call order.
+    std::map<std::string, std::vector<size_t>> specs_of_op;
+    for (size_t i = 0; i < specs_.size(); ++i) specs_of_op[specs_[i].op].push_back(i);
+    for (const auto& [op, indices] : specs_of_op) {
+      std::vector<KernelSet<T, A>> candidates;
+      for (size_t i : indices) candidates.push_back(variants_.select({{op, specs_[i].variant}}));
+      for (const auto& call : captured_.at(op)) {
+        const auto ref = replay_on_device<T, A>(op, call, *device_->reference, replay_context_,
+                                                &device_arrays_, side, *device_);
+        for (size_t j = 0; j < indices.size(); ++j) {
+          const auto got = replay_on_device<T, A>(op, call, candidates[j], replay_context_,
+                                                  &device_arrays_, side, *device_);
+          for (size_t o = 0; o < got.size(); ++o) {
+            const DeviceArray& v = got[o].values;
+            device_->tally(replay_context_.next(), static_cast<double*>(sums[indices[j]].get()),
+                           v.block.get(), v.type,
+                           static_cast<const float*>(ref[o].values.block.get()), got[o].rows,
+                           got[o].cols, got[o].key, id_count, ids);
+          }
+        }
+      }
+    }
+    for (const PoolBlock& block : sums) {
+      job.sums.push_back(StagedArray::make<double>(ShadowSums::Count, &staging_));
+      mem.download_async(side, job.sums.back().bytes.data(), block.get(), block.bytes());
+    }
+  } else {
+    (void)job, (void)batch, (void)n;
+    throw std::logic_error("shadow: a device comparison is for fp32 runs on a device");
+  }
 }
 
 template <class T, class A>

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 
 #include "kernels/common/lowp.h"
 #include "kernels/memory.h"
+#include "kernels/op_spec.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -56,12 +58,61 @@ struct ShadowMetrics {
   std::vector<double> bucket_rel_l2;  // per frequency bucket; NaN where the bucket is empty
 };
 
+// The sums one spec's metrics come from, pooled over every output row of every recorded call
+// (v: the candidate's values, r: the reference's), in one array of doubles that the host or a
+// device fills alike. Per row: sum (v - r)^2, sum r^2, sum v^2, sum v r; the largest row ratio
+// sqrt(diff / ref) (infinite where r_row = 0 and v_row differs), the rows whose diff is NaN, and
+// diff and ref per frequency bucket.
+struct ShadowSums {
+  enum Index : int {
+    Diff,
+    Ref,
+    Got,
+    Dot,
+    MaxRow,
+    NanRows,
+    BucketDiff,
+    BucketRef = BucketDiff + 7,
+    Count = BucketRef + 7
+  };
+};
+ShadowMetrics metrics_from_sums(const double* sums);
+
+// How a run on a device evaluates its shadow specs there (shadow.reference = "fp32_device"):
+// the reference is the backend's fp32 reference kernels on the recorded inputs widened to fp32
+// (exactly), the candidates read the recorded device copies in place, and the sums above are
+// taken on the device in fp64, on a stream of the tap's own; only the sums cross to the host.
+// kernels/cuda/shadow_compare.cu provides the GPU's.
+struct DeviceComparison {
+  const KernelSet<float>* reference;
+  // n bf16 values widened to fp32, queued on `stream`.
+  void (*widen_bf16)(void* stream, float* out, const bf16* in, int64_t n);
+  // Work queued on `waiting` after this call runs after everything queued on `stream` so far.
+  void (*wait_for)(void* waiting, void* stream);
+  // Throws (the backend's out-of-memory error, naming `what`) when `bytes` more will not fit.
+  void (*check_fits)(size_t bytes, const std::string& what);
+  // Adds one output's comparison into `sums` (ShadowSums::Count doubles in device memory):
+  // `got` (rows x cols of storage `type`) against `ref` (fp32), rows bucketed by `key` with the
+  // step's token counts `id_count` [vocab] and tokens `batch` (device arrays). Queued on the
+  // context's stream; folds rows in a fixed order, so the sums repeat bit for bit.
+  void (*tally)(const OpContext& ctx, double* sums, const void* got, Storage type, const float* ref,
+                int64_t rows, int64_t cols, RowKey key, const int64_t* id_count,
+                const TokenId* batch);
+  const char* description;  // what the trace records as the shadow reference
+};
+
 // Staging memory for the recorded inputs: the backend's fastest host memory (page-locked on
 // CUDA), kept and reused step after step. Fresh pageable vectors made recording a step's inputs
 // several times slower than the copies themselves (page faults; unpinned transfers).
+// A pool of Place::Device blocks holds device memory instead (shadow.reference = "fp32_device":
+// the recorded inputs and the replays' outputs stay on the device); `before_growing` is asked
+// before each new block, so the need is checked before the memory is allocated.
 class StagingPool {
  public:
-  explicit StagingPool(const MemoryOps& mem) : mem_(mem) {}
+  enum class Place { Staging, Device };
+  explicit StagingPool(const MemoryOps& mem, Place place = Place::Staging,
+                       std::function<void(size_t)> before_growing = {})
+      : mem_(mem), place_(place), before_growing_(std::move(before_growing)) {}
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -70,8 +121,50 @@ class StagingPool {
 
  private:
   const MemoryOps& mem_;
+  Place place_;
+  std::function<void(size_t)> before_growing_;
   std::mutex mutex_;
   std::multimap<size_t, void*> free_;
+};
+
+// A block of a pool, handed back when dropped.
+class PoolBlock {
+ public:
+  PoolBlock() = default;
+  PoolBlock(StagingPool* pool, size_t bytes)
+      : pool_(pool), p_(bytes ? pool->get(bytes) : nullptr), bytes_(bytes) {}
+  PoolBlock(PoolBlock&& o) noexcept { swap(o); }
+  PoolBlock& operator=(PoolBlock&& o) noexcept {
+    PoolBlock(std::move(o)).swap(*this);
+    return *this;
+  }
+  PoolBlock(const PoolBlock&) = delete;
+  PoolBlock& operator=(const PoolBlock&) = delete;
+  ~PoolBlock() {
+    if (p_) pool_->put(p_, bytes_);
+  }
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void swap(PoolBlock& o) noexcept {
+    std::swap(pool_, o.pool_), std::swap(p_, o.p_), std::swap(bytes_, o.bytes_);
+  }
+  StagingPool* pool_ = nullptr;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An array in device memory (a pool block) with its storage type: a recorded input, or a
+// device replay's output.
+struct DeviceArray {
+  PoolBlock block;
+  Storage type = Storage::F32;
+  int64_t size = 0;
+  template <class V>
+  static DeviceArray make(int64_t n, StagingPool* pool) {
+    return {PoolBlock(pool, size_t(n) * sizeof(V)), storage_of<V>(), n};
+  }
 };
 
 template <class T>
@@ -143,12 +236,15 @@ template <class T, class A = T>
 class ShadowTap {
  public:
   // Any number of taps may coexist (each tap function is bound to its tap); the tap must outlive
-  // every use of kernels(). The variants come from `variants` (the run's backend): on the GPU the
-  // candidates run as GPU kernels on uploaded copies of the recorded inputs; the fp64 reference
-  // always runs on the CPU. `background`: compare on a worker thread (the default where the run's
-  // memory is on a device).
+  // every use of kernels(). The variants come from `variants` (the run's backend). Without
+  // `device`, the recorded inputs go to the host, the candidates run on uploaded copies of them
+  // (on the GPU as GPU kernels) and the fp64 reference and the comparison on the CPU. With
+  // `device` (a run on a device, T = float), everything stays there (DeviceComparison).
+  // `background`: finish evaluations on a worker thread (the default where the run's memory is
+  // on a device).
   ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector<ShadowSpec>& specs,
-            const Catalogue<T, A>& variants, int background = -1);
+            const Catalogue<T, A>& variants, int background = -1,
+            const DeviceComparison* device = nullptr);
   ~ShadowTap();
   ShadowTap(const ShadowTap&) = delete;  // the tapped kernels point at this object
   ShadowTap& operator=(const ShadowTap&) = delete;
@@ -183,14 +279,16 @@ class ShadowTap {
   Timing timing();
   bool in_background() const { return worker_.joinable(); }
 
-  // One op's recorded call: host copies of its inputs in their storage types (exact), its token
-  // ids, sizes and scalars. On a device the copies are queued, not finished: readable only once
-  // the evaluation's fence has passed.
+  // One op's recorded call: copies of its inputs in their storage types (exact), its token ids,
+  // sizes and scalars. Host copies from a device are queued, not finished: readable only once
+  // the evaluation's fence has passed. With a DeviceComparison the copies stay on the device.
   struct Capture {
     std::vector<StagedArray> inputs;  // the Input arrays (kernels/op_spec.h), in argument order
     Staged<TokenId> ids;              // token ids (embedding op) or targets (cross-entropy)
-    std::vector<double> values;       // every size and scalar argument, in order (exact)
-    uint64_t null_args = 0;           // bit i: argument i was null (an output not asked for)
+    std::vector<DeviceArray> device_inputs;  // ... or their device copies
+    PoolBlock device_ids;
+    std::vector<double> values;  // every size and scalar argument, in order (exact)
+    uint64_t null_args = 0;      // bit i: argument i was null (an output not asked for)
     // The call's seed and stream: a candidate replays with the seed the run's call had, on the
     // stream its inputs were written on.
     uint64_t seed = 0;
@@ -199,6 +297,8 @@ class ShadowTap {
   // Used by the tap functions: the run's kernels, and whether `op` should be recorded now.
   const KernelSet<T, A>& run_kernels() const { return run_; }
   StagingPool& staging() { return staging_; }
+  StagingPool& device_captures() { return device_captures_; }
+  bool on_device() const { return device_ != nullptr; }
   bool wants(const std::string& op) const { return armed_ && wanted_.count(op); }
   void store(const std::string& op, Capture c, double seconds) {
     captured_[op].push_back(std::move(c));
@@ -209,6 +309,9 @@ class ShadowTap {
  private:
   struct Job;
   void work();  // the worker thread's loop
+  // submit()'s work with a DeviceComparison: the candidates, the reference and the sums queued
+  // on the tap's stream.
+  void evaluate_on_device(Job& job, const TokenId* batch, int64_t n);
 
   KernelSet<T, A> run_, tapped_;
   // Before every member that holds captures: destroyed after them. `staging_` is the run's
@@ -217,6 +320,13 @@ class ShadowTap {
   StagingPool staging_;
   StagingPool host_arrays_;
   OpContextSource replay_context_;  // the candidates' workspace
+  // With a DeviceComparison: device blocks for the recorded inputs (written on the run's
+  // stream, read on the tap's; back to the pool when their evaluation has finished) and for
+  // the replays' arrays (used on the tap's stream only, so reused in its order at once), and
+  // the tap's stream.
+  const DeviceComparison* device_;
+  StagingPool device_captures_, device_arrays_;
+  std::unique_ptr<OwnedStream> stream_;
   const Catalogue<T, A>& variants_;
   std::vector<ShadowSpec> specs_;
   std::map<std::string, int> wanted_;

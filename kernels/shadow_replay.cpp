@@ -1,6 +1,7 @@
 #include "kernels/shadow_replay.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -30,6 +31,10 @@ struct ReplayMemory {
   const MemoryOps& mem;
   StagingPool* pool;
   void* stream;  // the recorded call's: its inputs' downloads were queued there
+  template <class V>
+  using Array = ReplayArray<V>;
+  using Ids = Buffer<TokenId>;
+  using Values = StagedArray;
   // A zeroed output.
   template <class V>
   ReplayArray<V> out(int64_t n) const {
@@ -40,9 +45,10 @@ struct ReplayMemory {
                     [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, stored_as<V>(0.0)); });
     return {Buffer<V>(), std::move(h), true};
   }
-  // An input: the recorded values, converted to V.
-  template <class V>
-  ReplayArray<V> in(const StagedArray& v) const {
+  // Input `i` of the capture: the recorded values, converted to V.
+  template <class V, class Capture>
+  ReplayArray<V> in(const Capture& c, size_t i) const {
+    const StagedArray& v = c.inputs.at(i);
     const int64_t n = v.size;
     if (mem.host_accessible) {
       StagedArray h = StagedArray::make<V>(n, pool);
@@ -61,14 +67,17 @@ struct ReplayMemory {
     mem.upload_async(stream, b.data(), v.bytes.data(), sizeof(V) * size_t(n));
     return {std::move(b), StagedArray{}, false};
   }
-  Buffer<TokenId> ids(const Staged<TokenId>& v) const {
+  template <class Capture>
+  Buffer<TokenId> ids(const Capture& c) const {
+    const Staged<TokenId>& v = c.ids;
     if (mem.host_accessible) return Buffer<TokenId>();  // host kernels read the capture itself
     Buffer<TokenId> b(mem, int64_t(v.size()));
     mem.upload_async(stream, b.data(), v.data(), sizeof(TokenId) * v.size());
     return b;
   }
-  static const TokenId* ids_ptr(const Buffer<TokenId>& b, const Staged<TokenId>& v) {
-    return b.empty() ? v.data() : b.data();
+  template <class Capture>
+  static const TokenId* ids_ptr(const Buffer<TokenId>& b, const Capture& c) {
+    return b.empty() ? c.ids.data() : b.data();
   }
   // The output's values on the host (moved, when they are there already). From a device the
   // download is queued: the values are there once the evaluation's fence has passed.
@@ -82,39 +91,94 @@ struct ReplayMemory {
   }
 };
 
+// The same on the device (DeviceComparison): inputs are the capture's device copies, read in
+// place, or widened from bf16 where the replaying kernels store fp32 (the fp32 reference of a
+// bf16 run); outputs are zeroed blocks of the pool; all of it queued on the tap's stream.
+template <class V>
+struct DeviceReplayArray {
+  DeviceArray owned;  // empty for an input read in place
+  V* p = nullptr;
+  V* data() { return p; }
+};
+struct DeviceReplayMemory {
+  const MemoryOps& mem;
+  StagingPool* pool;
+  void* stream;
+  const DeviceComparison& dev;
+  template <class V>
+  using Array = DeviceReplayArray<V>;
+  using Ids = int;  // nothing to hold: the capture's copy is read in place
+  using Values = DeviceArray;
+  template <class V>
+  DeviceReplayArray<V> out(int64_t n) const {
+    DeviceReplayArray<V> a{DeviceArray::make<V>(n, pool), nullptr};
+    a.p = static_cast<V*>(a.owned.block.get());
+    mem.zero(stream, a.p, sizeof(V) * size_t(n));
+    return a;
+  }
+  template <class V, class Capture>
+  DeviceReplayArray<V> in(const Capture& c, size_t i) const {
+    const DeviceArray& v = c.device_inputs.at(i);
+    if (v.type == storage_of<V>()) return {DeviceArray{}, static_cast<V*>(v.block.get())};
+    if constexpr (std::is_same_v<V, float>) {
+      if (v.type == Storage::Bf16) {
+        DeviceReplayArray<V> a{DeviceArray::make<float>(v.size, pool), nullptr};
+        a.p = static_cast<float*>(a.owned.block.get());
+        dev.widen_bf16(stream, a.p, static_cast<const bf16*>(v.block.get()), v.size);
+        return a;
+      }
+    }
+    throw std::logic_error("shadow: a device replay reads its inputs as stored or widened to fp32");
+  }
+  template <class Capture>
+  int ids(const Capture&) const {
+    return 0;
+  }
+  template <class Capture>
+  static const TokenId* ids_ptr(int, const Capture& c) {
+    return static_cast<const TokenId*>(c.device_ids.get());
+  }
+  template <class V>
+  DeviceArray take(DeviceReplayArray<V>& a) const {
+    return std::move(a.owned);
+  }
+};
+
 }  // namespace
 
 namespace {
-// One argument of a replayed call: an array in the replaying kernels' memory, or a value.
-template <class V>
+// One argument of a replayed call: an array in the replaying kernels' memory M, or a value.
+template <class M, class V>
 struct ReplayArg {  // a size or a scalar: nothing to hold
   template <class Capture>
-  void bind(const ReplayMemory&, const Capture&, const ArgSpec&, V&, size_t&, bool) {}
-  void take(const ReplayMemory&, const ArgSpec&, std::vector<Output>&) {}
+  void bind(const M&, const Capture&, const ArgSpec&, V&, size_t&, bool) {}
+  template <class Out>
+  void take(const M&, const ArgSpec&, std::vector<Out>&) {}
 };
-template <class E>
-struct ReplayArg<E*> {
+template <class M, class E>
+struct ReplayArg<M, E*> {
   using V = std::remove_const_t<E>;
-  ReplayArray<V> array;
-  Buffer<TokenId> ids;
+  typename M::template Array<V> array;
+  typename M::Ids ids{};
   bool bound = false;
   template <class Capture>
-  void bind(const ReplayMemory& m, const Capture& c, const ArgSpec& spec, E*& p, size_t& input,
-            bool null) {
+  void bind(const M& m, const Capture& c, const ArgSpec& spec, E*& p, size_t& input, bool null) {
     if (null) return;  // the run passed null (an output it did not ask for): so does the replay
     if constexpr (std::is_same_v<V, TokenId>) {
-      ids = m.ids(c.ids);
-      p = ReplayMemory::ids_ptr(ids, c.ids);
+      ids = m.ids(c);
+      p = M::ids_ptr(ids, c);
     } else {
-      array = spec.role == ArgRole::Input ? m.in<V>(c.inputs.at(input++)) : m.out<V>(spec.size());
+      array = spec.role == ArgRole::Input ? m.template in<V>(c, input++)
+                                          : m.template out<V>(spec.size());
       p = array.data();
       bound = true;
     }
   }
-  void take(const ReplayMemory& m, const ArgSpec& spec, std::vector<Output>& out) {
+  template <class Out>
+  void take(const M& m, const ArgSpec& spec, std::vector<Out>& out) {
     if constexpr (!std::is_same_v<V, TokenId>)
       if (bound && (spec.role == ArgRole::Output || spec.role == ArgRole::Accumulate))
-        out.push_back(Output{m.take(array), spec.rows, spec.cols, spec.key});
+        out.push_back(Out{m.take(array), spec.rows, spec.cols, spec.key});
   }
 };
 
@@ -122,13 +186,12 @@ struct ReplayArg<E*> {
 // on the CPU; nothing on the GPU, whose fused backward recomputes them), so the recorded array
 // means nothing to another backend's kernels and may come from a candidate forward. Every replay
 // makes its own with the replaying kernel set's forward, from the recorded qkv.
-template <Op op, class U, class UA, class Args>
-void refresh_saved_state(const KernelSet<U, UA>& k, const OpContext& ctx, const ReplayMemory& m,
-                         Args& args) {
+template <Op op, class U, class UA, class M, class Args>
+void refresh_saved_state(const KernelSet<U, UA>& k, const OpContext& ctx, const M& m, Args& args) {
   if constexpr (op == Op::attention_backward) {
     const auto& [dqkv, dout, qkv, att, B, T, C, NH] = args;
     (void)dqkv, (void)dout;
-    ReplayArray<UA> y = m.out<UA>(int64_t(B) * T * C);
+    auto y = m.template out<UA>(int64_t(B) * T * C);
     k.attention_forward(ctx, y.data(), const_cast<UA*>(att), qkv, B, T, C, NH);
   }
 }
@@ -136,9 +199,9 @@ void refresh_saved_state(const KernelSet<U, UA>& k, const OpContext& ctx, const 
 // Replays one recorded call of `op` with k's kernel: the call's sizes and scalars from the
 // capture, its inputs converted to k's storage, its outputs fresh and zeroed (an accumulating
 // op adds into zero, for the reference and the candidate alike).
-template <Op op, class Capture, class U, class UA>
-std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const OpContext& ctx,
-                              const ReplayMemory& m) {
+template <Op op, class Capture, class U, class UA, class M>
+std::vector<OutputOf<typename M::Values>> replay_op(const Capture& c, const KernelSet<U, UA>& k,
+                                                    const OpContext& ctx, const M& m) {
   const auto& kernel = k.*kernel_member<op, U, UA>();
   using Fn = typename std::decay_t<decltype(kernel)>::Function;
   using Args = typename OpArgs<Fn>::Tuple;
@@ -156,7 +219,7 @@ std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const
   const auto spec = OpSpec<op>::args(args);
   return std::apply(
       [&](auto&... a) {
-        std::tuple<ReplayArg<std::decay_t<decltype(a)>>...> held;
+        std::tuple<ReplayArg<M, std::decay_t<decltype(a)>>...> held;
         size_t index = 0, input = 0;
         std::apply(
             [&](auto&... h) {
@@ -165,7 +228,7 @@ std::vector<Output> replay_op(const Capture& c, const KernelSet<U, UA>& k, const
             held);
         refresh_saved_state<op>(k, ctx, m, args);
         kernel(ctx, a...);
-        std::vector<Output> out;
+        std::vector<OutputOf<typename M::Values>> out;
         index = 0;
         std::apply([&](auto&... h) { ((h.take(m, spec[index], out), ++index), ...); }, held);
         return out;
@@ -193,24 +256,30 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
   throw std::logic_error("shadow: no replay for op " + op);
 }
 
-namespace {
-// Sums of squares pooled over every output of every recorded call.
-struct Tally {
-  std::vector<double> bucket_diff = std::vector<double>(frequency_bucket_labels().size(), 0.0);
-  std::vector<double> bucket_ref = bucket_diff;
-  double diff = 0, norm_r = 0, norm_v = 0, dot = 0, max_row = 0;
+template <class T, class A, class U, class UA>
+std::vector<DeviceOutput> replay_on_device(const std::string& op,
+                                           const typename ShadowTap<T, A>::Capture& c,
+                                           const KernelSet<U, UA>& k, OpContextSource& contexts,
+                                           StagingPool* pool, void* stream,
+                                           const DeviceComparison& dev) {
+  OpContext ctx = contexts.next();
+  ctx.seed = c.seed;
+  ctx.stream = stream;
+  const DeviceReplayMemory m{*k.memory, pool, stream, dev};
+// Op names are pasted into strings and template arguments only.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_REPLAY_OP(name, Signature) \
+  if constexpr (OpSpec<Op::name>::known)  \
+    if (op == #name) return replay_op<Op::name>(c, k, ctx, m);
+  DIVLAB_OPS(DIVLAB_REPLAY_OP)
+#undef DIVLAB_REPLAY_OP
+  // NOLINTEND(bugprone-macro-parentheses)
+  throw std::logic_error("shadow: no replay for op " + op);
+}
 
-  ShadowMetrics metrics() const {
-    ShadowMetrics m;
-    m.rel_l2 = std::sqrt(diff / norm_r);
-    m.max_row_rel = max_row;
-    m.cosine = dot / std::sqrt(norm_v * norm_r);
-    for (size_t b = 0; b < bucket_ref.size(); ++b)
-      m.bucket_rel_l2.push_back(bucket_ref[b] > 0 ? std::sqrt(bucket_diff[b] / bucket_ref[b])
-                                                  : std::numeric_limits<double>::quiet_NaN());
-    return m;
-  }
-};
+namespace {
+// The sums (ShadowSums) pooled over every output of every recorded call.
+using Tally = std::array<double, ShadowSums::Count>;
 
 // Per-row sums in parallel (rows are independent), folded in row order: the metrics do not
 // depend on the thread count.
@@ -236,6 +305,7 @@ void tally_rows(std::vector<RowSums>& rows, const V* got, const double* ref, int
 
 void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& ref,
            const std::vector<int64_t>& id_count, const TokenId* batch) {
+  using S = ShadowSums;
   for (size_t o = 0; o < got.size(); ++o) {
     const Output& v = got[o];
     const Output& r = ref[o];
@@ -249,15 +319,16 @@ void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& 
       tally_rows(rows, v.values.data<bf16>(), rv, r.cols);
     for (int64_t row = 0; row < r.rows; ++row) {
       const RowSums& s = rows[row];
-      t.diff += s.diff, t.norm_r += s.ref, t.norm_v += s.got, t.dot += s.dot;
-      if (s.ref > 0 || s.diff > 0)
-        t.max_row = std::max(t.max_row, s.ref > 0 ? std::sqrt(s.diff / s.ref) : INFINITY);
-      if (std::isnan(s.diff)) t.max_row = NAN;
+      t[S::Diff] += s.diff, t[S::Ref] += s.ref, t[S::Got] += s.got, t[S::Dot] += s.dot;
+      if (std::isnan(s.diff))
+        t[S::NanRows] += 1;
+      else if (s.ref > 0 || s.diff > 0)
+        t[S::MaxRow] = std::max(t[S::MaxRow], s.ref > 0 ? std::sqrt(s.diff / s.ref) : INFINITY);
       const int64_t count = r.key == RowKey::TokenId    ? id_count[row]
                             : r.key == RowKey::Position ? id_count[batch[row]]
                                                         : 0;
       const int b = frequency_bucket(count);
-      if (b >= 0) t.bucket_diff[b] += s.diff, t.bucket_ref[b] += s.ref;
+      if (b >= 0) t[S::BucketDiff + b] += s.diff, t[S::BucketRef + b] += s.ref;
     }
   }
 }
@@ -267,10 +338,10 @@ void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& 
 ShadowMetrics compare_outputs(const std::vector<std::vector<Output>>& candidate,
                               const std::vector<std::vector<Output>>& reference,
                               const std::vector<int64_t>& id_count, const TokenId* batch) {
-  Tally t;
+  Tally t{};
   for (size_t c = 0; c < candidate.size(); ++c)
     tally(t, candidate[c], reference[c], id_count, batch);
-  return t.metrics();
+  return metrics_from_sums(t.data());
 }
 
 #define DIVLAB_REPLAY(T, A, U, UA)                                                  \
@@ -284,4 +355,32 @@ DIVLAB_REPLAY(float, bf16, float, bf16);
 DIVLAB_REPLAY(float, bf16, double, double);
 #undef DIVLAB_REPLAY
 
+#define DIVLAB_REPLAY_ON_DEVICE(T, A, U, UA)                                        \
+  template std::vector<DeviceOutput> replay_on_device<T, A, U, UA>(                 \
+      const std::string&, const ShadowTap<T, A>::Capture&, const KernelSet<U, UA>&, \
+      OpContextSource&, StagingPool*, void*, const DeviceComparison&)
+DIVLAB_REPLAY_ON_DEVICE(float, float, float, float);
+DIVLAB_REPLAY_ON_DEVICE(float, bf16, float, bf16);
+DIVLAB_REPLAY_ON_DEVICE(float, bf16, float, float);
+#undef DIVLAB_REPLAY_ON_DEVICE
+
 }  // namespace divlab::shadow_detail
+
+namespace divlab {
+
+ShadowMetrics metrics_from_sums(const double* s) {
+  using S = ShadowSums;
+  static_assert(S::BucketRef - S::BucketDiff == 7 && S::Count - S::BucketRef == 7);
+  ShadowMetrics m;
+  m.rel_l2 = std::sqrt(s[S::Diff] / s[S::Ref]);
+  // A row whose difference is NaN makes the largest row ratio NaN.
+  m.max_row_rel = s[S::NanRows] > 0 ? std::numeric_limits<double>::quiet_NaN() : s[S::MaxRow];
+  m.cosine = s[S::Dot] / std::sqrt(s[S::Got] * s[S::Ref]);
+  for (size_t b = 0; b < frequency_bucket_labels().size(); ++b)
+    m.bucket_rel_l2.push_back(s[S::BucketRef + b] > 0
+                                  ? std::sqrt(s[S::BucketDiff + b] / s[S::BucketRef + b])
+                                  : std::numeric_limits<double>::quiet_NaN());
+  return m;
+}
+
+}  // namespace divlab

@@ -24,12 +24,16 @@ std::vector<Item> moved_list(Items&&... items) {
   return v;
 }
 
-// One output of a replay, in the storage it was computed in (widened only where compared).
-struct Output {
-  StagedArray values;
+// One output of a replay, in the storage it was computed in (widened only where compared): in
+// staging memory (Output) or, with a DeviceComparison, on the device (DeviceOutput).
+template <class Values>
+struct OutputOf {
+  Values values;
   int64_t rows, cols;
   RowKey key;
 };
+using Output = OutputOf<StagedArray>;
+using DeviceOutput = OutputOf<DeviceArray>;
 
 // The recorded call `c` (of a run storing T and A) of `op`, run with kernel set `k` (storing U
 // and UA: the run's own types for candidates, double for the fp64 reference) in a context from
@@ -39,6 +43,16 @@ struct Output {
 template <class T, class A, class U, class UA>
 std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
                            const KernelSet<U, UA>& k, OpContextSource& contexts, StagingPool* pool);
+
+// The recorded call `c` replayed on the device from its device copies (DeviceComparison): read
+// in place where k stores what the run stored, widened where k stores fp32 and the run bf16;
+// outputs in zeroed blocks of `pool`; everything queued on `stream`, with the call's seed.
+template <class T, class A, class U, class UA>
+std::vector<DeviceOutput> replay_on_device(const std::string& op,
+                                           const typename ShadowTap<T, A>::Capture& c,
+                                           const KernelSet<U, UA>& k, OpContextSource& contexts,
+                                           StagingPool* pool, void* stream,
+                                           const DeviceComparison& dev);
 
 // One spec's metrics over every recorded call: candidate outputs against the reference's, rows
 // bucketed by their token's count in the step (`id_count`, `batch`).

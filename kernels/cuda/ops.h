@@ -8,7 +8,14 @@
 #include "kernels/fp16_activations.h"
 #include "kernels/registry.h"
 
+namespace divlab {
+struct DeviceComparison;
+}
+
 namespace divlab::cuda {
+
+// Shadow mode's comparison on the GPU (shadow.reference = "fp32_device"; kernels/shadow.h).
+const DeviceComparison& shadow_comparison();
 
 // Two modes, differing in the activation storage type A (kernels/ops.h) and the GEMMs with it:
 //   fp32 (A = float): fp32 operands, fp32 FMA (no TF32), for parity with the CPU at 1e-4.

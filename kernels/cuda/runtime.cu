@@ -70,9 +70,20 @@ DeviceInfo query_device(std::string* error) {
   return info;
 }
 
+namespace {
+cudaMemPool_t memory_pool();
+}
+
 void check_fits(size_t bytes, const std::string& what) {
   size_t free_bytes = 0, total = 0;
   DIVLAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  // Memory the pool keeps from freed buffers is reused by the next allocation, though the device
+  // counts it as taken.
+  uint64_t reserved = 0, used = 0;
+  DIVLAB_CUDA_CHECK(
+      cudaMemPoolGetAttribute(memory_pool(), cudaMemPoolAttrReservedMemCurrent, &reserved));
+  DIVLAB_CUDA_CHECK(cudaMemPoolGetAttribute(memory_pool(), cudaMemPoolAttrUsedMemCurrent, &used));
+  if (reserved > used) free_bytes += size_t(reserved - used);
   const size_t margin = size_t(512) << 20;  // cuBLAS workspace, scratch, the CUDA context's slack
   if (bytes + margin > free_bytes) {
     char buf[256];
@@ -256,8 +267,15 @@ void* DeviceWorkspace::get(int slot, size_t bytes) {
 }
 
 cublasHandle_t cublas(const OpContext& ctx) {
+  // cuBLAS's own default workspace belongs to the handle, whatever the stream: kernels of two
+  // streams would share it. 32 MiB is the size cuBLAS itself recommends for Hopper, so its
+  // choice of algorithms (and so the run's numbers) stays what it was with the default.
+  constexpr size_t kCublasWorkspace = size_t(32) << 20;
   const cublasHandle_t h = cublas();
   DIVLAB_CUBLAS_CHECK(cublasSetStream(h, stream_of(ctx)));
+  if (ctx.workspace)
+    DIVLAB_CUBLAS_CHECK(
+        cublasSetWorkspace(h, scratch(ctx, Scratch::Cublas, kCublasWorkspace), kCublasWorkspace));
   return h;
 }
 

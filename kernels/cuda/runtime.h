@@ -66,7 +66,8 @@ void check_fits(size_t bytes, const std::string& what);
 const MemoryOps& device_memory();
 
 cublasHandle_t cublas();
-// The handle, bound to the op's stream.
+// The handle, bound to the op's stream and to a cuBLAS workspace in the op's own workspace
+// (Scratch::Cublas): two callers on two streams (the run and a shadow tap) never share one.
 cublasHandle_t cublas(const OpContext& ctx);
 
 // The stream an op launches on (OpContext::stream; null: the legacy default stream).
@@ -80,6 +81,8 @@ inline cudaStream_t stream_of(const OpContext& ctx) {
 enum class Scratch {
   A, B, C, D, E, F, Reduce, Pointers,                          // the ops' work space
   Attention16, AttentionStats, Cudnn, CudnnRows, CudnnAccum,  // the fused cuDNN attention
+  Cublas,                                                      // cuBLAS's, per caller
+  Shadow,                                                      // shadow mode's row sums
   Count
 };
 // clang-format on

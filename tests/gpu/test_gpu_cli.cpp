@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "io/trace.h"
+#include "kernels/shadow.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/fixtures.h"
 
@@ -50,9 +52,10 @@ TEST(GpuTrain, WritesACompleteTraceWithGpuShadowMetrics) {
   rmdir(dir.c_str());
 }
 
-// Every shadowable op's GPU reference shadowed at every step in fp32 mode: each replay path
-// (inputs, token ids, outputs; all copies queued, read by the worker after a fence) must agree
-// with the fp64 CPU reference as closely as the op tests require. A copy read before it arrived
+// Every shadowable op's GPU reference shadowed at every step in fp32 mode against the fp64 CPU
+// reference (shadow.reference = "fp64"): each replay path (inputs, token ids, outputs; all
+// copies queued, read by the worker after a fence) must agree with it as closely as the op
+// tests require. A copy read before it arrived
 // would show as a large error (or garbage) here.
 TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
   REQUIRE_GPU();
@@ -64,7 +67,7 @@ TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
   const RunConfig cfg =
       load_config("", {"backend=cuda", "train.precision=fp32", "data=zipf:1.1", "model.vocab=301",
                        "model.d_model=72", "model.n_heads=4", "model.seq_len=37", "train.batch=3",
-                       "train.steps=12", "shadow.every=1", variants + "]",
+                       "train.steps=12", "shadow.every=1", variants + "]", "shadow.reference=fp64",
                        "train.seed=" + std::to_string(test_seed() % 1000)});
   TrainOptions opt;
   opt.out = out, opt.progress = false;
@@ -80,6 +83,74 @@ TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
   }
   unlink(out.c_str());
   rmdir(dir.c_str());
+}
+
+// shadow.reference = "fp32_device" against "fp64": one run (shadow mode never touches it, so
+// both give the same losses bit for bit) shadowed both ways. By the triangle inequality a device
+// metric lies within the fp32 reference's own distance eps from fp64 of the fp64 metric,
+// |device - fp64| <= eps (1 + fp64) / (1 - eps), and the fp64 run measures eps by shadowing the
+// reference itself (per metric and bucket; for max_row_rel the largest row's). On the device,
+// the reference shadowed against itself is exactly 0: the same deterministic kernel. The
+// candidates must be deterministic too: the two runs replay them separately (bf16_accum's
+// atomics order its additions differently each time, moving its rel_l2 by ~10 % between runs).
+TEST(GpuTrain, DeviceShadowMetricsAreTheFp64OnesWithinTheFp32ReferencesDistance) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_shadow_device");
+  const std::vector<std::pair<std::string, std::string>> candidates = {
+      {"embed_rmsnorm_backward", "fp64_accum"},
+      {"linear_forward", "bf16_truncate"},
+      {"attention_backward", "batched_gemm"},
+      {"rmsnorm_forward", "eps_outside_sqrt"}};
+  std::string variants = "shadow.variants=[";
+  for (const auto& [op, variant] : candidates)
+    variants += op + "=" + variant + ", " + op + "=reference, ";
+  variants.resize(variants.size() - 2);
+  const std::string seed = "train.seed=" + std::to_string(test_seed() % 1000);
+  const auto run = [&](const std::string& reference) {
+    const std::string out = dir + "/" + reference + ".h5";
+    const RunConfig cfg =
+        load_config("", {"backend=cuda", "train.precision=fp32", "data=zipf:1.1", "model.vocab=512",
+                         "model.d_model=128", "model.n_heads=4", "model.seq_len=64",
+                         "train.batch=32", "train.steps=6", "shadow.every=1", variants + "]",
+                         "shadow.reference=" + reference, seed});
+    TrainOptions opt;
+    opt.out = out, opt.progress = false;
+    EXPECT_EQ(train(cfg, opt).status, "completed");
+    return out;
+  };
+  const TraceReader device(run("fp32_device")), exact(run("fp64"));
+  EXPECT_EQ(device.floats("/metrics/loss"), exact.floats("/metrics/loss"));
+  EXPECT_NE(device.string_attr("/shadow", "reference").find("fp32_device"), std::string::npos);
+  std::vector<std::string> metrics = {"rel_l2", "max_row_rel", "cosine"};
+  for (const auto& label : frequency_bucket_labels()) metrics.push_back("bucket_rel_l2/" + label);
+  int compared = 0;
+  for (const auto& [op, variant] : candidates) {
+    const std::string self = "/shadow/" + op + "/reference/";
+    for (double v : device.floats(self + "rel_l2")) EXPECT_EQ(v, 0.0) << op;
+    for (double v : device.floats(self + "max_row_rel")) EXPECT_EQ(v, 0.0) << op;
+    for (const auto& metric : metrics) {
+      const std::string path = "/shadow/" + op + "/" + variant + "/" + metric;
+      const auto got = device.floats(path), want = exact.floats(path);
+      // cosine moves by at most the angle between the two references, below eps = their rel_l2
+      const auto eps = exact.floats(self + (metric == "cosine" ? "rel_l2" : metric));
+      ASSERT_EQ(got.size(), 6u) << path;
+      ASSERT_EQ(want.size(), got.size()) << path;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(want[i])) {  // an empty bucket is empty both ways
+          EXPECT_TRUE(std::isnan(got[i])) << path << " step " << i;
+          continue;
+        }
+        const double bound =
+            metric == "cosine" ? eps[i] * 1.01 : eps[i] * (1 + want[i]) / (1 - eps[i]) * 1.01;
+        EXPECT_LE(std::fabs(got[i] - want[i]), bound + 1e-12)
+            << path << " step " << i << ": device " << got[i] << ", fp64 " << want[i]
+            << ", the fp32 reference's distance " << eps[i] << " (seed " << test_seed() << ")";
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
