@@ -259,10 +259,15 @@ def story_figure(out, summary, palette, max_panels=5):
 
 def shadow_figure(out, palette):
     errors = {}  # (op/variant) -> per-bucket errors pooled over cells
+    references = set()  # what the cells' metrics were measured against (the trace says)
     for path in sorted(glob.glob(os.path.join(out, "cells", "*.h5"))):
         with h5py.File(path, "r", swmr=True) as f:
             if "shadow" not in f:
                 continue
+            reference = f["shadow"].attrs.get("reference", "fp64")
+            if isinstance(reference, bytes):
+                reference = reference.decode()
+            references.add(reference.split(":")[0])
             for op in f["shadow"]:
                 for variant in f["shadow"][op]:
                     b = f["shadow"][op][variant]["bucket_rel_l2"]
@@ -279,7 +284,7 @@ def shadow_figure(out, palette):
     ax.set_xticks(x, BUCKETS)
     ax.set_yscale("log")
     ax.set_xlabel("occurrences of the row's token in the step's batch")
-    ax.set_ylabel("relative L2 error vs fp64")
+    ax.set_ylabel("relative L2 error vs " + " / ".join(sorted(references)))
     ax.set_title("shadow mode: error by token-frequency bucket", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
