@@ -3,9 +3,10 @@
 // On an armed step the tap records the inputs of every call of every shadowed op (per-layer ops
 // are called once per block; linear_forward five times per block and once for the LM head).
 // Afterwards each listed variant runs on copies of those inputs, and its outputs are compared
-// with the op's reference evaluated in fp64 on the same inputs; the metrics pool all calls. The run
-// itself calls its own kernels unchanged, so its trajectory is bitwise the same with or without
-// shadowing.
+// with the op's reference evaluated on the same inputs: in fp64 on the host, or, on a GPU, by the
+// GPU's fp32 reference kernels with the comparison there too (DeviceComparison below); the
+// metrics pool all calls. The run itself calls its own kernels unchanged, so its trajectory is
+// bitwise the same with or without shadowing.
 #pragma once
 
 #include <condition_variable>
@@ -259,7 +260,9 @@ class ShadowTap {
   // on a worker thread when the run lives on a device, so the GPU keeps training meanwhile; on the
   // CPU, where both would compete for the same cores, they run here. At most kMaxPending
   // evaluations wait for the worker: beyond that submit() blocks, and the wait shows up in the
-  // run's step time.
+  // run's step time. With a DeviceComparison everything, the reference and the comparison
+  // included, is queued here on the tap's own stream, and the worker only waits for its fence
+  // and reads the sums.
   void submit(const TokenId* batch_tokens, int64_t n, int vocab, int64_t step);
   struct Result {
     int64_t step;
