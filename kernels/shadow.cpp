@@ -240,9 +240,14 @@ ShadowTap<T, A>::ShadowTap(const KernelSet<T, A>& run_kernels, const std::vector
       replay_context_(*run_kernels.memory),
       device_(device),
       device_captures_(*run_kernels.memory, StagingPool::Place::Device,
-                       checked_growth(device, "shadow mode's device copies of recorded inputs")),
+                       checked_growth(device,
+                                      "shadow mode's device copies of the recorded inputs (fewer "
+                                      "shadow.variants, or shadow.reference = \"fp64\", which "
+                                      "keeps them on the host)")),
       device_arrays_(*run_kernels.memory, StagingPool::Place::Device,
-                     checked_growth(device, "shadow mode's replays on the device")),
+                     checked_growth(device,
+                                    "shadow mode's replays on the device (fewer shadow.variants, "
+                                    "or shadow.reference = \"fp64\")")),
       variants_(variants),
       specs_(specs) {
   if (device_) {
