@@ -75,6 +75,39 @@ class OwnedStream {
 // Plain host memory (malloc, memset, memcpy).
 const MemoryOps& host_memory();
 
+// n values of V in a backend's staging memory (page-locked on CUDA): the host side of copies
+// queued with upload_async and download_async, which must stay alive and untouched until a
+// fence behind them has passed. Uninitialised.
+template <class V>
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  StagingBuffer(const MemoryOps& mem, int64_t n) : mem_(&mem), n_(n) {
+    if (n > 0) p_ = static_cast<V*>(mem.allocate_staging(sizeof(V) * size_t(n)));
+  }
+  StagingBuffer(StagingBuffer&& o) noexcept { swap(o); }
+  StagingBuffer& operator=(StagingBuffer&& o) noexcept {
+    StagingBuffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  ~StagingBuffer() {
+    if (p_) mem_->release_staging(p_);
+  }
+  V* data() { return p_; }
+  const V* data() const { return p_; }
+  int64_t size() const { return n_; }
+
+ private:
+  void swap(StagingBuffer& o) noexcept {
+    std::swap(mem_, o.mem_), std::swap(p_, o.p_), std::swap(n_, o.n_);
+  }
+  const MemoryOps* mem_ = nullptr;
+  V* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
 // An owning, move-only array of n values of T in a backend's memory; zeroed on allocation.
 template <class T>
 class Buffer {

@@ -13,7 +13,7 @@ const A* Transformer<T, A>::attention_input(const LayerActs& a) const {
 }
 
 template <class T, class A>
-T Transformer<T, A>::forward_llama(bool for_backward) {
+void Transformer<T, A>::forward_llama(bool for_backward) {
   const int C = cfg_.d_model, Tn = cfg_.seq_len, NH = cfg_.n_heads, NKV = cfg_.kv_heads(), N = N_;
   const int HD = cfg_.head_dim(), F = cfg_.hidden(), Wq = int(cfg_.qkv_width());
   const int64_t NC = int64_t(N) * C;
@@ -64,7 +64,7 @@ T Transformer<T, A>::forward_llama(bool for_backward) {
     observe("forward", "add_rmsnorm_forward", l, "resid.out", resid_[l + 1].data(), NC);
     observe("forward", "add_rmsnorm_forward", l, last ? "ln_f" : "next ln1", next_norm, NC);
   }
-  return head_forward(W, for_backward);
+  head_forward(W, for_backward);
 }
 
 template <class T, class A>

@@ -141,7 +141,9 @@ Transformer<T, A>::Transformer(const ModelConfig& cfg, const KernelSet<T, A>& ke
     zero_positions_ = buf(S * C), position_grad_sink_ = buf(S * C);
     zero_positions_.zero(stream());
   }
-  losses_ = buf(N), host_losses_.resize(N);
+  losses_ = buf(N);
+  staged_tokens_ = StagingBuffer<TokenId>(mem, N), staged_targets_ = StagingBuffer<TokenId>(mem, N);
+  staged_losses_ = StagingBuffer<T>(mem, N);
   dres_ = buf(N * C), dln_ = act(N * C), dqkv_ = act(N * 3 * C), datty_ = act(N * C);
   if (cfg.llama()) dqkv_raw_ = act(N * W);
   if (gqa) dqkv_rot_ = act(N * W);
@@ -207,11 +209,49 @@ void Transformer<T, A>::init(uint64_t seed) {
 }
 
 template <class T, class A>
+Transformer<T, A>::~Transformer() {
+  try {
+    if (loss_fence_) k_.memory->wait_fence(loss_fence_);  // copies into the staging memory
+  } catch (...) {  // the device failed already; that failure is reported elsewhere
+  }
+}
+
+template <class T, class A>
 T Transformer<T, A>::forward(const TokenId* inputs, const TokenId* targets, bool for_backward) {
+  start_forward(inputs, targets, for_backward);
+  return loss();
+}
+
+template <class T, class A>
+void Transformer<T, A>::start_forward(const TokenId* inputs, const TokenId* targets,
+                                      bool for_backward) {
+  if (loss_pending_)
+    throw std::logic_error("Transformer: start_forward() again before loss() was read");
+  const MemoryOps& mem = *k_.memory;
   cast_weights();
-  tokens_.upload(inputs, N_, 0, stream());
-  targets_.upload(targets, N_, 0, stream());
-  return cfg_.llama() ? forward_llama(for_backward) : forward_gpt2(for_backward);
+  // Staged, so the uploads need not wait for the device (a plain upload waits for the stream
+  // to drain: the last step's optimizer, whose end the launches after it then wait for). The
+  // last forward's copies out of this memory are done: its loss() waited for them.
+  std::copy(inputs, inputs + N_, staged_tokens_.data());
+  std::copy(targets, targets + N_, staged_targets_.data());
+  mem.upload_async(stream(), tokens_.data(), staged_tokens_.data(), sizeof(TokenId) * size_t(N_));
+  mem.upload_async(stream(), targets_.data(), staged_targets_.data(), sizeof(TokenId) * size_t(N_));
+  cfg_.llama() ? forward_llama(for_backward) : forward_gpt2(for_backward);
+  mem.download_async(stream(), staged_losses_.data(), losses_.data(), sizeof(T) * size_t(N_));
+  loss_fence_ = mem.fence(stream());  // null on the host, where the copies are done already
+  loss_pending_ = true;
+}
+
+template <class T, class A>
+T Transformer<T, A>::loss() {
+  if (!loss_pending_) throw std::logic_error("Transformer: loss() without a forward");
+  void* fence = loss_fence_;
+  loss_fence_ = nullptr, loss_pending_ = false;
+  if (fence) k_.memory->wait_fence(fence);
+  // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
+  double sum = 0;
+  for (int64_t i = 0; i < N_; ++i) sum += double(staged_losses_.data()[i]);
+  return T(sum / N_);
 }
 
 template <class T, class A>
@@ -222,7 +262,7 @@ void Transformer<T, A>::backward() {
 }
 
 template <class T, class A>
-T Transformer<T, A>::forward_gpt2(bool for_backward) {
+void Transformer<T, A>::forward_gpt2(bool for_backward) {
   const int C = cfg_.d_model, Tn = cfg_.seq_len, NH = cfg_.n_heads, N = N_;
   const int F = cfg_.hidden();
   const T eps = T(cfg_.norm_eps);
@@ -261,11 +301,11 @@ T Transformer<T, A>::forward_gpt2(bool for_backward) {
   k_.rmsnorm_forward(contexts_.next(), lnf_out_.data(), rstdf_.data(), resid_.back().data(),
                      P + lnf_, N, C, eps);
   observe("forward", "rmsnorm_forward", -1, "ln_f", lnf_out_.data(), int64_t(N) * C);
-  return head_forward(W, for_backward);
+  head_forward(W, for_backward);
 }
 
 template <class T, class A>
-T Transformer<T, A>::head_forward(const A* W, bool for_backward) {
+void Transformer<T, A>::head_forward(const A* W, bool for_backward) {
   const int C = cfg_.d_model, V = cfg_.vocab, N = N_;
   const int64_t NV = int64_t(N) * V;
   const bool capped = cfg_.logit_softcap > 0;
@@ -281,11 +321,6 @@ T Transformer<T, A>::head_forward(const A* W, bool for_backward) {
                    logits_.data(), targets_.data(), N, V, T(1) / T(N));
   observe("forward", "cross_entropy", -1, "losses", losses_.data(), N);
   if (for_backward) observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), NV);
-  // Mean in a fixed order, in double, so the reported loss is the same for any thread count.
-  losses_.download(host_losses_.data(), N, 0, stream());
-  double sum = 0;
-  for (T l : host_losses_) sum += double(l);
-  return T(sum / N);
 }
 
 template <class T, class A>

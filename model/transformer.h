@@ -77,6 +77,9 @@ template <class T, class A = T>
 class Transformer {
  public:
   Transformer(const ModelConfig& cfg, const KernelSet<T, A>& kernels, int batch);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   // How many bytes the constructor allocates (parameters, gradients, activations, scratch):
   // lets a device backend refuse a model that will not fit before allocating any of it.
@@ -89,6 +92,13 @@ class Transformer {
   // Mean cross-entropy over B x T positions. With `for_backward`, also keeps what backward needs
   // (the logits' gradient comes out of the fused cross-entropy kernel here).
   T forward(const TokenId* inputs, const TokenId* targets, bool for_backward);
+  // The same in two halves, so that a step's backward is queued before its loss is waited for:
+  // start_forward() queues the forward (the tokens go up and the per-position losses come down
+  // through staging memory, without waiting for the device) and loss() waits for them and
+  // returns their mean. Every start_forward() must be followed by loss() before the next one:
+  // the staging memory is reused.
+  void start_forward(const TokenId* inputs, const TokenId* targets, bool for_backward);
+  T loss();
   // Zeroes the gradients, then fills them for the last forward(for_backward = true).
   void backward();
 
@@ -155,13 +165,13 @@ class Transformer {
   };
   // llama's attention input: the rotated projection, expanded where kv heads are shared.
   const A* attention_input(const LayerActs& a) const;
-  T forward_gpt2(bool for_backward);
-  T forward_llama(bool for_backward);
+  void forward_gpt2(bool for_backward);
+  void forward_llama(bool for_backward);
   void backward_gpt2();
   void backward_llama();
   // Shared by both families: the logits from lnf_out_ (soft-capped if configured) and the loss;
   // and their backward, into dln_ and the head's (or the tied embedding's) gradient.
-  T head_forward(const A* W, bool for_backward);
+  void head_forward(const A* W, bool for_backward);
   void head_backward(const A* W, T* G);
 
   ModelConfig cfg_;
@@ -182,7 +192,12 @@ class Transformer {
   Buffer<A> logits_raw_, dlogits_raw_;             // before the soft-cap (only with one)
   Buffer<T> zero_positions_, position_grad_sink_;  // llama: no position table (zeros; discarded)
   Buffer<T> rstdf_, losses_;
-  std::vector<T> host_losses_;
+  // The host side of the forward's copies (StagingBuffer), and the fence behind the losses'
+  // download (null: no loss pending).
+  StagingBuffer<TokenId> staged_tokens_, staged_targets_;
+  StagingBuffer<T> staged_losses_;
+  void* loss_fence_ = nullptr;
+  bool loss_pending_ = false;
   // Gradient scratch, reused every step.
   Buffer<T> dres_;
   Buffer<A> dres_act_, dln_, dqkv_, datty_, dh_, dg_, tmp_;
