@@ -163,6 +163,10 @@ def main():
     for m in modes:
         if m not in known:
             p.error(f"--torch-modes: unknown mode '{m}' (known: {', '.join(known)})")
+    for ref in args.shadow_references.split(","):
+        if ref and ref not in ("auto", "fp64", "fp32_device"):
+            p.error(f"--shadow-references: unknown reference '{ref}' (known: auto, fp64, "
+                    "fp32_device)")
     if args.llmc and not os.path.isfile(os.path.join(args.llmc, "train_gpt2.cu")):
         p.error(f"--llmc: '{args.llmc}' is no llm.c checkout (no train_gpt2.cu there)")
 

@@ -116,17 +116,6 @@ void install_tap(KernelSet<T, A>& k, const std::string& name, ShadowTap<T, A>* t
 
 }  // namespace
 
-int frequency_bucket(int64_t count) {
-  if (count <= 0) return -1;
-  if (count == 1) return 0;
-  if (count < 4) return 1;
-  if (count < 16) return 2;
-  if (count < 64) return 3;
-  if (count < 256) return 4;
-  if (count < 1024) return 5;
-  return 6;
-}
-
 StagingPool::~StagingPool() {
   for (const auto& [bytes, p] : free_)
     place_ == Place::Device ? mem_.release(p) : mem_.release_staging(p);

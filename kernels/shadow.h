@@ -50,7 +50,25 @@ inline const std::vector<std::string>& frequency_bucket_labels() {
                                                   "64-255", "256-1023", "1024+"};
   return labels;
 }
-int frequency_bucket(int64_t count);  // -1 for count 0
+// -1 for count 0. Host and device code (the GPU comparison) bucket alike.
+DIVLAB_HOST_DEVICE constexpr int frequency_bucket(int64_t count) {
+  return count <= 0     ? -1
+         : count == 1   ? 0
+         : count < 4    ? 1
+         : count < 16   ? 2
+         : count < 64   ? 3
+         : count < 256  ? 4
+         : count < 1024 ? 5
+                        : 6;
+}
+// The bucket of output row `row` keyed by `key` (kernels/op_spec.h), given the step's token
+// counts by id and its tokens; -1 for none.
+DIVLAB_HOST_DEVICE inline int row_bucket(RowKey key, int64_t row, const int64_t* id_count,
+                                         const TokenId* batch) {
+  return key == RowKey::TokenId    ? frequency_bucket(id_count[row])
+         : key == RowKey::Position ? frequency_bucket(id_count[batch[row]])
+                                   : -1;
+}
 
 struct ShadowMetrics {
   double rel_l2 = 0;       // ||v - r|| / ||r|| over every output element

@@ -235,16 +235,16 @@ std::vector<OutputOf<typename M::Values>> replay_op(const Capture& c, const Kern
       },
       args);
 }
-}  // namespace
 
-template <class T, class A, class U, class UA>
-std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
-                           const KernelSet<U, UA>& k, OpContextSource& contexts,
-                           StagingPool* pool) {
+// Replays the call `c` of the op named `op` in the memory M, on the call's seed and `stream`.
+template <class Capture, class U, class UA, class M>
+std::vector<OutputOf<typename M::Values>> replay_named(const std::string& op, const Capture& c,
+                                                       const KernelSet<U, UA>& k,
+                                                       OpContextSource& contexts, void* stream,
+                                                       const M& m) {
   OpContext ctx = contexts.next();
   ctx.seed = c.seed;
-  ctx.stream = c.stream;
-  const ReplayMemory m{*k.memory, pool, c.stream};
+  ctx.stream = stream;
 // Op names are pasted into strings and template arguments only.
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_REPLAY_OP(name, Signature) \
@@ -255,6 +255,14 @@ std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>
   // NOLINTEND(bugprone-macro-parentheses)
   throw std::logic_error("shadow: no replay for op " + op);
 }
+}  // namespace
+
+template <class T, class A, class U, class UA>
+std::vector<Output> replay(const std::string& op, const typename ShadowTap<T, A>::Capture& c,
+                           const KernelSet<U, UA>& k, OpContextSource& contexts,
+                           StagingPool* pool) {
+  return replay_named(op, c, k, contexts, c.stream, ReplayMemory{*k.memory, pool, c.stream});
+}
 
 template <class T, class A, class U, class UA>
 std::vector<DeviceOutput> replay_on_device(const std::string& op,
@@ -262,19 +270,7 @@ std::vector<DeviceOutput> replay_on_device(const std::string& op,
                                            const KernelSet<U, UA>& k, OpContextSource& contexts,
                                            StagingPool* pool, void* stream,
                                            const DeviceComparison& dev) {
-  OpContext ctx = contexts.next();
-  ctx.seed = c.seed;
-  ctx.stream = stream;
-  const DeviceReplayMemory m{*k.memory, pool, stream, dev};
-// Op names are pasted into strings and template arguments only.
-// NOLINTBEGIN(bugprone-macro-parentheses)
-#define DIVLAB_REPLAY_OP(name, Signature) \
-  if constexpr (OpSpec<Op::name>::known)  \
-    if (op == #name) return replay_op<Op::name>(c, k, ctx, m);
-  DIVLAB_OPS(DIVLAB_REPLAY_OP)
-#undef DIVLAB_REPLAY_OP
-  // NOLINTEND(bugprone-macro-parentheses)
-  throw std::logic_error("shadow: no replay for op " + op);
+  return replay_named(op, c, k, contexts, stream, DeviceReplayMemory{*k.memory, pool, stream, dev});
 }
 
 namespace {
@@ -324,10 +320,7 @@ void tally(Tally& t, const std::vector<Output>& got, const std::vector<Output>& 
         t[S::NanRows] += 1;
       else if (s.ref > 0 || s.diff > 0)
         t[S::MaxRow] = std::max(t[S::MaxRow], s.ref > 0 ? std::sqrt(s.diff / s.ref) : INFINITY);
-      const int64_t count = r.key == RowKey::TokenId    ? id_count[row]
-                            : r.key == RowKey::Position ? id_count[batch[row]]
-                                                        : 0;
-      const int b = frequency_bucket(count);
+      const int b = row_bucket(r.key, row, id_count.data(), batch);
       if (b >= 0) t[S::BucketDiff + b] += s.diff, t[S::BucketRef + b] += s.ref;
     }
   }

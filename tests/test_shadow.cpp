@@ -141,13 +141,15 @@ struct OnePercentOff<op, void (*)(const OpContext&, Args...)> {
 namespace {
 // One training step of `m` on `run`'s kernels with `entries` shadowed: one metrics per entry.
 // With `device`, compared by shadow mode's device path (DeviceComparison).
-std::vector<ShadowMetrics> shadow_one_step(const Catalogue<float>& cat, const KernelSet<float>& run,
-                                           const ModelConfig& m,
+// A: the run's activation storage (bf16: the CPU's bf16 mode).
+template <class A = float>
+std::vector<ShadowMetrics> shadow_one_step(const Catalogue<float, A>& cat,
+                                           const KernelSet<float, A>& run, const ModelConfig& m,
                                            const std::vector<std::string>& entries,
                                            const DeviceComparison* device = nullptr) {
-  ShadowTap<float> tap(run, parse_shadow_specs(entries, cat), cat, device ? 1 : 0, device);
+  ShadowTap<float, A> tap(run, parse_shadow_specs(entries, cat), cat, device ? 1 : 0, device);
   const int64_t N = int64_t(kBatch) * m.seq_len;
-  Transformer<float> model(m, tap.kernels(), kBatch);
+  Transformer<float, A> model(m, tap.kernels(), kBatch);
   model.init(test_seed());
   const std::vector<TokenId> in = batch_for(0, N, m.vocab), tgt = batch_for(99, N, m.vocab);
   tap.arm();
@@ -258,10 +260,7 @@ void tally_on_host(const OpContext&, double* sums, const void* got, Storage type
       sums[S::NanRows] += 1;
     else if (r2 > 0 || diff > 0)
       sums[S::MaxRow] = std::max(sums[S::MaxRow], r2 > 0 ? std::sqrt(diff / r2) : INFINITY);
-    const int64_t count = key == RowKey::TokenId    ? id_count[row]
-                          : key == RowKey::Position ? id_count[batch[row]]
-                                                    : 0;
-    const int b = frequency_bucket(count);
+    const int b = row_bucket(key, row, id_count, batch);
     if (b >= 0) sums[S::BucketDiff + b] += diff, sums[S::BucketRef + b] += r2;
   }
 }
@@ -356,23 +355,12 @@ TEST(Shadow, TheDevicePathWidensABf16RunsInputsForTheFp32Reference) {
   const auto& cat = cpu_bf16_catalogue();
   KernelSet<float, bf16> run = cat.select({});
   run.memory = &unreachable_host_memory();
-  const auto specs =
-      parse_shadow_specs({"embed_rmsnorm_backward=bf16_accum", "embed_rmsnorm_backward=fp64_accum",
-                          "linear_forward=reference"},
-                         cat);
-  ShadowTap<float, bf16> tap(run, specs, cat, 1, &host_comparison());
-  Transformer<float, bf16> model(m, tap.kernels(), kBatch);
-  model.init(test_seed());
-  const int64_t n = int64_t(kBatch) * m.seq_len;
-  const auto in = batch_for(0, n, m.vocab), tgt = batch_for(99, n, m.vocab);
-  tap.arm();
-  model.forward(in.data(), tgt.data(), true);
-  model.backward();
-  tap.submit(in.data(), n, m.vocab, 0);
-  const auto results = tap.collect(true);
-  ASSERT_EQ(results.size(), 1u);
-  const auto &bug = results[0].metrics[0], &control = results[0].metrics[1],
-             &linear = results[0].metrics[2];
+  const auto metrics =
+      shadow_one_step(cat, run, m,
+                      {"embed_rmsnorm_backward=bf16_accum", "embed_rmsnorm_backward=fp64_accum",
+                       "linear_forward=reference"},
+                      &host_comparison());
+  const auto &bug = metrics[0], &control = metrics[1], &linear = metrics[2];
   EXPECT_LT(control.rel_l2, 1e-6) << "seed " << test_seed();
   EXPECT_GT(bug.rel_l2, 100 * control.rel_l2) << "seed " << test_seed();
   EXPECT_GT(linear.rel_l2, 1e-4) << "seed " << test_seed();

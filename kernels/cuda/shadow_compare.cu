@@ -49,21 +49,6 @@ __global__ void row_sums_kernel(double* rows_out, const V* got, const float* ref
   }
 }
 
-// The token count that buckets row `row` (-1: none), as shadow_replay.cpp's host comparison.
-__device__ inline int bucket_of(int64_t row, RowKey key, const int64_t* id_count,
-                                const TokenId* batch) {
-  if (key == RowKey::None) return -1;
-  const int64_t count = key == RowKey::TokenId ? id_count[row] : id_count[batch[row]];
-  if (count <= 0) return -1;
-  if (count == 1) return 0;
-  if (count < 4) return 1;
-  if (count < 16) return 2;
-  if (count < 64) return 3;
-  if (count < 256) return 4;
-  if (count < 1024) return 5;
-  return 6;
-}
-
 // One block folds every row: each thread a contiguous run of rows in order, then the threads'
 // partials in a fixed tree; the result is added into `sums` (ShadowSums).
 __global__ void fold_rows_kernel(double* sums, const double* rows_in, int64_t rows, RowKey key,
@@ -84,7 +69,7 @@ __global__ void fold_rows_kernel(double* sums, const double* rows_in, int64_t ro
     else if (ref > 0 || diff > 0)
       mine[ShadowSums::MaxRow] =
           fmax(mine[ShadowSums::MaxRow], ref > 0 ? sqrt(diff / ref) : INFINITY);
-    const int b = bucket_of(row, key, id_count, batch);
+    const int b = row_bucket(key, row, id_count, batch);
     if (b >= 0) mine[ShadowSums::BucketDiff + b] += diff, mine[ShadowSums::BucketRef + b] += ref;
   }
   for (int i = 0; i < ShadowSums::Count; ++i) part[i][threadIdx.x] = mine[i];
