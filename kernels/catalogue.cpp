@@ -106,6 +106,7 @@ KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>
   }
   KernelSet<T, A> set;
   set.memory = memory;
+  set.pairs = &pairs;
   for_each_op([&](const auto& ops, auto member) {
     const auto it = effective.find(ops.op);
     const std::string name = it == effective.end() ? "reference" : it->second;

@@ -20,6 +20,24 @@ struct Tracked<T, A, op, Member, void (*)(const OpContext&, Args...)> {
     note.inside.store(false, std::memory_order_relaxed);
   }
 };
+
+// The same for one of a reference pair's paths (kernels/reference_pairs.h), marked as Path::op.
+template <class T, class A>
+struct TrackedPath {
+  template <class Path, class Fn>
+  struct Wrap;
+  template <class Path, class... Args>
+  struct Wrap<Path, void (*)(const OpContext&, Args...)> {
+    static void call(const OpContext& ctx, Args... args) {
+      const auto& t = *static_cast<const OpTracker<T, A>*>(ctx.state);
+      OpNote& note = t.note();
+      note.op.store(int(Path::op), std::memory_order_relaxed);
+      note.inside.store(true, std::memory_order_relaxed);
+      Path::of (*t.inner().pairs)(ctx, args...);
+      note.inside.store(false, std::memory_order_relaxed);
+    }
+  };
+};
 }  // namespace
 
 template <class T, class A>
@@ -34,6 +52,8 @@ OpTracker<T, A>::OpTracker(const KernelSet<T, A>& inner, OpNote& note)
   DIVLAB_OPS(DIVLAB_TRACK_OP)
 #undef DIVLAB_TRACK_OP
   // NOLINTEND(bugprone-macro-parentheses)
+  // The inner set's reference pairs run as they would untracked, their paths tracked.
+  wrap_pairs<TrackedPath<T, A>::template Wrap>(inner_, tracked_, tracked_pairs_, this);
 }
 
 template class OpTracker<float>;

@@ -34,6 +34,7 @@ class OpTracker {
 
  private:
   KernelSet<T, A> inner_, tracked_;
+  ReferencePairs<T, A> tracked_pairs_;  // the inner set's pairs, tracked (where it runs them)
   OpNote& note_;
 };
 

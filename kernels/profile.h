@@ -36,6 +36,7 @@ class OpProfiler {
 
  private:
   KernelSet<T, A> inner_, timed_;
+  ReferencePairs<T, A> timed_pairs_;  // the inner set's pairs, timed (where it runs them)
   std::map<std::string, OpTime> times_;
 };
 

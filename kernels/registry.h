@@ -11,6 +11,7 @@
 #include "kernels/memory.h"
 #include "kernels/op_list.h"
 #include "kernels/ops.h"
+#include "kernels/reference_pairs.h"
 
 namespace divlab {
 
@@ -96,11 +97,29 @@ struct KernelSet {
   // NOLINTEND(bugprone-macro-parentheses)
   // Where the tensors these kernels take must live.
   const MemoryOps* memory = &host_memory();
+  // The backend's reference pairs (the catalogue's; null: none).
+  const ReferencePairs<T, A>* pairs = nullptr;
+
+  // Whether these kernels run each of the backend's reference pairs (ReferencePairs).
+  bool attention_pair() const {
+    return pairs && pairs->attention.saving_forward &&
+           attention_forward == pairs->attention.forward &&
+           attention_backward == pairs->attention.backward;
+  }
+  bool add_norm_pair() const {
+    return pairs && pairs->add_norm.fused && add == pairs->add_norm.add &&
+           rmsnorm_forward == pairs->add_norm.norm;
+  }
+  bool norm_backward_cast_pair() const {
+    return pairs && pairs->norm_backward_cast.fused &&
+           rmsnorm_backward == pairs->norm_backward_cast.norm_backward &&
+           cast == pairs->norm_backward_cast.cast;
+  }
 };
 
-// Nothing but the listed ops (a function and its state each) and the memory pointer: a member
-// added by hand fails here.
-static_assert(sizeof(KernelSet<float>) == (2 * kOpCount + 1) * sizeof(void*));
+// Nothing but the listed ops (a function and its state each), the memory pointer and the
+// reference pairs: a member added by hand fails here.
+static_assert(sizeof(KernelSet<float>) == (2 * kOpCount + 2) * sizeof(void*));
 
 // KernelSet's member for `op` (a pointer to member): generic code over ops (shadow mode's taps
 // and replays) reaches a kernel by its Op.
@@ -131,6 +150,7 @@ struct Catalogue {
 #undef DIVLAB_OP_VARIANTS
   // NOLINTEND(bugprone-macro-parentheses)
   const MemoryOps* memory = &host_memory();  // the backend's memory
+  ReferencePairs<T, A> pairs;                // what its references do together (if anything)
 
   // Calls f(OpVariants&, KernelSet member pointer) for every op, in a fixed order.
   template <class F>

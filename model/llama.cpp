@@ -39,8 +39,8 @@ void Transformer<T, A>::forward_llama(bool for_backward) {
       k_.gqa_forward(contexts_.next(), a.qkv.data(), a.qkv_rot.data(), N, NH, NKV, HD);
       observe("forward", "gqa_forward", l, "attn.qkv (kv heads shared)", a.qkv.data(), 3 * NC);
     }
-    k_.attention_forward(contexts_.next(), a.atty.data(), a.att.data(), attention_input(a), B_, Tn,
-                         C, NH);
+    attention_forward()(contexts_.next(), a.atty.data(), a.att.data(), attention_input(a), B_, Tn,
+                        C, NH);
     observe("forward", "attention_forward", l, "attn.out", a.atty.data(), NC);
     k_.linear_forward(contexts_.next(), tmp_.data(), a.atty.data(), W + w.proj, N, C, C);
     observe("forward", "linear_forward", l, "attn.proj", tmp_.data(), NC);
@@ -79,9 +79,8 @@ void Transformer<T, A>::backward_llama() {
   const T base = T(cfg_.rope_base);
   position_grad_sink_.zero(stream());
   head_backward(W, G);
-  k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + lnf_, dln_.data(), resid_.back().data(),
-                      P + lnf_, rstdf_.data(), N, C);
-  observe("backward", "rmsnorm_backward", -1, "grad resid (final)", dres_.data(), NC);
+  norm_backward(G + lnf_, resid_.back().data(), P + lnf_, rstdf_.data(),
+                {-1, "grad resid (final)"});
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
@@ -97,15 +96,13 @@ void Transformer<T, A>::backward_llama() {
                        N, C, 2 * F);
     observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(2) * F * C);
     observe("backward", "linear_backward", l, "grad ln2", dln_.data(), NC);
-    k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(),
-                        P + w.ln2, a.rstd2.data(), N, C);
-    observe("backward", "rmsnorm_backward", l, "grad resid.mid", dres_.data(), NC);
+    norm_backward(G + w.ln2, a.xmid.data(), P + w.ln2, a.rstd2.data(), {l, "grad resid.mid"});
     k_.linear_backward(contexts_.next(), datty_.data(), G + w.proj, residual_grad_for_gemm(),
                        a.atty.data(), W + w.proj, N, C, C);
     observe("backward", "linear_backward", l, "grad attn.proj.weight", G + w.proj, int64_t(C) * C);
     observe("backward", "linear_backward", l, "grad attn.out", datty_.data(), NC);
-    k_.attention_backward(contexts_.next(), dqkv_.data(), datty_.data(), attention_input(a),
-                          a.att.data(), B_, Tn, C, NH);
+    attention_backward()(contexts_.next(), dqkv_.data(), datty_.data(), attention_input(a),
+                         a.att.data(), B_, Tn, C, NH);
     observe("backward", "attention_backward", l, "grad attn.qkv", dqkv_.data(), 3 * NC);
     const A* drot = dqkv_.data();
     if (NKV != NH) {
@@ -122,9 +119,7 @@ void Transformer<T, A>::backward_llama() {
     observe("backward", "linear_backward", l, "grad attn.qkv.weight", G + w.qkv, int64_t(Wq) * C);
     observe("backward", "linear_backward", l, "grad ln1", dln_.data(), NC);
     if (l > 0) {
-      k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(),
-                          P + w.ln1, a.rstd1.data(), N, C);
-      observe("backward", "rmsnorm_backward", l, "grad resid.in", dres_.data(), NC);
+      norm_backward(G + w.ln1, resid_[l].data(), P + w.ln1, a.rstd1.data(), {l, "grad resid.in"});
     } else {
       // The fused bottom op; with tied embeddings the scatter adds to the head's gradient.
       k_.embed_rmsnorm_backward(contexts_.next(), G + wte_, position_grad_sink_.data(), G + w.ln1,

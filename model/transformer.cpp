@@ -189,9 +189,28 @@ const A* Transformer<T, A>::residual_grad_for_gemm() {
   if constexpr (std::is_same_v<T, A>) {
     return dres_.data();
   } else {
-    k_.cast(contexts_.next(), dres_act_.data(), dres_.data(), dres_.size());
+    const OpContext ctx = contexts_.next();
+    // Written already by the norm's backward as the pair with the cast (norm_backward): the
+    // cast's call is still counted, so later calls draw the seeds they draw op by op.
+    if (dres_act_current_)
+      dres_act_current_ = false;
+    else
+      k_.cast(ctx, dres_act_.data(), dres_.data(), dres_.size());
     return dres_act_.data();
   }
+}
+
+template <class T, class A>
+const Kernel<typename OpSignatures<T, A>::AttentionForward>& Transformer<T, A>::attention_forward()
+    const {
+  return attention_saved_ ? k_.pairs->attention.saving_forward : k_.attention_forward;
+}
+
+template <class T, class A>
+const Kernel<typename OpSignatures<T, A>::AttentionBackward>&
+Transformer<T, A>::attention_backward() const {
+  return attention_saved_ && k_.attention_pair() ? k_.pairs->attention.saved_backward
+                                                 : k_.attention_backward;
 }
 
 template <class T, class A>
@@ -228,6 +247,7 @@ void Transformer<T, A>::start_forward(const TokenId* inputs, const TokenId* targ
   if (loss_pending_)
     throw std::logic_error("Transformer: start_forward() again before loss() was read");
   const MemoryOps& mem = *k_.memory;
+  attention_saved_ = for_backward && k_.attention_pair();
   cast_weights();
   // Staged, so the uploads need not wait for the device (a plain upload waits for the stream
   // to drain: the last step's optimizer, whose end the launches after it then wait for). The
@@ -256,6 +276,7 @@ T Transformer<T, A>::loss() {
 
 template <class T, class A>
 void Transformer<T, A>::backward() {
+  dres_act_current_ = false;
   grads_.zero(stream());
   dres_.zero(stream());
   cfg_.llama() ? backward_llama() : backward_gpt2();
@@ -271,37 +292,76 @@ void Transformer<T, A>::forward_gpt2(bool for_backward) {
   k_.embedding_forward(contexts_.next(), resid_[0].data(), tokens_.data(), P + wte_, P + wpe_, B_,
                        Tn, C, cfg_.vocab);
   observe("forward", "embedding_forward", -1, "x0", resid_[0].data(), int64_t(N) * C);
+  // Block 0's ln1 alone; every later norm follows the residual add before it (add_then_norm).
+  k_.rmsnorm_forward(contexts_.next(), acts_[0].ln1.data(), acts_[0].rstd1.data(), resid_[0].data(),
+                     P + layers_[0].ln1, N, C, eps);
+  observe("forward", "rmsnorm_forward", 0, "ln1", acts_[0].ln1.data(), int64_t(N) * C);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
     const T* x = resid_[l].data();
-    k_.rmsnorm_forward(contexts_.next(), a.ln1.data(), a.rstd1.data(), x, P + w.ln1, N, C, eps);
-    observe("forward", "rmsnorm_forward", l, "ln1", a.ln1.data(), int64_t(N) * C);
     k_.linear_forward(contexts_.next(), a.qkv.data(), a.ln1.data(), W + w.qkv, N, C, 3 * C);
     observe("forward", "linear_forward", l, "attn.qkv", a.qkv.data(), int64_t(N) * 3 * C);
-    k_.attention_forward(contexts_.next(), a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C,
-                         NH);
+    attention_forward()(contexts_.next(), a.atty.data(), a.att.data(), a.qkv.data(), B_, Tn, C, NH);
     observe("forward", "attention_forward", l, "attn.out", a.atty.data(), int64_t(N) * C);
     k_.linear_forward(contexts_.next(), tmp_.data(), a.atty.data(), W + w.proj, N, C, C);
     observe("forward", "linear_forward", l, "attn.proj", tmp_.data(), int64_t(N) * C);
-    k_.add(contexts_.next(), a.xmid.data(), x, tmp_.data(), int64_t(N) * C);
-    observe("forward", "add", l, "resid.mid", a.xmid.data(), int64_t(N) * C);
-    k_.rmsnorm_forward(contexts_.next(), a.ln2.data(), a.rstd2.data(), a.xmid.data(), P + w.ln2, N,
-                       C, eps);
-    observe("forward", "rmsnorm_forward", l, "ln2", a.ln2.data(), int64_t(N) * C);
+    add_then_norm(a.xmid.data(), a.ln2.data(), a.rstd2.data(), x, P + w.ln2, {l, "resid.mid"},
+                  {l, "ln2"});
     k_.linear_forward(contexts_.next(), a.h.data(), a.ln2.data(), W + w.fc, N, C, F);
     observe("forward", "linear_forward", l, "mlp.fc", a.h.data(), int64_t(N) * F);
     k_.gelu_forward(contexts_.next(), a.g.data(), a.h.data(), int64_t(N) * F);
     observe("forward", "gelu_forward", l, "mlp.gelu", a.g.data(), int64_t(N) * F);
     k_.linear_forward(contexts_.next(), tmp_.data(), a.g.data(), W + w.fc2, N, F, C);
     observe("forward", "linear_forward", l, "mlp.proj", tmp_.data(), int64_t(N) * C);
-    k_.add(contexts_.next(), resid_[l + 1].data(), a.xmid.data(), tmp_.data(), int64_t(N) * C);
-    observe("forward", "add", l, "resid.out", resid_[l + 1].data(), int64_t(N) * C);
+    // The block's output stream and the next norm: the next block's ln1, or the final ln_f.
+    const bool last = l + 1 == cfg_.n_layers;
+    add_then_norm(resid_[l + 1].data(), last ? lnf_out_.data() : acts_[l + 1].ln1.data(),
+                  last ? rstdf_.data() : acts_[l + 1].rstd1.data(), a.xmid.data(),
+                  P + (last ? lnf_ : layers_[l + 1].ln1), {l, "resid.out"},
+                  {last ? -1 : l + 1, last ? "ln_f" : "ln1"});
   }
-  k_.rmsnorm_forward(contexts_.next(), lnf_out_.data(), rstdf_.data(), resid_.back().data(),
-                     P + lnf_, N, C, eps);
-  observe("forward", "rmsnorm_forward", -1, "ln_f", lnf_out_.data(), int64_t(N) * C);
   head_forward(W, for_backward);
+}
+
+template <class T, class A>
+void Transformer<T, A>::add_then_norm(T* sum, A* normed, T* rstd, const T* x, const T* gain,
+                                      Named sum_name, Named norm_name) {
+  const int N = N_, C = cfg_.d_model;
+  const int64_t NC = int64_t(N) * C;
+  const T eps = T(cfg_.norm_eps);
+  if (k_.add_norm_pair()) {
+    const OpContext ctx = contexts_.next();
+    contexts_.next();  // the norm's call: later calls draw the seeds they draw op by op
+    k_.pairs->add_norm.fused(ctx, sum, normed, rstd, x, tmp_.data(), gain, B_, cfg_.seq_len, C,
+                             eps);
+  } else {
+    k_.add(contexts_.next(), sum, x, tmp_.data(), NC);
+    observe("forward", "add", sum_name.layer, sum_name.tensor, sum, NC);
+    k_.rmsnorm_forward(contexts_.next(), normed, rstd, sum, gain, N, C, eps);
+    observe("forward", "rmsnorm_forward", norm_name.layer, norm_name.tensor, normed, NC);
+    return;
+  }
+  observe("forward", "add", sum_name.layer, sum_name.tensor, sum, NC);
+  observe("forward", "rmsnorm_forward", norm_name.layer, norm_name.tensor, normed, NC);
+}
+
+template <class T, class A>
+void Transformer<T, A>::norm_backward(T* dgain, const T* x, const T* gain, const T* rstd,
+                                      Named name) {
+  const int N = N_, C = cfg_.d_model;
+  if constexpr (!std::is_same_v<T, A>) {
+    if (k_.norm_backward_cast_pair()) {
+      k_.pairs->norm_backward_cast.fused(contexts_.next(), dres_.data(), dgain, dln_.data(), x,
+                                         gain, rstd, N, C, dres_act_.data());
+      dres_act_current_ = true;
+      observe("backward", "rmsnorm_backward", name.layer, name.tensor, dres_.data(),
+              int64_t(N) * C);
+      return;
+    }
+  }
+  k_.rmsnorm_backward(contexts_.next(), dres_.data(), dgain, dln_.data(), x, gain, rstd, N, C);
+  observe("backward", "rmsnorm_backward", name.layer, name.tensor, dres_.data(), int64_t(N) * C);
 }
 
 template <class T, class A>
@@ -351,9 +411,8 @@ void Transformer<T, A>::backward_gpt2() {
   const A* W = linear_weights();
   T* G = grads_.data();
   head_backward(W, G);
-  k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + lnf_, dln_.data(), resid_.back().data(),
-                      P + lnf_, rstdf_.data(), N, C);
-  observe("backward", "rmsnorm_backward", -1, "grad resid (final)", dres_.data(), int64_t(N) * C);
+  norm_backward(G + lnf_, resid_.back().data(), P + lnf_, rstdf_.data(),
+                {-1, "grad resid (final)"});
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
@@ -368,16 +427,14 @@ void Transformer<T, A>::backward_gpt2() {
                        N, C, F);
     observe("backward", "linear_backward", l, "grad mlp.fc.weight", G + w.fc, int64_t(F) * C);
     observe("backward", "linear_backward", l, "grad ln2", dln_.data(), int64_t(N) * C);
-    k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln2, dln_.data(), a.xmid.data(),
-                        P + w.ln2, a.rstd2.data(), N, C);
-    observe("backward", "rmsnorm_backward", l, "grad resid.mid", dres_.data(), int64_t(N) * C);
+    norm_backward(G + w.ln2, a.xmid.data(), P + w.ln2, a.rstd2.data(), {l, "grad resid.mid"});
     // dres now holds d loss / d xmid = d / d(resid_[l] + attn(ln1(resid_[l]))).
     k_.linear_backward(contexts_.next(), datty_.data(), G + w.proj, residual_grad_for_gemm(),
                        a.atty.data(), W + w.proj, N, C, C);
     observe("backward", "linear_backward", l, "grad attn.proj.weight", G + w.proj, int64_t(C) * C);
     observe("backward", "linear_backward", l, "grad attn.out", datty_.data(), int64_t(N) * C);
-    k_.attention_backward(contexts_.next(), dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(),
-                          B_, Tn, C, NH);
+    attention_backward()(contexts_.next(), dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(),
+                         B_, Tn, C, NH);
     observe("backward", "attention_backward", l, "grad attn.qkv", dqkv_.data(), int64_t(N) * 3 * C);
     k_.linear_backward(contexts_.next(), dln_.data(), G + w.qkv, dqkv_.data(), a.ln1.data(),
                        W + w.qkv, N, C, 3 * C);
@@ -385,9 +442,7 @@ void Transformer<T, A>::backward_gpt2() {
             int64_t(3) * C * C);
     observe("backward", "linear_backward", l, "grad ln1", dln_.data(), int64_t(N) * C);
     if (l > 0) {
-      k_.rmsnorm_backward(contexts_.next(), dres_.data(), G + w.ln1, dln_.data(), resid_[l].data(),
-                          P + w.ln1, a.rstd1.data(), N, C);
-      observe("backward", "rmsnorm_backward", l, "grad resid.in", dres_.data(), int64_t(N) * C);
+      norm_backward(G + w.ln1, resid_[l].data(), P + w.ln1, a.rstd1.data(), {l, "grad resid.in"});
     } else {
       // The bottom of the network: one fused kernel, the one candidates replace.
       k_.embed_rmsnorm_backward(contexts_.next(), G + wte_, G + wpe_, G + w.ln1, dln_.data(),

@@ -152,6 +152,23 @@ class Transformer {
   // copy in A (refreshed by cast_weights() at the start of every forward).
   const A* linear_weights() const;
   void cast_weights();
+  // The attention kernels of this forward and the backward after it: the set's reference pair
+  // passing state in `att` where the last forward(for_backward) ran it (ReferencePairs), else
+  // the set's own.
+  const Kernel<typename OpSignatures<T, A>::AttentionForward>& attention_forward() const;
+  const Kernel<typename OpSignatures<T, A>::AttentionBackward>& attention_backward() const;
+  // Where an op's output is observed (OpOutput's layer and tensor).
+  struct Named {
+    int layer;
+    const char* tensor;
+  };
+  // sum = x + tmp_, then normed = RMSNorm(sum) with `gain`: the set's reference pair where it
+  // runs one (ReferencePairs::AddNorm), else the two ops.
+  void add_then_norm(T* sum, A* normed, T* rstd, const T* x, const T* gain, Named sum_name,
+                     Named norm_name);
+  // dres_ += the RMSNorm backward of dln_; with the reference pair of the norm's backward and the
+  // cast (bf16 mode), dres_act_ is written too, for the GEMM that reads it next.
+  void norm_backward(T* dgain, const T* x, const T* gain, const T* rstd, Named name);
   // dres_ where a GEMM reads it as its dy: itself where A = T, else cast into dres_act_.
   const A* residual_grad_for_gemm();
 
@@ -198,6 +215,8 @@ class Transformer {
   StagingBuffer<T> staged_losses_;
   void* loss_fence_ = nullptr;
   bool loss_pending_ = false;
+  bool attention_saved_ = false;   // the last forward ran attention as its reference pair
+  bool dres_act_current_ = false;  // dres_act_ holds dres_ cast already (norm_backward)
   // Gradient scratch, reused every step.
   Buffer<T> dres_;
   Buffer<A> dres_act_, dln_, dqkv_, datty_, dh_, dg_, tmp_;

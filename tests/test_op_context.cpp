@@ -1,8 +1,11 @@
 // The op context: per-call state travels with the call, never through process globals. Two
 // models, two shadow taps and two profilers work side by side in one process, and a kernel's
-// random bits come from its call's seed, so they repeat exactly when the caller's seed does.
+// random bits come from its call's seed, so they repeat exactly when the caller's seed does; a
+// backend's reference pair (ReferencePairs) runs in place of its two ops with their bits and
+// leaves every later call's seed where it was.
 #include <cstring>
 
+#include "kernels/op_tracker.h"
 #include "kernels/profile.h"
 #include "kernels/shadow.h"
 #include "model/transformer.h"
@@ -163,6 +166,58 @@ TEST(OpContext, AKernelSeesItsOwnStateAndTheCallersContext) {
   source.reseed(7);
   EXPECT_EQ(source.next().seed, ctx.seed);
   EXPECT_EQ(source.next().seed, second);
+}
+
+// The CPU's fused add + RMSNorm is the two ops bit for bit (kernels/add_rmsnorm/), so a catalogue
+// naming it as their pair must train to the same bits as the ops one by one: the model takes the
+// pair only where both ops are the references, the observers see the same outputs in the same
+// order, and a stochastic kernel after the pairs draws the same bits (the pair counts both ops'
+// calls). The profiler's and the op tracker's sets run the pair too; a candidate on either op
+// runs them one by one.
+TEST(OpContext, AReferencePairRunsInPlaceOfItsOpsWithTheirBitsAndSeeds) {
+  const uint64_t seed = test_seed();
+  Catalogue<float> cat = cpu_catalogue<float>();  // a copy, given a pair
+  cat.pairs.add_norm = {cat.add.find("reference")->fn, cat.rmsnorm_forward.find("reference")->fn,
+                        cat.add_rmsnorm_forward.find("reference")->fn};
+  const KernelSet<float> paired = cat.select({{"embed_rmsnorm_backward", "bf16_stochastic_accum"}});
+  ASSERT_TRUE(paired.add_norm_pair());
+  KernelSet<float> one_by_one = paired;
+  one_by_one.pairs = nullptr;
+  EXPECT_FALSE(one_by_one.add_norm_pair());
+  EXPECT_FALSE(cat.select({{"rmsnorm_forward", "no_eps"}}).add_norm_pair());
+  OpProfiler<float> profiler(paired);
+  EXPECT_TRUE(profiler.kernels().add_norm_pair());
+  OpNote note;  // the trainer's outermost wrapper, around the profiler's
+  const OpTracker<float> tracked(profiler.kernels(), note);
+  EXPECT_TRUE(tracked.kernels().add_norm_pair());
+
+  const ModelConfig m = small_model();
+  const int64_t N = int64_t(kBatch) * m.seq_len;
+  const auto in = batch(seed, N, m.vocab), tgt = batch(seed + 1, N, m.vocab);
+  struct Run {
+    std::vector<float> grads;
+    std::vector<std::string> outputs;  // what the observer saw, in order
+  };
+  const auto run = [&](const KernelSet<float>& k) {
+    Transformer<float> model(m, k, kBatch);
+    model.init(seed);
+    Run r;
+    model.after_op = [&](const Transformer<float>::OpOutput& o) {
+      r.outputs.push_back(std::string(o.pass) + " " + o.op + " " + std::to_string(o.layer) + " " +
+                          o.tensor);
+    };
+    model.reseed(42);
+    model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    r.grads = model.grads().to_vector();
+    return r;
+  };
+  const Run ops = run(one_by_one), pair = run(paired), timed = run(tracked.kernels());
+  EXPECT_TRUE(bitwise_equal(pair.grads, ops.grads)) << "seed " << seed;
+  EXPECT_TRUE(bitwise_equal(timed.grads, ops.grads)) << "seed " << seed;
+  EXPECT_EQ(pair.outputs, ops.outputs);
+  EXPECT_EQ(profiler.times().at("add+rmsnorm_forward").calls, 2 * m.n_layers);
+  EXPECT_EQ(profiler.times().count("add"), 0u);
 }
 
 }  // namespace divlab

@@ -165,6 +165,36 @@ void bf16_reference_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout,
   else
     attention_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
 }
+
+// The reference pair with state passed in `att` (ReferencePairs::Attention): the model calls
+// these where both references run unwrapped. `att` ([B, NH, T, T] bf16, which the fused pair
+// leaves alone) holds the forward's output rows [N, C] and after them its fp32 row statistics
+// [B, NH, T]: that fits where NH T >= C + 2 NH, i.e. T >= head size + 2 (C a multiple of 8 keeps
+// the statistics 16-byte aligned). The backward then reads what it would otherwise recompute:
+// the same engine on the same inputs, so the same bits (about a quarter of the backward's time
+// at GPT-2 small).
+bool saves_state(int T_, int C, int NH) {
+  return fused(T_, C, NH) && int64_t(NH) * T_ >= C + 2 * int64_t(NH);
+}
+float* saved_stats(const bf16* att, int B, int T_, int C) {
+  return reinterpret_cast<float*>(const_cast<bf16*>(att) + size_t(B) * T_ * C);
+}
+
+void saving_forward(const OpContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B, int T_,
+                    int C, int NH) {
+  if (!saves_state(T_, C, NH)) return bf16_reference_forward(ctx, out, att, qkv, B, T_, C, NH);
+  cudnn_sdpa_forward(ctx, as_nv(out), saved_stats(att, B, T_, C), as_nv(qkv), B, T_, C, NH);
+  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(att, out, size_t(B) * T_ * C * sizeof(bf16),
+                                    cudaMemcpyDeviceToDevice, stream_of(ctx)));
+}
+
+void saved_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                    const bf16* att, int B, int T_, int C, int NH) {
+  if (!saves_state(T_, C, NH))
+    return bf16_reference_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
+  cudnn_sdpa_backward(ctx, as_nv(dqkv), as_nv(qkv), as_nv(att), saved_stats(att, B, T_, C),
+                      as_nv(dout), B, T_, C, NH);
+}
 }  // namespace
 
 // The batched-GEMM pair is the fp32 reference and, in bf16 mode, the named variant
@@ -189,9 +219,12 @@ void register_attention(Catalogue<float, A>& cat) {
     cat.attention_backward.add(
         "reference", bf16_reference_backward,
         {"cuDNN fused SDPA backward (graph API, the ordered-dQ engine cuDNN declares "
-         "deterministic), recomputing the forward's output and statistics from qkv; batched GEMMs "
-         "where the forward used them",
+         "deterministic), recomputing the forward's output and statistics from qkv (in training, "
+         "read from the forward's saved state instead: the same bits); batched GEMMs where the "
+         "forward used them",
          "", "", ""});
+    cat.pairs.attention = {bf16_reference_forward, saving_forward, bf16_reference_backward,
+                           saved_backward};
   } else {
     cat.attention_forward.add("reference", attention_forward<0, true, A>, {fwd, "", "", ""});
     cat.attention_backward.add("reference", attention_backward<A>, {bwd, "", "", ""});

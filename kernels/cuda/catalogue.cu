@@ -19,6 +19,7 @@ Catalogue<float, A> build() {
   DIVLAB_OP_DIRECTORIES(DIVLAB_REGISTER_DIRECTORY)
 #undef DIVLAB_REGISTER_DIRECTORY
   // NOLINTEND(bugprone-macro-parentheses)
+  register_reference_pairs(cat);
   // Every op's benign control: the CPU's fp64 reference on copies (kernels/fp64_controls.h).
   register_fp64_controls(cat);
   const Catalogue<float>& cpu = cpu_catalogue<float>();
@@ -37,6 +38,20 @@ Catalogue<float, A> build() {
   return cat;
 }
 }  // namespace
+
+template <class A>
+void register_reference_pairs(Catalogue<float, A>& cat) {
+  const auto reference = [](const auto& ops) { return ops.find("reference")->fn; };
+  // gpt2's residual add and the RMSNorm of its sum: the fused reference computes both the same
+  // way (one warp per row, the same sum of squares and scaling; kernels/add_rmsnorm/cuda.cu).
+  cat.pairs.add_norm = {reference(cat.add), reference(cat.rmsnorm_forward),
+                        reference(cat.add_rmsnorm_forward)};
+  if constexpr (std::is_same_v<A, bf16>)
+    cat.pairs.norm_backward_cast = {reference(cat.rmsnorm_backward), reference(cat.cast),
+                                    rmsnorm_backward_and_cast};
+}
+template void register_reference_pairs(Catalogue<float>&);
+template void register_reference_pairs(Catalogue<float, bf16>&);
 
 Catalogue<float>& mutable_catalogue() {
   static Catalogue<float> fp32 = build<float>();

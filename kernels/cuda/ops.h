@@ -56,4 +56,15 @@ void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A
                            const float* x, const float* w, const float* rstd, int N, int C,
                            bool accumulate, const float* dresid);
 
+// The reference pairs the model runs where their ops are the catalogue's references
+// (ReferencePairs, kernels/registry.h), set by catalogue.cu once every directory is registered;
+// attention's pair is register_attention's own.
+template <class A>
+void register_reference_pairs(Catalogue<float, A>& cat);
+// rmsnorm_backward, then dresid cast to bf16 into `copy`, in one pass where the row kernel allows
+// (kernels/rmsnorm/cuda.cu): the two references' bits.
+void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
+                               const float* x, const float* w, const float* rstd, int N, int C,
+                               bf16* copy);
+
 }  // namespace divlab::cuda

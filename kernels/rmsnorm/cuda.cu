@@ -99,9 +99,11 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
 // written as one row of `partial` [ceil(N / kRowsPerWarp), C] instead of an [N, C] product.
 constexpr int kRowsPerWarp = 8;
 
+// With `copy` (the reference pair with the cast, ReferencePairs::NormBackwardCast), each new dx
+// value is also written rounded to bf16 there, as the cast would write it.
 template <int K, class A>
 __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, const float* x,
-                                      const float* w, const float* rstd, int N, int C) {
+                                      const float* w, const float* rstd, int N, int C, bf16* copy) {
   const int64_t warp = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   const int64_t first = warp * kRowsPerWarp;
   if (first >= N) return;
@@ -133,9 +135,11 @@ __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, co
       if (c >= chunks) continue;
       const auto grad = [&](float d, float wc, float xc) { return r * wc * d - xc * scale; };
       const float4 base = load4(dx + row * C, c);
-      store4(dx + row * C, c,
-             {base.x + grad(dv[k].x, wk[k].x, xv[k].x), base.y + grad(dv[k].y, wk[k].y, xv[k].y),
-              base.z + grad(dv[k].z, wk[k].z, xv[k].z), base.w + grad(dv[k].w, wk[k].w, xv[k].w)});
+      const float4 out = {
+          base.x + grad(dv[k].x, wk[k].x, xv[k].x), base.y + grad(dv[k].y, wk[k].y, xv[k].y),
+          base.z + grad(dv[k].z, wk[k].z, xv[k].z), base.w + grad(dv[k].w, wk[k].w, xv[k].w)};
+      store4(dx + row * C, c, out);
+      if (copy) store4(copy + row * C, c, out);
       acc[k].x += dv[k].x * xv[k].x * r, acc[k].y += dv[k].y * xv[k].y * r;
       acc[k].z += dv[k].z * xv[k].z * r, acc[k].w += dv[k].w * xv[k].w * r;
     }
@@ -147,22 +151,29 @@ __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, co
   }
 }
 
+// Returns false, launching nothing, where the warp form does not apply.
+template <class A>
+bool rmsnorm_backward_by_warps(const OpContext& ctx, float* dresid, float* dw, const A* dy,
+                               const float* x, const float* w, const float* rstd, int N, int C,
+                               bf16* copy) {
+  const int chunks = row_chunks(C);
+  if (chunks == 0 || !packable({dresid, dy, x, w, copy})) return false;
+  const int warps = (N + kRowsPerWarp - 1) / kRowsPerWarp;
+  float* partial = scratch_as<float>(ctx, Scratch::A, size_t(warps) * C);
+  with_row_chunks(chunks, [&](auto K) {
+    rmsnorm_backward_warp<K.value>
+        <<<blocks_for(warps, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(
+            dresid, partial, dy, x, w, rstd, N, C, copy);
+  });
+  DIVLAB_LAUNCHED(ctx, "rmsnorm_backward");
+  column_sums_add(ctx, dw, partial, warps, C);
+  return true;
+}
+
 template <class A>
 void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
                       const float* w, const float* rstd, int N, int C) {
-  const int chunks = row_chunks(C);
-  if (chunks > 0 && packable({dresid, dy, x, w})) {
-    const int warps = (N + kRowsPerWarp - 1) / kRowsPerWarp;
-    float* partial = scratch_as<float>(ctx, Scratch::A, size_t(warps) * C);
-    with_row_chunks(chunks, [&](auto K) {
-      rmsnorm_backward_warp<K.value>
-          <<<blocks_for(warps, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(dresid, partial, dy,
-                                                                                x, w, rstd, N, C);
-    });
-    DIVLAB_LAUNCHED(ctx, "rmsnorm_backward");
-    column_sums_add(ctx, dw, partial, warps, C);
-    return;
-  }
+  if (rmsnorm_backward_by_warps(ctx, dresid, dw, dy, x, w, rstd, N, C, nullptr)) return;
   float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
   rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
   column_sums_add(ctx, dw, prod, N, C);
@@ -188,6 +199,16 @@ void bf16_reduce(const OpContext& ctx, float* dresid, float* dw, const A* dy, co
   DIVLAB_LAUNCHED(ctx, "bf16_column_sum");
 }
 }  // namespace
+
+// The reference pair of the backward and the cast of its dresid to bf16 (bf16 mode): one kernel
+// where the warp form applies, else the two references.
+void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
+                               const float* x, const float* w, const float* rstd, int N, int C,
+                               bf16* copy) {
+  if (rmsnorm_backward_by_warps(ctx, dresid, dw, dy, x, w, rstd, N, C, copy)) return;
+  rmsnorm_backward(ctx, dresid, dw, dy, x, w, rstd, N, C);
+  round_to_bf16(ctx.stream, copy, dresid, int64_t(N) * C);
+}
 
 template <class A>
 void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A* dy,

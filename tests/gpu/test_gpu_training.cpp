@@ -4,12 +4,13 @@
 //   bf16 mode (activations stored in bf16): within 2e-2.
 // Per-tensor gradient bands at the first step (documented in docs/cuda.md) and run-to-run
 // bitwise determinism of the GPU reference kernels over a training run, also with two models
-// on two streams of their own.
+// on two streams of their own, and the reference pairs' paths against the ops one by one.
 #include <algorithm>
 #include <cstdio>
 
 #include "datasets/dataset.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/profile.h"
 #include "model/optimizer.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -201,6 +202,43 @@ TYPED_TEST(GpuTraining, TwoModelsOnTheirOwnStreamsTrainAsOneAlone) {
     DIVLAB_CUDA_CHECK(cudaDeviceSynchronize());
   }
   for (auto& s : streams) DIVLAB_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// The reference pairs (ReferencePairs): gpt2's residual add with the norm after it (both modes);
+// in bf16 mode attention passing the forward's output and statistics to the backward in `att`,
+// and the norm's backward writing the residual gradient's bf16 copy. A training run gives the
+// same bits as the same kernels called one by one, for both families, and the profiler's
+// wrapped set runs the pairs too (its step is the unprofiled one).
+TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
+  const int steps = 12;
+  const auto paired = gpu_catalogue<TypeParam>().select({});
+  auto one_by_one = paired;
+  one_by_one.pairs = nullptr;
+  EXPECT_TRUE(paired.add_norm_pair());
+  EXPECT_EQ(paired.attention_pair(), this->kBf16);
+  EXPECT_EQ(paired.norm_backward_cast_pair(), this->kBf16);
+  OpProfiler<float, TypeParam> profiler(paired);
+  const auto& timed = profiler.kernels();
+  EXPECT_TRUE(timed.add_norm_pair());
+  EXPECT_EQ(timed.attention_pair(), this->kBf16);
+  EXPECT_EQ(timed.norm_backward_cast_pair(), this->kBf16);
+  for (const ModelConfig& m : {small_model(), small_llama()}) {
+    const auto reference = train_losses(one_by_one, sgd(steps), steps, test_seed(), m);
+    EXPECT_EQ(train_losses(paired, sgd(steps), steps, test_seed(), m), reference)
+        << name_of(m.arch) << " (seed " << test_seed() << ")";
+    EXPECT_EQ(train_losses(timed, sgd(steps), steps, test_seed(), m), reference)
+        << name_of(m.arch) << ", profiled (seed " << test_seed() << ")";
+  }
+  // The pairs' paths, timed: 2 blocks, gpt2's two adds each (llama calls no add); the norms'
+  // backwards before a GEMM, 4 a step in either family; attention in both.
+  const auto calls = [&](const char* name) {
+    const auto it = profiler.times().find(name);
+    return it == profiler.times().end() ? int64_t(0) : it->second.calls;
+  };
+  EXPECT_EQ(calls("add+rmsnorm_forward"), 4 * steps);
+  EXPECT_EQ(calls("add"), 0);
+  EXPECT_EQ(calls("rmsnorm_backward+cast"), this->kBf16 ? 2 * 4 * steps : 0);
+  EXPECT_EQ(calls("attention_backward"), 2 * 2 * steps);
 }
 
 }  // namespace divlab
