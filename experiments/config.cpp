@@ -196,6 +196,9 @@ const std::vector<KeySpec>& schema() {
           Range::NonNegative),
       key("debug.sync_kernels", DIVLAB_AT(sync_kernels), "false",
           "cuda: synchronise after every kernel launch and name the kernel that failed (slow)"),
+      key("debug.cuda_graphs", DIVLAB_AT(cuda_graphs), "true",
+          "cuda: replay each step of a reference run from a CUDA graph (the same kernels, one "
+          "launch); false: launch op by op"),
       key("debug.abort_at_step", DIVLAB_AT(abort_at_step), "-1",
           "abort the process at this step (tests of crash handling; -1 = never)"),
   };

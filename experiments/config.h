@@ -71,6 +71,7 @@ struct RunConfig {
   double flush_seconds = 2.0;
   int64_t abort_at_step = -1;      // debug: std::abort() at this step
   bool sync_kernels = false;       // debug: cuda synchronises after every launch
+  bool cuda_graphs = true;         // debug: cuda replays reference runs' steps from a graph
   int64_t checkpoint_every = 100;  // 0: no checkpoints
   bool initial_weights = false;    // keep /weights/initial
   bool final_weights = false;      // keep /weights/final

@@ -151,8 +151,7 @@ class DataParallelStep {
     model_.reseed(rank_op_seed(run_seed, step, r));
     // The backward is queued before the loss is waited for: no bubble between the two.
     const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
-    model_.start_forward(in + r * shard, tgt + r * shard, true);
-    model_.backward();
+    model_.start_step(in + r * shard, tgt + r * shard);
     after(r);
     return double(model_.loss());
   }

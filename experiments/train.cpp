@@ -314,6 +314,16 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
                1e3 * total / double(std::max<int64_t>(1, steps)));
 }
 
+// Whether the run's steps may replay a CUDA graph (Transformer::set_graph_steps): a reference
+// run (a candidate may draw random bits from its call's seed, which a graph would freeze), with
+// nothing that runs host code between the ops (shadow taps, the profiler's timers, debug.sync).
+bool graph_steps(const RunConfig& cfg, const TrainOptions& opt) {
+  const bool reference_run = std::all_of(cfg.kernels.begin(), cfg.kernels.end(),
+                                         [](const auto& k) { return k.second == "reference"; });
+  return cfg.cuda_graphs && cfg.backend == Backend::Cuda && reference_run &&
+         cfg.shadow_every == 0 && !opt.profile && !cfg.sync_kernels;
+}
+
 // A buffer's values, read in order with the work queued on `stream` (the run's).
 template <class T>
 std::vector<double> widen(const Buffer<T>& b, void* stream) {
@@ -417,6 +427,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_rank);
     owned->set_stream(stream.get());
     owned->set_sync_each_launch(cfg.sync_kernels);
+    owned->set_graph_steps(graph_steps(cfg, opt));
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
     owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, comm.get());
   } catch (const OutOfMemory& e) {
@@ -701,7 +712,7 @@ void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
                             const std::string& path) {
   static const std::vector<std::string> may_change = {
       "train.steps", "train.threads", "trace.flush_steps", "trace.flush_seconds",
-      "checkpoint.every", "debug.sync_kernels", "debug.abort_at_step",
+      "checkpoint.every", "debug.sync_kernels", "debug.cuda_graphs", "debug.abort_at_step",
       // Simulated and NCCL ranks compute the same numbers (experiments/data_parallel.h).
       "train.data_parallel"};
   std::map<std::string, std::string> before(recorded.resolved.begin(), recorded.resolved.end());

@@ -54,6 +54,14 @@ struct MemoryOps {
   // stream, where buffers are allocated and released, so a buffer outlives its last use.
   void* (*create_stream)();
   void (*destroy_stream)(void* stream);
+  // Work queued on a stream recorded instead of run, to be replayed as a whole (a CUDA graph; null
+  // on the host, which has none). Between begin_capture and end_capture nothing queued on the
+  // stream runs; end_capture returns the replayable graph, or null where something queued could
+  // not be recorded (nothing of it ran then either). The stream must be one of create_stream's.
+  void (*begin_capture)(void* stream) = nullptr;
+  void* (*end_capture)(void* stream) = nullptr;
+  void (*replay)(void* graph, void* stream) = nullptr;
+  void (*release_graph)(void* graph) = nullptr;
 };
 
 // A stream from `memory`, released with it.

@@ -28,6 +28,12 @@ class Workspace {
  public:
   virtual ~Workspace() = default;
   virtual void* get(int slot, size_t bytes) = 0;
+  // Counts the regions moved by growth: a recording of calls that holds region addresses (a CUDA
+  // graph) is stale once it has changed.
+  uint64_t moves() const { return moves_; }
+
+ protected:
+  uint64_t moves_ = 0;
 };
 
 // Host memory scratch (the CPU backend's).
@@ -111,6 +117,7 @@ class OpContextSource {
   void set_stream(void* stream) { stream_ = stream; }
   void set_sync_each_launch(bool on) { sync_each_launch_ = on; }
   void* stream() const { return stream_; }
+  uint64_t workspace_moves() const { return workspace_->moves(); }
 
  private:
   void* stream_;

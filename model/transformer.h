@@ -101,6 +101,22 @@ class Transformer {
   T loss();
   // Zeroes the gradients, then fills them for the last forward(for_backward = true).
   void backward();
+  // A training step's forward and backward: start_forward(inputs, targets, true), then
+  // backward(); loss() as after start_forward. With graph steps on, the same work replayed from a
+  // CUDA graph (the same kernels on the same buffers, so the same bits).
+  void start_step(const TokenId* inputs, const TokenId* targets);
+  // Graph steps for start_step, where the backend's memory has graphs (CUDA; ignored on the host):
+  // the first step runs op by op (its calls grow the scratch and build cuDNN's plans), the next is
+  // captured, and every step after replays it, one launch instead of hundreds. A graph replays
+  // the kernels and op contexts it captured, seeds included, and none of the host code around
+  // them (wrappers, taps, `after_op`): the caller turns it on only for kernels that draw no random
+  // bits, on a stream of its own (set_stream; the legacy stream cannot be captured). A step with
+  // `after_op` set runs op by op; changing the kernels, the stream or the debugging drops the
+  // graph. A step that cannot be captured runs op by op, and graph steps turn off
+  // (graph_failure() says why).
+  void set_graph_steps(bool on);
+  int64_t graph_replays() const { return graph_replays_; }
+  const std::string& graph_failure() const { return graph_failure_; }
 
   const ModelConfig& config() const { return cfg_; }
   int batch() const { return B_; }
@@ -113,7 +129,10 @@ class Transformer {
   // The logits of the last forward, [B*T, V] row-major (read by `divlab sample`).
   const Buffer<A>& logits() const { return logits_; }
   const KernelSet<T, A>& kernels() const { return k_; }
-  void set_kernels(const KernelSet<T, A>& k) { k_ = k; }
+  void set_kernels(const KernelSet<T, A>& k) {
+    k_ = k;
+    drop_graph();
+  }
   // The seed of the op calls from here on: each call gets its own seed derived from it and the
   // call's index (kernels/op_context.h). The trainer sets one per step from the run's seed and
   // the step, so a resumed run's kernels draw the same random bits as an uninterrupted one.
@@ -123,10 +142,16 @@ class Transformer {
   OpContext next_op_context() { return contexts_.next(); }
   // The stream the ops and the model's own copies run on (a cudaStream_t; null: the legacy
   // default stream).
-  void set_stream(void* stream) { contexts_.set_stream(stream); }
+  void set_stream(void* stream) {
+    drop_graph();
+    contexts_.set_stream(stream);
+  }
   void* stream() const { return contexts_.stream(); }
   // Debugging: device launchers wait for each kernel and name the one that failed (slow).
-  void set_sync_each_launch(bool on) { contexts_.set_sync_each_launch(on); }
+  void set_sync_each_launch(bool on) {
+    contexts_.set_sync_each_launch(on);
+    drop_graph();
+  }
 
   // What one op call wrote, for NaN/Inf attribution: `after_op`, when set, sees every op's
   // outputs in execution order (layer -1: outside the blocks). Unset in normal training.
@@ -152,6 +177,14 @@ class Transformer {
   // copy in A (refreshed by cast_weights() at the start of every forward).
   const A* linear_weights() const;
   void cast_weights();
+  // start_forward's halves: the tokens into staging memory; the forward's work queued (weights
+  // cast, tokens up, the ops, losses down); the fence behind it.
+  void stage_tokens(const TokenId* inputs, const TokenId* targets);
+  void queue_forward(bool for_backward);
+  void fence_loss();
+  // The graph of one start_step's work, or null where it could not be captured.
+  void* capture_step();
+  void drop_graph();
   // The attention kernels of this forward and the backward after it: the set's reference pair
   // passing state in `att` where the last forward(for_backward) ran it (ReferencePairs), else
   // the set's own.
@@ -217,6 +250,12 @@ class Transformer {
   bool loss_pending_ = false;
   bool attention_saved_ = false;   // the last forward ran attention as its reference pair
   bool dres_act_current_ = false;  // dres_act_ holds dres_ cast already (norm_backward)
+  // Graph steps (start_step): on, a step taken op by op since, the captured graph, replays.
+  bool graph_steps_ = false, graph_warm_ = false;
+  void* graph_ = nullptr;
+  uint64_t graph_moves_ = 0;  // the workspace's moves() when the graph was captured
+  int64_t graph_replays_ = 0;
+  std::string graph_failure_;
   // Gradient scratch, reused every step.
   Buffer<T> dres_;
   Buffer<A> dres_act_, dln_, dqkv_, datty_, dh_, dg_, tmp_;

@@ -208,6 +208,36 @@ void device_wait_fence(void* fence) {
   DIVLAB_CUDA_CHECK(status);
 }
 
+// Thread-local capture: another thread's unrelated CUDA calls (a shadow worker's, a trace
+// writer's) neither fail nor end it.
+void device_begin_capture(void* stream) {
+  DIVLAB_CUDA_CHECK(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal));
+}
+void* device_end_capture(void* stream) {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph) != cudaSuccess || !graph) {
+    cudaGetLastError();  // an invalidated capture's error is this call's, not a later launch's
+    if (graph) cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return exec;
+}
+void device_replay(void* graph, void* stream) {
+  DIVLAB_CUDA_CHECK(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream)));
+}
+void device_release_graph(void* graph) {
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));  // never throws: destructors call it
+}
+
 std::unique_ptr<Workspace> device_workspace() {
   return std::make_unique<DeviceWorkspace>();
 }
@@ -231,7 +261,11 @@ const MemoryOps& device_memory() {
                              device_wait_fence,
                              device_workspace,
                              device_create_stream,
-                             device_destroy_stream};
+                             device_destroy_stream,
+                             device_begin_capture,
+                             device_end_capture,
+                             device_replay,
+                             device_release_graph};
   return ops;
 }
 
@@ -262,6 +296,7 @@ void* DeviceWorkspace::get(int slot, size_t bytes) {
     r.p = nullptr, r.bytes = 0;
     DIVLAB_CUDA_CHECK(cudaMalloc(&r.p, bytes));
     r.bytes = bytes;
+    ++moves_;
   }
   return r.p;
 }

@@ -4,7 +4,8 @@
 //   bf16 mode (activations stored in bf16): within 2e-2.
 // Per-tensor gradient bands at the first step (documented in docs/cuda.md) and run-to-run
 // bitwise determinism of the GPU reference kernels over a training run, also with two models
-// on two streams of their own, and the reference pairs' paths against the ops one by one.
+// on two streams of their own; the reference pairs' paths and graph steps against the ops one by
+// one.
 #include <algorithm>
 #include <cstdio>
 
@@ -239,6 +240,43 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   EXPECT_EQ(calls("add"), 0);
   EXPECT_EQ(calls("rmsnorm_backward+cast"), this->kBf16 ? 2 * 4 * steps : 0);
   EXPECT_EQ(calls("attention_backward"), 2 * 2 * steps);
+}
+
+// Graph steps (Transformer::start_step): after one step op by op, the step is captured into a
+// CUDA graph and replayed, giving the losses of the steps taken op by op bit for bit, for both
+// families in both modes (the reference pairs inside the graph included).
+TYPED_TEST(GpuTraining, GraphStepsGiveTheBitsOfStepsOpByOp) {
+  const int steps = 12;
+  const auto k = gpu_catalogue<TypeParam>().select({});
+  for (const ModelConfig& m : {small_model(), small_llama()}) {
+    const auto run = [&](bool graphs, int64_t* replays) {
+      const OwnedStream stream(*k.memory);  // the legacy stream cannot be captured
+      Transformer<float, TypeParam> model(m, k, kBatch);
+      model.set_stream(stream.get());
+      model.set_graph_steps(graphs);
+      model.init(test_seed());
+      Optimizer<float> optim(sgd(steps), model.layout(), *k.memory);
+      DatasetOptions dopt;
+      dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = test_seed();
+      const auto data = make_dataset("zipf:1.1", dopt);
+      std::vector<TokenId> in(kBatch * m.seq_len), tgt(in.size());
+      std::vector<double> losses;
+      for (int s = 0; s < steps; ++s) {
+        data->batch(s, kBatch, m.seq_len, in.data(), tgt.data());
+        model.start_step(in.data(), tgt.data());
+        losses.push_back(model.loss());
+        optim.step(model, s);
+      }
+      EXPECT_EQ(model.graph_failure(), "") << name_of(m.arch);
+      *replays = model.graph_replays();
+      return losses;
+    };
+    int64_t replays = 0, none = 0;
+    const auto graphed = run(true, &replays);
+    EXPECT_EQ(graphed, run(false, &none)) << name_of(m.arch) << " (seed " << test_seed() << ")";
+    EXPECT_EQ(replays, steps - 1) << name_of(m.arch) << ": the first step runs op by op";
+    EXPECT_EQ(none, 0);
+  }
 }
 
 }  // namespace divlab
