@@ -44,6 +44,15 @@ struct ReferencePairs {
     Kernel<typename S::Cast> cast;
     Kernel<Fused> fused;
   } norm_backward_cast;
+  // One op called in turn over many spans of one buffer: sum_squares over each parameter
+  // tensor's gradient (the optimizer's norms), in two launches instead of two per tensor.
+  // spans: offset and size of each span, in device memory and on the host.
+  struct SumSquaresSpans {
+    using Fused = void (*)(const OpContext& ctx, double* out, const T* base,
+                           const int64_t* device_spans, const int64_t* host_spans, int count);
+    Kernel<typename S::SumSquares> sum_squares;
+    Kernel<Fused> fused;
+  } sum_squares_spans;
 };
 
 // The paths, for wrappers: `of` reaches one in a ReferencePairs; `name` is what a profile calls
@@ -66,6 +75,7 @@ DIVLAB_PAIR_PATH(SavedBackward, "attention_backward", attention_backward, attent
 DIVLAB_PAIR_PATH(AddNorm, "add+rmsnorm_forward", add_rmsnorm_forward, add_norm.fused)
 DIVLAB_PAIR_PATH(NormBackwardCast, "rmsnorm_backward+cast", rmsnorm_backward,
                  norm_backward_cast.fused)
+DIVLAB_PAIR_PATH(SumSquaresSpans, "sum_squares (spans)", sum_squares, sum_squares_spans.fused)
 #undef DIVLAB_PAIR_PATH
 // NOLINTEND(bugprone-macro-parentheses)
 }  // namespace pair_path
@@ -95,6 +105,9 @@ void wrap_pairs(const KernelSet<T, A>& inner, KernelSet<T, A>& wrapped, Referenc
   if (inner.norm_backward_cast_pair())
     out.norm_backward_cast = {wrapped.rmsnorm_backward, wrapped.cast,
                               wrap(pair_path::NormBackwardCast{}, p.norm_backward_cast.fused)};
+  if (inner.sum_squares_spans_path())
+    out.sum_squares_spans = {wrapped.sum_squares,
+                             wrap(pair_path::SumSquaresSpans{}, p.sum_squares_spans.fused)};
   wrapped.pairs = &out;
 }
 

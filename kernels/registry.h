@@ -115,6 +115,10 @@ struct KernelSet {
            rmsnorm_backward == pairs->norm_backward_cast.norm_backward &&
            cast == pairs->norm_backward_cast.cast;
   }
+  bool sum_squares_spans_path() const {
+    return pairs && pairs->sum_squares_spans.fused &&
+           sum_squares == pairs->sum_squares_spans.sum_squares;
+  }
 };
 
 // Nothing but the listed ops (a function and its state each), the memory pointer and the

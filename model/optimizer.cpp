@@ -20,7 +20,10 @@ Optimizer<T>::Optimizer(const OptimConfig& cfg, const std::vector<ParamInfo>& la
       layout_(layout),
       m_(mem, layout.back().offset + layout.back().size),
       v_(mem, cfg.kind == OptimizerKind::AdamW ? layout.back().offset + layout.back().size : 0),
-      sum_squares_(mem, int64_t(layout.size())) {
+      sum_squares_(mem, int64_t(layout.size())),
+      norm_spans_device_(mem, 2 * int64_t(layout.size())) {
+  for (const ParamInfo& p : layout) norm_spans_.push_back(p.offset), norm_spans_.push_back(p.size);
+  norm_spans_device_.upload(norm_spans_.data(), int64_t(norm_spans_.size()));
   // One span for a model without weight decay; with it, the norm gains (never decayed) split it.
   for (const ParamInfo& p : layout) {
     const double wd = p.is_norm ? 0.0 : cfg.weight_decay;
@@ -37,9 +40,17 @@ template <class A>
 StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
   const KernelSet<T, A>& k = model.kernels();
   StepStats stats;
-  for (size_t i = 0; i < layout_.size(); ++i)
-    k.sum_squares(model.next_op_context(), sum_squares_.data() + i,
-                  model.grads().data() + layout_[i].offset, layout_[i].size);
+  if (k.sum_squares_spans_path()) {
+    k.pairs->sum_squares_spans.fused(model.next_op_context(), sum_squares_.data(),
+                                     model.grads().data(), norm_spans_device_.data(),
+                                     norm_spans_.data(), int(layout_.size()));
+    // Every call it stands for is counted: later calls draw the seeds they draw op by op.
+    for (size_t i = 1; i < layout_.size(); ++i) model.next_op_context();
+  } else {
+    for (size_t i = 0; i < layout_.size(); ++i)
+      k.sum_squares(model.next_op_context(), sum_squares_.data() + i,
+                    model.grads().data() + layout_[i].offset, layout_[i].size);
+  }
   double total = 0;
   for (double ss : sum_squares_.to_vector(model.stream())) {
     stats.param_grad_norms.push_back(std::sqrt(ss));

@@ -73,6 +73,10 @@ class Optimizer {
   std::vector<UpdateSpan> spans_;  // from the layout, once
   Buffer<T> m_, v_;                // SGD uses m_ as the momentum buffer
   Buffer<double> sum_squares_;     // per layout entry, filled on the backend, downloaded at once
+  // Each layout entry's offset and size, on the host and in the backend's memory (the reference
+  // path over all of them: ReferencePairs::SumSquaresSpans).
+  std::vector<int64_t> norm_spans_;
+  Buffer<int64_t> norm_spans_device_;
 };
 
 }  // namespace divlab

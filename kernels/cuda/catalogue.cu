@@ -49,6 +49,9 @@ void register_reference_pairs(Catalogue<float, A>& cat) {
   if constexpr (std::is_same_v<A, bf16>)
     cat.pairs.norm_backward_cast = {reference(cat.rmsnorm_backward), reference(cat.cast),
                                     rmsnorm_backward_and_cast};
+  // The optimizer's per-tensor gradient norms: every span's blocks in one grid, the same blocks
+  // and order each span's own call has.
+  cat.pairs.sum_squares_spans = {reference(cat.sum_squares), sum_squares_spans};
 }
 template void register_reference_pairs(Catalogue<float>&);
 template void register_reference_pairs(Catalogue<float, bf16>&);

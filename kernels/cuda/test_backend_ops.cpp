@@ -135,6 +135,42 @@ TYPED_TEST(GpuOps, CrossEntropyMatchesFp64AtEveryRowForm) {
     }
 }
 
+// The optimizer's norms over many spans in one grid (ReferencePairs::SumSquaresSpans) give each
+// span the bits of its own sum_squares call: spans of 1 value to past the grid's block cap, at
+// offsets 16-byte aligned and not, empty ones included.
+TYPED_TEST(GpuOps, SumSquaresOverSpansGivesEachSpansOwnBits) {
+  const auto k = gpu_catalogue<TypeParam>().select({});
+  ASSERT_TRUE(k.sum_squares_spans_path());
+  std::mt19937_64 gen(test_seed());
+  std::vector<int64_t> spans;
+  int64_t end = 0;
+  for (int64_t size : {int64_t(1), int64_t(3), int64_t(768), int64_t(0), int64_t(4097),
+                       int64_t(65536), int64_t(5 << 20), int64_t(31), int64_t(300001)}) {
+    const int64_t offset = end + int64_t(gen() % 3);  // 0, 1 or 2 values apart
+    spans.push_back(offset), spans.push_back(size);
+    end = offset + size;
+  }
+  const auto host = randn<double>(size_t(end), gen, 1.0);
+  const std::vector<float> values(host.begin(), host.end());
+  const MemoryOps& mem = *k.memory;
+  Buffer<float> g(mem, end);
+  g.upload(values.data(), end);
+  Buffer<int64_t> device_spans(mem, int64_t(spans.size()));
+  device_spans.upload(spans.data(), int64_t(spans.size()));
+  const int count = int(spans.size() / 2);
+  Buffer<double> together(mem, count), alone(mem, count);
+  OpContextSource contexts(mem);
+  k.pairs->sum_squares_spans.fused(contexts.next(), together.data(), g.data(), device_spans.data(),
+                                   spans.data(), count);
+  for (int i = 0; i < count; ++i)
+    k.sum_squares(contexts.next(), alone.data() + i, g.data() + spans[2 * i], spans[2 * i + 1]);
+  const auto a = together.to_vector(), b = alone.to_vector();
+  for (int i = 0; i < count; ++i)
+    EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0)
+        << "span " << i << " (offset " << spans[2 * i] << ", size " << spans[2 * i + 1]
+        << "): " << a[i] << " vs its own call's " << b[i] << " (seed " << test_seed() << ")";
+}
+
 // The activation copy: exact in fp32 mode, round to nearest even in bf16 mode.
 TYPED_TEST(GpuOps, CastRoundsToNearestEven) {
   std::mt19937_64 gen(test_seed());

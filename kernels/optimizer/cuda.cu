@@ -16,18 +16,19 @@ namespace {
 // blocks), so its partial sums, and their order, are the same on every device and run.
 constexpr int kSumThreads = 256, kMaxSumBlocks = 1024, kSumValuesPerThread = 16;
 
-int sum_blocks(int64_t n) {
-  const int64_t want = (n + int64_t(kSumThreads) * kSumValuesPerThread - 1) /
-                       (int64_t(kSumThreads) * kSumValuesPerThread);
-  return int(std::clamp<int64_t>(want, 1, kMaxSumBlocks));
+__host__ __device__ int sum_blocks(int64_t n) {
+  const int64_t per_block = int64_t(kSumThreads) * kSumValuesPerThread;
+  const int64_t want = (n + per_block - 1) / per_block;
+  return int(want < 1 ? 1 : want > kMaxSumBlocks ? kMaxSumBlocks : want);
 }
 
-// Each thread sums the squares of a grid-strided set of 4-value chunks (16-byte loads, four in
-// flight), then the tail; in double, so the order inside a block barely matters for the value.
-__global__ void sum_squares_partial(double* partial, const float* g, int64_t n, bool aligned) {
-  __shared__ double shared[32];
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// Block `block` of `blocks` over g[0, n): each thread sums the squares of a grid-strided set of
+// 4-value chunks (16-byte loads, four in flight), then the tail; in double, so the order inside
+// a block barely matters for the value. Returns the block's sum to thread 0.
+__device__ double sum_squares_block(const float* g, int64_t n, bool aligned, int blocks, int block,
+                                    double* shared) {
+  const int64_t stride = int64_t(blocks) * blockDim.x;
+  const int64_t first = int64_t(block) * blockDim.x + threadIdx.x;
   const int64_t chunks = aligned ? n / 4 : 0;
   const auto* g4 = reinterpret_cast<const float4*>(g);
   double s = 0;
@@ -38,14 +39,23 @@ __global__ void sum_squares_partial(double* partial, const float* g, int64_t n, 
          double(v.w) * double(v.w);
   }
   for (int64_t i = chunks * 4 + first; i < n; i += stride) s += double(g[i]) * double(g[i]);
-  s = block_sum(s, shared);
+  return block_sum(s, shared);
+}
+// The blocks' sums in block order, by one block.
+__device__ double sum_in_order(const double* partial, int n, double* shared) {
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  return block_sum(s, shared);
+}
+
+__global__ void sum_squares_partial(double* partial, const float* g, int64_t n, bool aligned) {
+  __shared__ double shared[32];
+  const double s = sum_squares_block(g, n, aligned, int(gridDim.x), int(blockIdx.x), shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 __global__ void sum_partials(double* out, const double* partial, int n) {
   __shared__ double shared[32];
-  double s = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
-  s = block_sum(s, shared);
+  const double s = sum_in_order(partial, n, shared);
   if (threadIdx.x == 0) *out = s;
 }
 
@@ -58,6 +68,53 @@ void sum_squares(const OpContext& ctx, double* out, const float* g, int64_t n) {
   DIVLAB_LAUNCHED(ctx, "sum_partials");
 }
 
+// sum_squares over many spans of one buffer in two launches (ReferencePairs::SumSquaresSpans):
+// each span gets the blocks, the partial sums and the order a call of its own gives it, so the
+// same bits. spans[2i], spans[2i + 1]: span i's offset and size (device memory). A block finds
+// its span by walking the spans' block counts (a few hundred spans at most).
+__device__ int span_of_block(const int64_t* spans, int count, int block, int* first) {
+  int start = 0;
+  for (int i = 0; i < count; ++i) {
+    const int blocks = sum_blocks(spans[2 * i + 1]);
+    if (block < start + blocks) return *first = start, i;
+    start += blocks;
+  }
+  return *first = start, count;
+}
+__global__ void sum_squares_spans_partial(double* partial, const float* base, const int64_t* spans,
+                                          int count) {
+  __shared__ double shared[32];
+  int first = 0;
+  const int i = span_of_block(spans, count, int(blockIdx.x), &first);
+  const float* g = base + spans[2 * i];
+  const int64_t n = spans[2 * i + 1];
+  const bool aligned = reinterpret_cast<uintptr_t>(g) % 16 == 0;
+  const double s = sum_squares_block(g, n, aligned, sum_blocks(n), int(blockIdx.x) - first, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+__global__ void sum_partials_spans(double* out, const double* partial, const int64_t* spans) {
+  __shared__ double shared[32];
+  int first = 0;
+  for (unsigned i = 0; i < blockIdx.x; ++i) first += sum_blocks(spans[2 * i + 1]);
+  const double s = sum_in_order(partial + first, sum_blocks(spans[2 * blockIdx.x + 1]), shared);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+}  // namespace
+
+void sum_squares_spans(const OpContext& ctx, double* out, const float* base,
+                       const int64_t* device_spans, const int64_t* host_spans, int count) {
+  if (count <= 0) return;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) blocks += sum_blocks(host_spans[2 * i + 1]);
+  double* partial = scratch_as<double>(ctx, Scratch::Reduce, size_t(blocks));
+  sum_squares_spans_partial<<<blocks, kSumThreads, 0, stream_of(ctx)>>>(partial, base, device_spans,
+                                                                        count);
+  DIVLAB_LAUNCHED(ctx, "sum_squares_spans_partial");
+  sum_partials_spans<<<count, kSumThreads, 0, stream_of(ctx)>>>(out, partial, device_spans);
+  DIVLAB_LAUNCHED(ctx, "sum_partials_spans");
+}
+
+namespace {
 // The updates, one value at a time in PyTorch's order; the kernels below apply them to packs of
 // 8 values (two 16-byte accesses per tensor) where every pointer is aligned, else value by value:
 // the same arithmetic either way.

@@ -205,7 +205,8 @@ TYPED_TEST(GpuTraining, TwoModelsOnTheirOwnStreamsTrainAsOneAlone) {
   for (auto& s : streams) DIVLAB_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
-// The reference pairs (ReferencePairs): gpt2's residual add with the norm after it (both modes);
+// The reference pairs (ReferencePairs): gpt2's residual add with the norm after it and the
+// optimizer's per-tensor norms in one grid (both modes);
 // in bf16 mode attention passing the forward's output and statistics to the backward in `att`,
 // and the norm's backward writing the residual gradient's bf16 copy. A training run gives the
 // same bits as the same kernels called one by one, for both families, and the profiler's
@@ -216,11 +217,13 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   auto one_by_one = paired;
   one_by_one.pairs = nullptr;
   EXPECT_TRUE(paired.add_norm_pair());
+  EXPECT_TRUE(paired.sum_squares_spans_path());
   EXPECT_EQ(paired.attention_pair(), this->kBf16);
   EXPECT_EQ(paired.norm_backward_cast_pair(), this->kBf16);
   OpProfiler<float, TypeParam> profiler(paired);
   const auto& timed = profiler.kernels();
   EXPECT_TRUE(timed.add_norm_pair());
+  EXPECT_TRUE(timed.sum_squares_spans_path());
   EXPECT_EQ(timed.attention_pair(), this->kBf16);
   EXPECT_EQ(timed.norm_backward_cast_pair(), this->kBf16);
   for (const ModelConfig& m : {small_model(), small_llama()}) {
@@ -240,6 +243,8 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   EXPECT_EQ(calls("add"), 0);
   EXPECT_EQ(calls("rmsnorm_backward+cast"), this->kBf16 ? 2 * 4 * steps : 0);
   EXPECT_EQ(calls("attention_backward"), 2 * 2 * steps);
+  EXPECT_EQ(calls("sum_squares (spans)"), 2 * steps);  // the optimizer's norms, one call a step
+  EXPECT_EQ(calls("sum_squares"), 0);
 }
 
 // Graph steps (Transformer::start_step): after one step op by op, the step is captured into a
