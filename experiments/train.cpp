@@ -314,15 +314,21 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
                1e3 * total / double(std::max<int64_t>(1, steps)));
 }
 
-// Whether the run's steps may replay a CUDA graph (Transformer::set_graph_steps): a reference
-// run (a candidate may draw random bits from its call's seed, which a graph would freeze), with
-// nothing that runs host code between the ops (shadow taps, the profiler's timers, debug.sync).
-bool graph_steps(const RunConfig& cfg, const TrainOptions& opt) {
-  const bool reference_run = std::all_of(cfg.kernels.begin(), cfg.kernels.end(),
-                                         [](const auto& k) { return k.second == "reference"; });
-  return cfg.cuda_graphs && cfg.backend == Backend::Cuda && reference_run &&
-         cfg.shadow_every == 0 && !opt.profile && !cfg.sync_kernels;
+}  // namespace
+
+template <class T, class A>
+bool graph_steps(const RunConfig& cfg, bool profile, const Catalogue<T, A>& catalogue,
+                 const KernelSet<T, A>& kernels) {
+  return cfg.cuda_graphs && cfg.backend == Backend::Cuda && catalogue.graphable(kernels) &&
+         cfg.shadow_every == 0 && !profile && !cfg.sync_kernels;
 }
+template bool graph_steps(const RunConfig&, bool, const Catalogue<float>&, const KernelSet<float>&);
+template bool graph_steps(const RunConfig&, bool, const Catalogue<double>&,
+                          const KernelSet<double>&);
+template bool graph_steps(const RunConfig&, bool, const Catalogue<float, bf16>&,
+                          const KernelSet<float, bf16>&);
+
+namespace {
 
 // A buffer's values, read in order with the work queued on `stream` (the run's).
 template <class T>
@@ -427,7 +433,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_rank);
     owned->set_stream(stream.get());
     owned->set_sync_each_launch(cfg.sync_kernels);
-    owned->set_graph_steps(graph_steps(cfg, opt));
+    owned->set_graph_steps(graph_steps(cfg, opt.profile, catalogue, kernels));
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
     owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, comm.get());
   } catch (const OutOfMemory& e) {

@@ -34,6 +34,14 @@ struct TrainResult {
 // or gradient ends it with status "nan" and the first op that produced one in the trace.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
 
+// Whether a run's steps replay a CUDA graph (Transformer::set_graph_steps): on the cuda backend
+// with debug.cuda_graphs, every kernel graphable (VariantDoc::graphable: none draws random bits
+// from its call's seed or waits for the host), and nothing running host code between the ops
+// (shadow taps, the profiler's timers, debug.sync_kernels).
+template <class T, class A>
+bool graph_steps(const RunConfig& cfg, bool profile, const Catalogue<T, A>& catalogue,
+                 const KernelSet<T, A>& kernels);
+
 // Continues a run from the newest checkpoint in its trace (written every checkpoint.every
 // steps), with the trace's own config plus `overrides` (e.g. train.steps to go further). The
 // losses equal an uninterrupted run's bit for bit.

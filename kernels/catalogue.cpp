@@ -69,6 +69,19 @@ Catalogue<float>& mutable_cpu_catalogue() {
 }
 
 template <class T, class A>
+bool Catalogue<T, A>::graphable(const KernelSet<T, A>& k) const {
+  bool all = true;
+  for_each_op([&](const auto& ops, auto member) {
+    for (const auto& e : ops.entries)
+      if (e.fn == k.*member) {
+        all = all && e.doc.graphable;
+        return;
+      }
+  });
+  return all;
+}
+
+template <class T, class A>
 KernelSet<T, A> Catalogue<T, A>::select(const std::map<std::string, std::string>& choice) const {
   for (const auto& entry : choice) {
     const std::string& op = entry.first;  // (structured bindings cannot be captured before C++20)

@@ -143,7 +143,11 @@ const VariantDoc& fp64_control_doc() {
   static const VariantDoc doc{
       "CONTROL: the fp64 reference on widened inputs, every output rounded to fp32 once (more "
       "accurate than the reference)",
-      "", "", "nothing to mask: differs from the reference only by fp32 rounding", true};
+      "",
+      "",
+      "nothing to mask: differs from the reference only by fp32 rounding",
+      true,
+      /*graphable=*/false};  // on a device it waits for its copies to the host and back
   return doc;
 }
 

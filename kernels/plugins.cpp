@@ -159,8 +159,12 @@ struct TableError : std::runtime_error {
 template <class Variant>
 VariantDoc plugin_doc(const Variant& v, bool control, uint32_t dtype) {
   const DtypeModes* m = find_modes(dtype);  // not validated yet: invalid() refuses it later
-  return VariantDoc{str(v.summary) + (m ? m->doc_tag : ""), str(v.wrong), str(v.exposed_by),
-                    str(v.masked_by), control};
+  return VariantDoc{str(v.summary) + (m ? m->doc_tag : ""),
+                    str(v.wrong),
+                    str(v.exposed_by),
+                    str(v.masked_by),
+                    control,
+                    /*graphable=*/false};
 }
 
 // One row of either ABI's table in the loader's form (ABI 1: fp32 kernels, no flags).

@@ -22,6 +22,10 @@ struct VariantDoc {
   std::string exposed_by;  // which inputs or settings make the error visible
   std::string masked_by;   // which inputs or settings hide it
   bool benign = false;     // a control: same math up to rounding; must never be called divergent
+  // Whether a CUDA graph may record the kernel and replay it (graph steps, docs/cuda.md): not a
+  // kernel that draws random bits from its call's seed (a replay repeats the recorded draw) or
+  // synchronises with the host, nor a plug-in's, which may do either.
+  bool graphable = true;
 };
 
 // A variant that runs only with one implementation of another op: a forward whose saved state
@@ -171,6 +175,9 @@ struct Catalogue {
   KernelSet<T, A> select(const std::map<std::string, std::string>& choice) const;
   // Whether `variant` of `op` is documented as a benign control (false if there is none).
   bool is_benign(const std::string& op, const std::string& variant) const;
+  // Whether a CUDA graph may replay every kernel of `k`, a set selected from this catalogue
+  // (VariantDoc::graphable; each kernel judged by the first entry with its function and state).
+  bool graphable(const KernelSet<T, A>& k) const;
 
  private:
   template <class Self, class F>

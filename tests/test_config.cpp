@@ -7,6 +7,7 @@
 #include <random>
 
 #include "experiments/config.h"
+#include "experiments/train.h"
 #include "io/toml_reader.h"
 #include "tests/support/check.h"
 
@@ -168,6 +169,35 @@ TEST(Config, ParsingLoadsNothingAndResolvingChecksKernels) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("no_such_variant"), std::string::npos) << e.what();
   }
+}
+
+// Which runs replay their steps from a CUDA graph: judged on the catalogue's documentation of the
+// kernels the run selects (here the CPU's, with the backend set to cuda by hand: the choice is
+// the same code on either catalogue). Deterministic candidates (bf16 atomics, a changed formula)
+// may; a kernel drawing random bits from its call's seed, the fp64 controls (host round trips),
+// shadow mode, the profiler, debug.sync_kernels and debug.cuda_graphs = false may not.
+TEST(Config, GraphStepsOnlyWhereAReplayChangesNothing) {
+  const Catalogue<float>& cat = cpu_catalogue<float>();
+  RunConfig cfg;
+  cfg.backend = Backend::Cuda;
+  const auto graphs = [&](const std::map<std::string, std::string>& kernels) {
+    return graph_steps(cfg, false, cat, cat.select(kernels));
+  };
+  EXPECT_TRUE(graphs({}));
+  EXPECT_TRUE(graphs({{"embed_rmsnorm_backward", "bf16_accum"}}));
+  EXPECT_TRUE(graphs({{"rmsnorm_forward", "eps_outside_sqrt"}}));
+  EXPECT_FALSE(graphs({{"embed_rmsnorm_backward", "bf16_stochastic_accum"}}));
+  EXPECT_FALSE(graphs({{"linear_forward", "fp64_accum"}}));
+  EXPECT_FALSE(graph_steps(cfg, /*profile=*/true, cat, cat.select({})));
+  RunConfig other = cfg;
+  other.shadow_every = 1;
+  EXPECT_FALSE(graph_steps(other, false, cat, cat.select({})));
+  other = cfg, other.sync_kernels = true;
+  EXPECT_FALSE(graph_steps(other, false, cat, cat.select({})));
+  other = cfg, other.cuda_graphs = false;
+  EXPECT_FALSE(graph_steps(other, false, cat, cat.select({})));
+  other = cfg, other.backend = Backend::Cpu;
+  EXPECT_FALSE(graph_steps(other, false, cat, cat.select({})));
 }
 
 }  // namespace divlab

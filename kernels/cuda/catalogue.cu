@@ -32,6 +32,7 @@ Catalogue<float, A> build() {
           e.doc.exposed_by = twin->doc.exposed_by;
           e.doc.masked_by = twin->doc.masked_by;
           e.doc.benign = twin->doc.benign;
+          e.doc.graphable = e.doc.graphable && twin->doc.graphable;
         }
     });
   });

@@ -183,7 +183,7 @@ void register_embed_rmsnorm_backward_variants(Catalogue<T>& cat) {
          {"bf16 accumulation with stochastic rounding, fresh random bits for every addition",
           "unbiased in expectation but noisy: variance grows with the number of additions",
           "hot rows (the noise adds up); bitwise comparisons (not deterministic across calls)",
-          "averaging over steps; AdamW"});
+          "averaging over steps; AdamW", false, /*graphable=*/false});
   op.add("bf16_stochastic_reused_seed", bf16_stochastic_reused_seed<T>,
          {"bf16 accumulation with 'stochastic' rounding whose generator is re-seeded with the "
           "same constant on every call and never advanced",
