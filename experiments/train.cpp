@@ -627,6 +627,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     throw RunFailed("train failed " + failure + " (trace '" + opt.out + "' records it)");
   }
   progress.done();
+  // A step that could not be captured fell back to launching op by op: the same numbers, slower.
+  if (!model.graph_failure().empty())
+    std::fprintf(stderr, "divlab: note: CUDA graph steps are off for this run (%s)\n",
+                 model.graph_failure().c_str());
   if (profiler && lead)
     print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1));
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());

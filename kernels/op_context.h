@@ -114,6 +114,10 @@ class OpContextSource {
   OpContext next() {
     return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr, sync_each_launch_};
   }
+  // Where the sequence is, and back there: a caller that discards calls (a failed CUDA graph
+  // capture, which ran none of them) rewinds so the calls made again draw the same seeds.
+  uint64_t calls() const { return calls_; }
+  void rewind(uint64_t calls) { calls_ = calls; }
   void set_stream(void* stream) { stream_ = stream; }
   void set_sync_each_launch(bool on) { sync_each_launch_ = on; }
   void* stream() const { return stream_; }

@@ -87,7 +87,9 @@ void Transformer<T, A>::start_step(const TokenId* inputs, const TokenId* targets
 template <class T, class A>
 void* Transformer<T, A>::capture_step() {
   const MemoryOps& mem = *k_.memory;
+  const uint64_t calls = contexts_.calls();
   const auto give_up = [&](const std::string& why) {
+    contexts_.rewind(calls);  // the step runs op by op next, drawing the seeds it draws so
     graph_steps_ = false;
     graph_failure_ = why;
     return nullptr;
