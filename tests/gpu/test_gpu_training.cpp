@@ -42,11 +42,23 @@ OptimConfig sgd(int steps) {
   return oc;
 }
 
-// Losses of `steps` steps on Zipf-distributed tokens.
+// Graph steps for train_losses: asked for, then what came of them.
+struct GraphSteps {
+  explicit GraphSteps(bool asked) : on(asked) {}
+  bool on;
+  int64_t replays = 0;
+  std::string failure;  // why they turned off ("" while on)
+};
+
+// Losses of `steps` steps on Zipf-distributed tokens; with `graphs`, the model on a stream of
+// its own (the legacy stream cannot be captured) and graph steps as asked.
 template <class T, class A>
 std::vector<double> train_losses(const KernelSet<T, A>& k, const OptimConfig& oc, int steps,
-                                 uint64_t seed, const ModelConfig& m = small_model()) {
+                                 uint64_t seed, const ModelConfig& m = small_model(),
+                                 GraphSteps* graphs = nullptr) {
+  const OwnedStream stream(*k.memory);
   Transformer<T, A> model(m, k, kBatch);
+  if (graphs) model.set_stream(stream.get()), model.set_graph_steps(graphs->on);
   model.init(seed);
   Optimizer<T> optim(oc, model.layout(), *k.memory);
   DatasetOptions dopt;
@@ -56,10 +68,11 @@ std::vector<double> train_losses(const KernelSet<T, A>& k, const OptimConfig& oc
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     data->batch(s, kBatch, m.seq_len, in.data(), tgt.data());
-    losses.push_back(model.forward(in.data(), tgt.data(), true));
-    model.backward();
+    model.start_step(in.data(), tgt.data());
+    losses.push_back(model.loss());
     optim.step(model, s);
   }
+  if (graphs) graphs->replays = model.graph_replays(), graphs->failure = model.graph_failure();
   return losses;
 }
 
@@ -247,35 +260,6 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   EXPECT_EQ(calls("sum_squares"), 0);
 }
 
-namespace {
-// `steps` training steps through start_step, with graph steps on or off, on a stream of the
-// model's own (the legacy stream cannot be captured); the graphs replayed and why they stopped.
-template <class A>
-std::vector<double> step_losses(const KernelSet<float, A>& k, const ModelConfig& m, int steps,
-                                bool graphs, int64_t* replays, std::string* failure) {
-  const OwnedStream stream(*k.memory);
-  Transformer<float, A> model(m, k, kBatch);
-  model.set_stream(stream.get());
-  model.set_graph_steps(graphs);
-  model.init(test_seed());
-  Optimizer<float> optim(sgd(steps), model.layout(), *k.memory);
-  DatasetOptions dopt;
-  dopt.vocab = m.vocab, dopt.seq_len = m.seq_len, dopt.seed = test_seed();
-  const auto data = make_dataset("zipf:1.1", dopt);
-  std::vector<TokenId> in(kBatch * m.seq_len), tgt(in.size());
-  std::vector<double> losses;
-  for (int s = 0; s < steps; ++s) {
-    data->batch(s, kBatch, m.seq_len, in.data(), tgt.data());
-    model.start_step(in.data(), tgt.data());
-    losses.push_back(model.loss());
-    optim.step(model, s);
-  }
-  *replays = model.graph_replays();
-  *failure = model.graph_failure();
-  return losses;
-}
-}  // namespace
-
 // Graph steps (Transformer::start_step): after one step op by op, the step is captured into a
 // CUDA graph and replayed, giving the losses of the steps taken op by op bit for bit, for both
 // families in both modes (the reference pairs inside the graph included), and for a
@@ -285,27 +269,27 @@ std::vector<double> step_losses(const KernelSet<float, A>& k, const ModelConfig&
 TYPED_TEST(GpuTraining, GraphStepsGiveTheBitsOfStepsOpByOp) {
   const int steps = 12;
   const auto& cat = gpu_catalogue<TypeParam>();
-  int64_t replays = 0, none = 0;
-  std::string failure, no_failure;
   for (const auto& choice : std::vector<std::map<std::string, std::string>>{
            {}, {{"rmsnorm_forward", "eps_outside_sqrt"}}})
     for (const ModelConfig& m : {small_model(), small_llama()}) {
       const auto k = cat.select(choice);
       ASSERT_TRUE(cat.graphable(k));
-      const auto graphed = step_losses(k, m, steps, true, &replays, &failure);
-      EXPECT_EQ(graphed, step_losses(k, m, steps, false, &none, &no_failure))
+      GraphSteps graphed(true), op_by_op(false);
+      EXPECT_EQ(train_losses(k, sgd(steps), steps, test_seed(), m, &graphed),
+                train_losses(k, sgd(steps), steps, test_seed(), m, &op_by_op))
           << name_of(m.arch) << " (seed " << test_seed() << ")";
-      EXPECT_EQ(replays, steps - 1) << name_of(m.arch) << ": the first step runs op by op";
-      EXPECT_EQ(failure, "") << name_of(m.arch);
-      EXPECT_EQ(none, 0);
+      EXPECT_EQ(graphed.replays, steps - 1) << name_of(m.arch) << ": the first step runs op by op";
+      EXPECT_EQ(graphed.failure, "") << name_of(m.arch);
+      EXPECT_EQ(op_by_op.replays, 0);
     }
   const auto host_bound = cat.select({{"linear_forward", "fp64_accum"}});
   ASSERT_FALSE(cat.graphable(host_bound));
-  const auto forced = step_losses(host_bound, small_model(), 4, true, &replays, &failure);
-  EXPECT_EQ(forced, step_losses(host_bound, small_model(), 4, false, &none, &no_failure));
-  EXPECT_EQ(replays, 0);
-  EXPECT_NE(failure, "") << "a failed capture says why";
-  std::printf("the fp64 control's capture: %s\n", failure.c_str());
+  GraphSteps forced(true), op_by_op(false);
+  EXPECT_EQ(train_losses(host_bound, sgd(4), 4, test_seed(), small_model(), &forced),
+            train_losses(host_bound, sgd(4), 4, test_seed(), small_model(), &op_by_op));
+  EXPECT_EQ(forced.replays, 0);
+  EXPECT_NE(forced.failure, "") << "a failed capture says why";
+  std::printf("the fp64 control's capture: %s\n", forced.failure.c_str());
 }
 
 }  // namespace divlab
