@@ -1,8 +1,8 @@
 // Fused softmax + cross-entropy on the GPU: one block per row, fixed-tree reductions. The row is
 // read twice, not three times: the max and the sum of exponentials in one pass (online softmax:
-// the running sum is rescaled when the running max grows), the gradient in the second; both in
-// packs of 8 values per thread where the row allows (pack.cuh). GPT-2 small's 50 304-wide rows
-// took 4.5 ms per step read three times, one bf16 value per load.
+// the running sum is rescaled when the running max grows, once per pack of 8 values), the
+// gradient in the second; both in packs of 8 values per thread where the row allows (pack.cuh).
+// GPT-2 small's 50 304-wide rows took 4.5 ms per step read three times, one bf16 value per load.
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -24,6 +24,15 @@ __device__ __forceinline__ void take(MaxSum& a, float z) {
     a.s += expf(z - a.m);
   }
 }
+// A pack at once: the max rescaled once, then the pack's exponentials summed in order.
+__device__ __forceinline__ void take_pack(MaxSum& a, const float (&z)[kPack]) {
+  float m = a.m;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) m = fmaxf(m, z[k]);
+  if (m > a.m) a.s *= expf(a.m - m), a.m = m;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) a.s += expf(z[k] - m);
+}
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, 0.0f};
@@ -44,26 +53,41 @@ __device__ MaxSum block_merge(MaxSum a, float* shared_m, float* shared_s) {
   return warp_merge(a);
 }
 
+// 1024 threads, two blocks per SM: fewer rows in flight than with smaller blocks, so a row's
+// second read finds more of it still in L2 (with the gradient pass walking the row backwards,
+// from where the first pass ended): 1.65 -> 1.48 ms per step at GPT-2 small's 16 384 rows of
+// 50 304 (H100, a scratch benchmark of this kernel's forms; 1.44 with CUDA's __expf in place of
+// expf, not taken: the fp32 and bf16 kernels would no longer give the same bits for the same
+// values).
+constexpr int kRowThreads = 1024;
+
 template <bool subtract_max, class A>
-__global__ void cross_entropy_kernel(float* losses, A* dlogits, const A* logits,
-                                     const TokenId* targets, int V, float dloss, bool packed) {
+__global__ void __launch_bounds__(kRowThreads, 2)
+    cross_entropy_kernel(float* losses, A* dlogits, const A* logits, const TokenId* targets, int V,
+                         float dloss, bool packed) {
   __shared__ float shared_m[32], shared_s[32];
   const int64_t row = blockIdx.x;
   const A* z = logits + row * V;
   const int packs = packed ? V / kPack : 0;
   MaxSum acc{subtract_max ? -INFINITY : 0.0f, 0.0f};
-  auto add = [&](float x) {
-    if constexpr (subtract_max)
-      take(acc, x);
-    else
-      acc.s += expf(x);
-  };
   for (int p = threadIdx.x; p < packs; p += blockDim.x) {
     const Pack<A> v = load_pack(z, p);
+    float x[kPack];
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) add(load(v.v[k]));
+    for (int k = 0; k < kPack; ++k) x[k] = load(v.v[k]);
+    if constexpr (subtract_max) {
+      take_pack(acc, x);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) acc.s += expf(x[k]);
+    }
   }
-  for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) add(load(z[v]));
+  for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) {
+    if constexpr (subtract_max)
+      take(acc, load(z[v]));
+    else
+      acc.s += expf(load(z[v]));
+  }
   if constexpr (subtract_max)
     acc = block_merge(acc, shared_m, shared_s);
   else
@@ -76,7 +100,8 @@ __global__ void cross_entropy_kernel(float* losses, A* dlogits, const A* logits,
   auto grad = [&](float x, int v) {  // as the CPU reference
     return store<A>(expf(x - lse) * dloss - (v == target ? dloss : 0.0f));
   };
-  for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+  for (int q = threadIdx.x; q < packs; q += blockDim.x) {
+    const int p = packs - 1 - q;  // backwards: each value's gradient is its own, in any order
     const Pack<A> v = load_pack(z, p);
     Pack<A> o;
 #pragma unroll
@@ -92,7 +117,7 @@ void cross_entropy(const OpContext& ctx, float* losses, A* dlogits, const A* log
   // Packs need every row to start 16-byte aligned: V a multiple of 8 and aligned bases.
   const bool packed = V % kPack == 0 && packable({logits, dlogits});
   cross_entropy_kernel<subtract_max>
-      <<<N, 512, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss, packed);
+      <<<N, kRowThreads, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss, packed);
   DIVLAB_LAUNCHED(ctx, "cross_entropy");
 }
 }  // namespace
