@@ -45,7 +45,7 @@ struct ReferencePairs {
     Kernel<Fused> fused;
   } norm_backward_cast;
   // One op called in turn over many spans of one buffer: sum_squares over each parameter
-  // tensor's gradient (the optimizer's norms), in two launches instead of two per tensor.
+  // tensor's gradient (the optimizer's norms), in three launches instead of two per tensor.
   // spans: offset and size of each span, in device memory and on the host.
   struct SumSquaresSpans {
     using Fused = void (*)(const OpContext& ctx, double* out, const T* base,

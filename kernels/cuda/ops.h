@@ -66,7 +66,7 @@ void register_reference_pairs(Catalogue<float, A>& cat);
 void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
                                const float* x, const float* w, const float* rstd, int N, int C,
                                bf16* copy);
-// sum_squares over each span (offset, size) of `base` in two launches, each span's sum the bits
+// sum_squares over each span (offset, size) of `base` in three launches, each span's sum the bits
 // of its own call (kernels/optimizer/cuda.cu).
 void sum_squares_spans(const OpContext& ctx, double* out, const float* base,
                        const int64_t* device_spans, const int64_t* host_spans, int count);
