@@ -181,7 +181,8 @@ def main():
     t_torch = {m: run_torch_child(cfg, args.steps, m, args.torch_timeout) for m in modes}
     t_llmc, llmc_note = None, None
     if args.llmc:
-        model, llmc_note = llmc.descriptor(L, C, H, V, T, as_str(cfg["model.arch"]))
+        model, llmc_note = llmc.descriptor(L, C, H, V, T, as_str(cfg["model.arch"]),
+                                           as_str(cfg["model.tied_embeddings"]) == "true")
         if model:
             frontend = args.cudnn_frontend or os.path.join(args.llmc, "..", "cudnn-frontend",
                                                            "include")

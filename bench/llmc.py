@@ -24,10 +24,15 @@ MAX_T = 1024
 TOKEN_MAGIC, TOKEN_VERSION = 20240520, 1  # its data loader's 256-int header
 
 
-def descriptor(L, C, H, V, T, arch):
+def descriptor(L, C, H, V, T, arch, tied):
     """llm.c's `-e` model descriptor for this shape, or why there is none."""
     if arch != "gpt2":
         return None, f"llm.c trains GPT-2 only (model.arch = {arch})"
+    if not tied:
+        # Same GEMMs either way, but an untied head is 38.6 M more parameters (at V 50 304) for
+        # the optimizer, its norms and the weights' bf16 copy to move: not llm.c's model.
+        return None, ("llm.c's GPT-2 ties its LM head to the token embedding "
+                      "(model.tied_embeddings = true)")
     if DEPTHS.get(L) != (C, H) or V != PADDED_VOCAB or T > MAX_T:
         shapes = ", ".join(f"L {d} C {c} heads {h}" for d, (c, h) in DEPTHS.items())
         return None, (f"llm.c has no model of this shape (V {PADDED_VOCAB}, T <= {MAX_T} and one "

@@ -7,8 +7,8 @@
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
-# --gpt2-small profiles 12 steps at GPT-2 small's shape, V 50304, C 768, 12 blocks, T 1024, 16
-# sequences, each op between two synchronisations, and times it unprofiled against PyTorch eager
+# --gpt2-small profiles 12 steps at GPT-2 small's shape (configs/bench-gpt2-small.toml: V 50304,
+# C 768, 12 blocks, T 1024, 16 sequences, tied head), each op between two synchronisations, and times it unprofiled against PyTorch eager
 # and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
 # where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
 # alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
@@ -80,12 +80,10 @@ if [ $nccl = 1 ]; then
   step bench_nccl "$py" bench/data_parallel.py --divlab build/cuda/divlab --steps 20
 fi
 if [ $gpt2 = 1 ]; then
-  step profile_gpt2 build/cuda/divlab train --config configs/bench-gpu.toml --set model.vocab=50304 \
-    model.d_model=768 model.n_layers=12 model.n_heads=12 model.seq_len=1024 train.batch=16 \
-    train.steps=12 --profile --quiet --force --out "$out/profile-gpt2.h5"
-  step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
-    --set model.vocab=50304 --set model.d_model=768 --set model.n_layers=12 --set model.n_heads=12 \
-    --set model.seq_len=1024 --set train.batch=16 --steps 30 --shadow-steps 0 --torch-timeout 200 $torch_modes "${llmc[@]}"
+  step profile_gpt2 build/cuda/divlab train --config configs/bench-gpt2-small.toml --set train.steps=12 \
+    --profile --quiet --force --out "$out/profile-gpt2.h5"
+  step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpt2-small.toml \
+    --steps 30 --shadow-steps 0 --torch-timeout 200 $torch_modes "${llmc[@]}"
 fi
 if [ $sanitize = 1 ]; then
   step sanitize env OUT="$out" scripts/sanitize-gpu.sh
