@@ -54,11 +54,12 @@ __device__ MaxSum block_merge(MaxSum a, float* shared_m, float* shared_s) {
 }
 
 // 1024 threads, two blocks per SM: fewer rows in flight than with smaller blocks, so a row's
-// second read finds more of it still in L2 (with the gradient pass walking the row backwards,
-// from where the first pass ended): 1.65 -> 1.48 ms per step at GPT-2 small's 16 384 rows of
-// 50 304 (H100, a scratch benchmark of this kernel's forms; 1.44 with CUDA's __expf in place of
-// expf, not taken: the fp32 and bf16 kernels would no longer give the same bits for the same
-// values).
+// second read finds more of it still in L2, with the gradient pass walking the row backwards from
+// where the first pass ended and its reads and writes marked streaming (pack.cuh). GPT-2 small's
+// 16 384 rows of 50 304 on an H100 (a scratch benchmark of this kernel's forms): 1.65 ms per step
+// before, 1.48 with the blocks and the order, 1.32 with the hints too. CUDA's __expf in place of
+// expf took 0.04 ms more off; not taken: the fp32 and bf16 kernels would no longer give the same
+// bits for the same values.
 constexpr int kRowThreads = 1024;
 
 template <bool subtract_max, class A>
@@ -102,11 +103,11 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   };
   for (int q = threadIdx.x; q < packs; q += blockDim.x) {
     const int p = packs - 1 - q;  // backwards: each value's gradient is its own, in any order
-    const Pack<A> v = load_pack(z, p);
+    const Pack<A> v = load_pack_last(z, p);
     Pack<A> o;
 #pragma unroll
     for (int k = 0; k < kPack; ++k) o.v[k] = grad(load(v.v[k]), p * kPack + k);
-    store_pack(d, p, o);
+    store_pack_streaming(d, p, o);
   }
   for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) d[v] = grad(load(z[v]), v);
 }
