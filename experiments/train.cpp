@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include "common/host.h"
 #include "common/lock.h"
@@ -444,7 +445,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   Optimizer<T>& optim = *owned_optim;
   DataParallelStep<T, A>& data_parallel = *owned_step;
   model.init(cfg.seed);
-  const int64_t n_params = int64_t(model.params().size());
+  const int64_t n_params = int64_t(std::as_const(model).params().size());
   std::vector<int64_t> token_counts(m.vocab, 0);
   int64_t first_step = 0;
   double wall_offset = 0;
@@ -499,8 +500,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       throw InputError("--resume '" + opt.out + "': trace.initial_weights = true, but the " +
                        "trace holds no initial weights");
     write_weights(trace, "initial", model.layout(),
-                  resume && resume->checkpoint ? *resume->initial_weights
-                                               : widen(model.params(), model.stream()));
+                  resume && resume->checkpoint
+                      ? *resume->initial_weights
+                      : widen(std::as_const(model).params(), model.stream()));
   }
   trace.publish();
 
@@ -601,7 +603,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (lead && cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
           step + 1 < cfg.steps) {
         write_checkpoint(trace,
-                         {step + 1, widen(model.params(), model.stream()),
+                         {step + 1, widen(std::as_const(model).params(), model.stream()),
                           widen(optim.first_moment(), model.stream()),
                           widen(optim.second_moment(), model.stream()), token_counts},
                          checkpoint_slot(step + 1, cfg.checkpoint_every));
@@ -636,8 +638,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
   if (cfg.final_weights && lead)
-    write_weights(trace, "final", model.layout(), widen(model.params(), model.stream()),
-                  result.steps);
+    write_weights(trace, "final", model.layout(),
+                  widen(std::as_const(model).params(), model.stream()), result.steps);
   trace.finish(result.status, nan_where);
   return result;
 }

@@ -44,6 +44,16 @@ struct ReferencePairs {
     Kernel<typename S::Cast> cast;
     Kernel<Fused> fused;
   } norm_backward_cast;
+  // The optimizer's SGD update and the cast of the parameters to A that the next forward begins
+  // with (bf16 mode): the update writes the copy too, and the forward skips its cast while the
+  // copy is current (nothing else changed the parameters since: Transformer::cast_weights).
+  struct SgdCast {
+    using Fused = void (*)(const OpContext& ctx, T* p, T* momentum_buf, const T* g, int64_t n, T lr,
+                           T momentum, bool nesterov, T weight_decay, T grad_scale, A* p_copy);
+    Kernel<typename S::SgdStep> sgd_step;
+    Kernel<typename S::Cast> cast;
+    Kernel<Fused> fused;
+  } sgd_cast;
   // One op called in turn over many spans of one buffer: sum_squares over each parameter
   // tensor's gradient (the optimizer's norms), in three launches instead of two per tensor.
   // spans: offset and size of each span, in device memory and on the host.
@@ -75,6 +85,7 @@ DIVLAB_PAIR_PATH(SavedBackward, "attention_backward", attention_backward, attent
 DIVLAB_PAIR_PATH(AddNorm, "add+rmsnorm_forward", add_rmsnorm_forward, add_norm.fused)
 DIVLAB_PAIR_PATH(NormBackwardCast, "rmsnorm_backward+cast", rmsnorm_backward,
                  norm_backward_cast.fused)
+DIVLAB_PAIR_PATH(SgdCast, "sgd_step+cast", sgd_step, sgd_cast.fused)
 DIVLAB_PAIR_PATH(SumSquaresSpans, "sum_squares (spans)", sum_squares, sum_squares_spans.fused)
 #undef DIVLAB_PAIR_PATH
 // NOLINTEND(bugprone-macro-parentheses)
@@ -105,6 +116,8 @@ void wrap_pairs(const KernelSet<T, A>& inner, KernelSet<T, A>& wrapped, Referenc
   if (inner.norm_backward_cast_pair())
     out.norm_backward_cast = {wrapped.rmsnorm_backward, wrapped.cast,
                               wrap(pair_path::NormBackwardCast{}, p.norm_backward_cast.fused)};
+  if (inner.sgd_cast_pair())
+    out.sgd_cast = {wrapped.sgd_step, wrapped.cast, wrap(pair_path::SgdCast{}, p.sgd_cast.fused)};
   if (inner.sum_squares_spans_path())
     out.sum_squares_spans = {wrapped.sum_squares,
                              wrap(pair_path::SumSquaresSpans{}, p.sum_squares_spans.fused)};

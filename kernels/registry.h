@@ -119,6 +119,10 @@ struct KernelSet {
            rmsnorm_backward == pairs->norm_backward_cast.norm_backward &&
            cast == pairs->norm_backward_cast.cast;
   }
+  bool sgd_cast_pair() const {
+    return pairs && pairs->sgd_cast.fused && sgd_step == pairs->sgd_cast.sgd_step &&
+           cast == pairs->sgd_cast.cast;
+  }
   bool sum_squares_spans_path() const {
     return pairs && pairs->sum_squares_spans.fused &&
            sum_squares == pairs->sum_squares_spans.sum_squares;

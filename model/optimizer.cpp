@@ -64,6 +64,9 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
   const bool clip = cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip;
   const T scale = clip ? T(cfg_.grad_clip / (stats.grad_norm + 1e-6)) : T(1);
   const T lr = T(stats.lr);
+  // SGD as the pair with the next forward's cast of the weights (bf16 mode): the update writes
+  // the copy, over every span, so the cast is skipped.
+  A* copy = cfg_.kind == OptimizerKind::Sgd && k.sgd_cast_pair() ? model.weight_copy() : nullptr;
   for (const UpdateSpan& s : spans_) {
     T* w = model.params().data() + s.offset;
     const T* g = model.grads().data() + s.offset;
@@ -71,11 +74,15 @@ StepStats Optimizer<T>::step(Transformer<T, A>& model, int64_t step) {
     if (cfg_.kind == OptimizerKind::AdamW) {
       k.adamw_step(model.next_op_context(), w, m_.data() + s.offset, v_.data() + s.offset, g,
                    s.size, lr, T(cfg_.beta1), T(cfg_.beta2), T(cfg_.eps), wd, scale, step + 1);
+    } else if (copy) {
+      k.pairs->sgd_cast.fused(model.next_op_context(), w, m_.data() + s.offset, g, s.size, lr,
+                              T(cfg_.momentum), cfg_.nesterov, wd, scale, copy + s.offset);
     } else {
       k.sgd_step(model.next_op_context(), w, m_.data() + s.offset, g, s.size, lr, T(cfg_.momentum),
                  cfg_.nesterov, wd, scale);
     }
   }
+  if (copy) model.weights_cast_by_update();
   return stats;
 }
 

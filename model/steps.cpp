@@ -72,6 +72,9 @@ void Transformer<T, A>::start_step(const TokenId* inputs, const TokenId* targets
   // Scratch moved by a call outside the graph (a larger request of a slot it uses) leaves the
   // graph pointing at freed memory: capture again.
   if (graph_ && graph_moves_ != contexts_.workspace_moves()) drop_graph(), graph_warm_ = true;
+  // Captured without the weights' cast (the optimizer's update wrote the copy), but the
+  // parameters were taken since: a graph with the cast is needed.
+  if (graph_ && graph_skips_cast_ && !weights_current_) drop_graph(), graph_warm_ = true;
   if (!graph_ && graph_warm_) graph_ = capture_step();
   if (graph_) {
     mem.replay(graph_, stream());
@@ -99,6 +102,7 @@ void* Transformer<T, A>::capture_step() {
   } catch (const std::exception& e) {
     return give_up(e.what());
   }
+  graph_skips_cast_ = weights_current_;
   try {
     queue_forward(true);
     backward();

@@ -180,8 +180,21 @@ const A* Transformer<T, A>::linear_weights() const {
 
 template <class T, class A>
 void Transformer<T, A>::cast_weights() {
-  if constexpr (!std::is_same_v<T, A>)
-    k_.cast(contexts_.next(), weights_.data(), params_.data(), params_.size());
+  if constexpr (!std::is_same_v<T, A>) {
+    const OpContext ctx = contexts_.next();
+    // Written already by the optimizer's update as the pair with this cast, and nothing took
+    // the parameters since: the cast's call is still counted, so later calls draw the seeds
+    // they draw op by op.
+    if (!weights_current_) k_.cast(ctx, weights_.data(), params_.data(), params_.size());
+  }
+}
+
+template <class T, class A>
+A* Transformer<T, A>::weight_copy() {
+  if constexpr (std::is_same_v<T, A>)
+    return nullptr;
+  else
+    return weights_.data();
 }
 
 template <class T, class A>
@@ -225,6 +238,7 @@ void Transformer<T, A>::init(uint64_t seed) {
       host[p.offset + i] = p.is_norm ? T(1) : T(rng.normal() * std);
   }
   params_.upload(host.data(), params_.size(), 0, stream());
+  weights_current_ = false;
 }
 
 template <class T, class A>

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/named_enum.h"
@@ -122,8 +123,17 @@ class Transformer {
   int batch() const { return B_; }
   const std::vector<ParamInfo>& layout() const { return layout_; }
   // Flat parameter and gradient buffers, in the backend's memory (layout() gives the offsets).
-  Buffer<T>& params() { return params_; }
+  // Whoever takes the parameters to change them may have: the weights' copy in A is cast again.
+  Buffer<T>& params() {
+    weights_current_ = false;
+    return params_;
+  }
   const Buffer<T>& params() const { return params_; }
+  // The optimizer's update as the pair with the weights' cast (ReferencePairs::SgdCast): the
+  // copy in A it writes beside the parameters (null where A is T: no copy), and the mark that it
+  // did, for the whole buffer, after params() was taken.
+  A* weight_copy();
+  void weights_cast_by_update() { weights_current_ = !std::is_same_v<T, A>; }
   const Buffer<T>& grads() const { return grads_; }
   Buffer<T>& grads() { return grads_; }  // the trainer reduces data-parallel shards into it
   // The logits of the last forward, [B*T, V] row-major (read by `divlab sample`).
@@ -174,7 +184,8 @@ class Transformer {
     if (after_op) after_op({pass, op, layer, tensor, data, storage_of<V>(), size});
   }
   // The weights as linear layers read them: the parameters themselves where A = T, else their
-  // copy in A (refreshed by cast_weights() at the start of every forward).
+  // copy in A (refreshed by cast_weights() at the start of every forward, unless the
+  // optimizer's update wrote it already).
   const A* linear_weights() const;
   void cast_weights();
   // start_forward's halves: the tokens into staging memory; the forward's work queued (weights
@@ -250,10 +261,12 @@ class Transformer {
   bool loss_pending_ = false;
   bool attention_saved_ = false;   // the last forward ran attention as its reference pair
   bool dres_act_current_ = false;  // dres_act_ holds dres_ cast already (norm_backward)
+  bool weights_current_ = false;   // weights_ holds params_ cast already (the optimizer's pair)
   // Graph steps (start_step): on, a step taken op by op since, the captured graph, replays.
   bool graph_steps_ = false, graph_warm_ = false;
   void* graph_ = nullptr;
-  uint64_t graph_moves_ = 0;  // the workspace's moves() when the graph was captured
+  uint64_t graph_moves_ = 0;       // the workspace's moves() when the graph was captured
+  bool graph_skips_cast_ = false;  // captured while weights_ was current: no cast in the graph
   int64_t graph_replays_ = 0;
   std::string graph_failure_;
   // Gradient scratch, reused every step.

@@ -47,9 +47,13 @@ void register_reference_pairs(Catalogue<float, A>& cat) {
   // way (one warp per row, the same sum of squares and scaling; kernels/add_rmsnorm/cuda.cu).
   cat.pairs.add_norm = {reference(cat.add), reference(cat.rmsnorm_forward),
                         reference(cat.add_rmsnorm_forward)};
-  if constexpr (std::is_same_v<A, bf16>)
+  if constexpr (std::is_same_v<A, bf16>) {
     cat.pairs.norm_backward_cast = {reference(cat.rmsnorm_backward), reference(cat.cast),
                                     rmsnorm_backward_and_cast};
+    // The SGD update writing the weights' bf16 copy the next forward would cast (one read of the
+    // parameters fewer a step).
+    cat.pairs.sgd_cast = {reference(cat.sgd_step), reference(cat.cast), sgd_step_and_cast};
+  }
   // The optimizer's per-tensor gradient norms: every span's blocks in one grid, the same blocks
   // and order each span's own call has.
   cat.pairs.sum_squares_spans = {reference(cat.sum_squares), sum_squares_spans};

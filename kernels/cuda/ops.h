@@ -66,6 +66,11 @@ void register_reference_pairs(Catalogue<float, A>& cat);
 void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
                                const float* x, const float* w, const float* rstd, int N, int C,
                                bf16* copy);
+// sgd_step writing each updated value's bf16 copy too, as cast would (the pair with the next
+// forward's cast of the weights, bf16 mode; kernels/optimizer/cuda.cu).
+void sgd_step_and_cast(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n,
+                       float lr, float momentum, bool nesterov, float weight_decay,
+                       float grad_scale, bf16* p_copy);
 // sum_squares over each span (offset, size) of `base` in three launches, each span's sum the bits
 // of its own call (kernels/optimizer/cuda.cu).
 void sum_squares_spans(const OpContext& ctx, double* out, const float* base,

@@ -8,6 +8,7 @@
 #include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace divlab::cuda {
 
@@ -147,15 +148,18 @@ struct AdamW {
   }
 };
 
-// SGD without momentum never reads or writes its buffer.
-__global__ void sgd_values(Sgd f, float* p, float* buf, const float* g, int64_t n) {
+// SGD without momentum never reads or writes its buffer. With `copy` (the reference pair with
+// the weights' cast, ReferencePairs::SgdCast), each updated value is also written rounded to
+// bf16 there, as the cast would write it.
+__global__ void sgd_values(Sgd f, float* p, float* buf, const float* g, int64_t n, bf16* copy) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float b = f.momentum != 0.0f ? buf[i] : 0.0f;
   f(p[i], b, g[i]);
   if (f.momentum != 0.0f) buf[i] = b;
+  if (copy) copy[i] = store<bf16>(p[i]);
 }
-__global__ void sgd_packs(Sgd f, float* p, float* buf, const float* g, int64_t packs) {
+__global__ void sgd_packs(Sgd f, float* p, float* buf, const float* g, int64_t packs, bf16* copy) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= packs) return;
   Pack<float> pv = load_pack(p, i), bv{};
@@ -165,6 +169,11 @@ __global__ void sgd_packs(Sgd f, float* p, float* buf, const float* g, int64_t p
   for (int k = 0; k < kPack; ++k) f(pv.v[k], bv.v[k], gv.v[k]);
   store_pack(p, i, pv);
   if (f.momentum != 0.0f) store_pack(buf, i, bv);
+  if (!copy) return;
+  Pack<bf16> cv;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) cv.v[k] = store<bf16>(pv.v[k]);
+  store_pack(copy, i, cv);
 }
 
 __global__ void adamw_values(AdamW f, float* p, float* m, float* v, const float* g, int64_t n) {
@@ -181,16 +190,21 @@ __global__ void adamw_packs(AdamW f, float* p, float* m, float* v, const float* 
   store_pack(p, i, pv), store_pack(m, i, mv), store_pack(v, i, vv);
 }
 
-void sgd_step(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
-              float momentum, bool nesterov, float weight_decay, float grad_scale) {
+void sgd_update(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
+                float momentum, bool nesterov, float weight_decay, float grad_scale, bf16* copy) {
   if (n <= 0) return;
   const Sgd f{lr, momentum, weight_decay, grad_scale, nesterov};
-  const int64_t packs = packable({p, buf, g}) ? n / kPack : 0, done = packs * kPack;
-  if (packs > 0) sgd_packs<<<blocks_for(packs, 256), 256, 0, stream_of(ctx)>>>(f, p, buf, g, packs);
+  const int64_t packs = packable({p, buf, g, copy}) ? n / kPack : 0, done = packs * kPack;
+  if (packs > 0)
+    sgd_packs<<<blocks_for(packs, 256), 256, 0, stream_of(ctx)>>>(f, p, buf, g, packs, copy);
   if (done < n)
-    sgd_values<<<blocks_for(n - done, 256), 256, 0, stream_of(ctx)>>>(f, p + done, buf + done,
-                                                                      g + done, n - done);
+    sgd_values<<<blocks_for(n - done, 256), 256, 0, stream_of(ctx)>>>(
+        f, p + done, buf + done, g + done, n - done, copy ? copy + done : nullptr);
   DIVLAB_LAUNCHED(ctx, "sgd_step");
+}
+void sgd_step(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
+              float momentum, bool nesterov, float weight_decay, float grad_scale) {
+  sgd_update(ctx, p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale, nullptr);
 }
 
 void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float* g, int64_t n,
@@ -209,6 +223,12 @@ void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float*
   DIVLAB_LAUNCHED(ctx, "adamw_step");
 }
 }  // namespace
+
+void sgd_step_and_cast(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n,
+                       float lr, float momentum, bool nesterov, float weight_decay,
+                       float grad_scale, bf16* p_copy) {
+  sgd_update(ctx, p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale, p_copy);
+}
 
 template <class A>
 void register_optimizer(Catalogue<float, A>& cat) {

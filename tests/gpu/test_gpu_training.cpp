@@ -8,6 +8,7 @@
 // one.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "datasets/dataset.h"
 #include "kernels/cuda/runtime.h"
@@ -51,11 +52,13 @@ struct GraphSteps {
 };
 
 // Losses of `steps` steps on Zipf-distributed tokens; with `graphs`, the model on a stream of
-// its own (the legacy stream cannot be captured) and graph steps as asked.
+// its own (the legacy stream cannot be captured) and graph steps as asked; `after_update` runs
+// after each step's update.
 template <class T, class A>
-std::vector<double> train_losses(const KernelSet<T, A>& k, const OptimConfig& oc, int steps,
-                                 uint64_t seed, const ModelConfig& m = small_model(),
-                                 GraphSteps* graphs = nullptr) {
+std::vector<double> train_losses(
+    const KernelSet<T, A>& k, const OptimConfig& oc, int steps, uint64_t seed,
+    const ModelConfig& m = small_model(), GraphSteps* graphs = nullptr,
+    const std::function<void(Transformer<T, A>&, int)>& after_update = nullptr) {
   const OwnedStream stream(*k.memory);
   Transformer<T, A> model(m, k, kBatch);
   if (graphs) model.set_stream(stream.get()), model.set_graph_steps(graphs->on);
@@ -71,6 +74,7 @@ std::vector<double> train_losses(const KernelSet<T, A>& k, const OptimConfig& oc
     model.start_step(in.data(), tgt.data());
     losses.push_back(model.loss());
     optim.step(model, s);
+    if (after_update) after_update(model, s);
   }
   if (graphs) graphs->replays = model.graph_replays(), graphs->failure = model.graph_failure();
   return losses;
@@ -233,12 +237,14 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   EXPECT_TRUE(paired.sum_squares_spans_path());
   EXPECT_EQ(paired.attention_pair(), this->kBf16);
   EXPECT_EQ(paired.norm_backward_cast_pair(), this->kBf16);
+  EXPECT_EQ(paired.sgd_cast_pair(), this->kBf16);
   OpProfiler<float, TypeParam> profiler(paired);
   const auto& timed = profiler.kernels();
   EXPECT_TRUE(timed.add_norm_pair());
   EXPECT_TRUE(timed.sum_squares_spans_path());
   EXPECT_EQ(timed.attention_pair(), this->kBf16);
   EXPECT_EQ(timed.norm_backward_cast_pair(), this->kBf16);
+  EXPECT_EQ(timed.sgd_cast_pair(), this->kBf16);
   for (const ModelConfig& m : {small_model(), small_llama()}) {
     const auto reference = train_losses(one_by_one, sgd(steps), steps, test_seed(), m);
     EXPECT_EQ(train_losses(paired, sgd(steps), steps, test_seed(), m), reference)
@@ -258,6 +264,38 @@ TYPED_TEST(GpuTraining, ReferencePairsGiveTheBitsOfTheOpsOneByOne) {
   EXPECT_EQ(calls("attention_backward"), 2 * 2 * steps);
   EXPECT_EQ(calls("sum_squares (spans)"), 2 * steps);  // the optimizer's norms, one call a step
   EXPECT_EQ(calls("sum_squares"), 0);
+  // bf16 mode: every update writes the weights' copy, so only each model's first forward casts.
+  EXPECT_EQ(calls("sgd_step+cast"), this->kBf16 ? 2 * steps : 0);
+  EXPECT_EQ(calls("sgd_step"), this->kBf16 ? 0 : 2 * steps);
+  EXPECT_EQ(calls("cast"), this->kBf16 ? 2 : 0);
+}
+
+// The parameters changed outside the optimizer (a checkpoint restored, a test's poke: anything
+// that takes them through params()) leave the weights' copy the update wrote (ReferencePairs::
+// SgdCast) stale: the next forward casts again, in a graph step too (captured again, with the
+// cast). Halving every weight after step 3 gives, graphed with the pairs, the losses of the
+// same kernels op by op, and other losses than without the halving.
+TYPED_TEST(GpuTraining, WeightsChangedOutsideTheOptimizerAreCastAgain) {
+  const int steps = 8;
+  const auto paired = gpu_catalogue<TypeParam>().select({});
+  auto one_by_one = paired;
+  one_by_one.pairs = nullptr;
+  const std::function<void(Transformer<float, TypeParam>&, int)> halve_after_3 =
+      [](Transformer<float, TypeParam>& model, int step) {
+        if (step != 3) return;
+        std::vector<float> host = model.params().to_vector(model.stream());
+        for (float& v : host) v *= 0.5f;
+        model.params().upload(host.data(), int64_t(host.size()), 0, model.stream());
+      };
+  GraphSteps graphed(true), op_by_op(false), unhalved(true);
+  const auto halved =
+      train_losses(paired, sgd(steps), steps, test_seed(), small_model(), &graphed, halve_after_3);
+  EXPECT_EQ(graphed.replays, steps - 1) << "step 4 captured again, then replayed";
+  EXPECT_EQ(graphed.failure, "");
+  EXPECT_EQ(halved, train_losses(one_by_one, sgd(steps), steps, test_seed(), small_model(),
+                                 &op_by_op, halve_after_3))
+      << "seed " << test_seed();
+  EXPECT_NE(halved, train_losses(paired, sgd(steps), steps, test_seed(), small_model(), &unhalved));
 }
 
 // Graph steps (Transformer::start_step): after one step op by op, the step is captured into a
