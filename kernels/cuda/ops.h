@@ -67,7 +67,7 @@ void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, c
                                const float* x, const float* w, const float* rstd, int N, int C,
                                bf16* copy);
 // sgd_step writing each updated value's bf16 copy too, as cast would (the pair with the next
-// forward's cast of the weights, bf16 mode; kernels/optimizer/cuda.cu).
+// forward's cast of the weights, bf16 mode; kernels/optimizer/cuda.cu); null p_copy: sgd_step.
 void sgd_step_and_cast(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n,
                        float lr, float momentum, bool nesterov, float weight_decay,
                        float grad_scale, bf16* p_copy);

@@ -74,7 +74,7 @@ void sum_squares(const OpContext& ctx, double* out, const float* g, int64_t n) {
 // same bits. spans[2i], spans[2i + 1]: span i's offset and size (device memory). One thread
 // first writes each span's first block (the prefix sums of their block counts); a block then
 // finds its span by binary search. Each block walking the spans' sizes itself (dependent loads,
-// up to 76 at GPT-2 small) took 0.40 ms where the bytes need 0.21 (H100, a scratch benchmark).
+// up to 76 at GPT-2 small) was slow (the times: docs/performance.md).
 __global__ void span_first_blocks(int* first, const int64_t* spans, int count) {
   int start = 0;
   for (int i = 0; i < count; ++i) first[i] = start, start += sum_blocks(spans[2 * i + 1]);
@@ -190,21 +190,9 @@ __global__ void adamw_packs(AdamW f, float* p, float* m, float* v, const float* 
   store_pack(p, i, pv), store_pack(m, i, mv), store_pack(v, i, vv);
 }
 
-void sgd_update(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
-                float momentum, bool nesterov, float weight_decay, float grad_scale, bf16* copy) {
-  if (n <= 0) return;
-  const Sgd f{lr, momentum, weight_decay, grad_scale, nesterov};
-  const int64_t packs = packable({p, buf, g, copy}) ? n / kPack : 0, done = packs * kPack;
-  if (packs > 0)
-    sgd_packs<<<blocks_for(packs, 256), 256, 0, stream_of(ctx)>>>(f, p, buf, g, packs, copy);
-  if (done < n)
-    sgd_values<<<blocks_for(n - done, 256), 256, 0, stream_of(ctx)>>>(
-        f, p + done, buf + done, g + done, n - done, copy ? copy + done : nullptr);
-  DIVLAB_LAUNCHED(ctx, "sgd_step");
-}
 void sgd_step(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n, float lr,
               float momentum, bool nesterov, float weight_decay, float grad_scale) {
-  sgd_update(ctx, p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale, nullptr);
+  sgd_step_and_cast(ctx, p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale, nullptr);
 }
 
 void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float* g, int64_t n,
@@ -226,8 +214,16 @@ void adamw_step(const OpContext& ctx, float* p, float* m, float* v, const float*
 
 void sgd_step_and_cast(const OpContext& ctx, float* p, float* buf, const float* g, int64_t n,
                        float lr, float momentum, bool nesterov, float weight_decay,
-                       float grad_scale, bf16* p_copy) {
-  sgd_update(ctx, p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale, p_copy);
+                       float grad_scale, bf16* copy) {
+  if (n <= 0) return;
+  const Sgd f{lr, momentum, weight_decay, grad_scale, nesterov};
+  const int64_t packs = packable({p, buf, g, copy}) ? n / kPack : 0, done = packs * kPack;
+  if (packs > 0)
+    sgd_packs<<<blocks_for(packs, 256), 256, 0, stream_of(ctx)>>>(f, p, buf, g, packs, copy);
+  if (done < n)
+    sgd_values<<<blocks_for(n - done, 256), 256, 0, stream_of(ctx)>>>(
+        f, p + done, buf + done, g + done, n - done, copy ? copy + done : nullptr);
+  DIVLAB_LAUNCHED(ctx, "sgd_step");
 }
 
 template <class A>
