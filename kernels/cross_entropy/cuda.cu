@@ -56,10 +56,10 @@ __device__ MaxSum block_merge(MaxSum a, float* shared_m, float* shared_s) {
 // 1024 threads, two blocks per SM: fewer rows in flight than with smaller blocks, so a row's
 // second read finds more of it still in L2, with the gradient pass walking the row backwards from
 // where the first pass ended and its reads and writes marked streaming (pack.cuh). GPT-2 small's
-// 16 384 rows of 50 304 on an H100 (a scratch benchmark of this kernel's forms): 1.65 ms per step
-// before, 1.48 with the blocks and the order, 1.32 with the hints too. CUDA's __expf in place of
-// expf took 0.04 ms more off; not taken: the fp32 and bf16 kernels would no longer give the same
-// bits for the same values.
+// 16 384 rows of 50 304 on an H100 (`divlab train --config configs/bench-gpt2-small.toml
+// --profile`): 1670 us a step before, 1529 with the blocks and the order, 1412 with the hints
+// too. CUDA's __expf in place of expf was a little faster still; not taken: the fp32 and bf16
+// kernels would no longer give the same bits for the same values.
 constexpr int kRowThreads = 1024;
 
 template <bool subtract_max, class A>
