@@ -36,7 +36,7 @@ __global__ void add_rmsnorm_kernel(float* xout, A* y, float* rstd, const float* 
 template <int K, class A>
 __global__ void add_rmsnorm_warp(float* xout, A* y, float* rstd, const float* a, const A* b,
                                  const float* w, int64_t rows, int C, float eps) {
-  const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int64_t row = block_from_last() * kRowWarps + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
   float4 v[K];

@@ -48,13 +48,14 @@ DIVLAB_OP_DIRECTORIES(DIVLAB_DECLARE_REGISTER)
 #undef DIVLAB_DECLARE_REGISTER
 // NOLINTEND(bugprone-macro-parentheses)
 
-// Shared by rmsnorm and embed_rmsnorm_backward: per row n,
-//   dx[n] (+)= rstd w dy - x rstd^3 / C * sum(dy w x)   and   prod[n] = dy * x * rstd
-// (prod feeds the norm weight's gradient). `accumulate` adds into dx instead of overwriting.
+// RMSNorm's backward, shared by rmsnorm and embed_rmsnorm_backward: per row n,
+//   out[n] = base[n] + rstd w dy - x rstd^3 / C * sum(dy w x)   (out may be base itself)
+// and dw += sum_n dy x rstd in a fixed order: one warp per row where C allows
+// (kernels/cuda/row_warp.cuh), else one block per row and column sums of the products.
 template <class A>
-void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A* dy,
-                           const float* x, const float* w, const float* rstd, int N, int C,
-                           bool accumulate, const float* dresid);
+void rmsnorm_backward_onto(const OpContext& ctx, float* out, const float* base, float* dw,
+                           const A* dy, const float* x, const float* w, const float* rstd, int N,
+                           int C);
 
 // The reference pairs the model runs where their ops are the catalogue's references
 // (ReferencePairs, kernels/registry.h), set by catalogue.cu once every directory is registered;

@@ -17,6 +17,15 @@ struct alignas(16) Pack {
   T v[kPack];
 };
 
+// This block's index counted from the grid's last block, for kernels that stream over rows or
+// packs between two GEMMs. Blocks start roughly in index order, and the GEMM before wrote its
+// output's last rows last: those are the ones still in L2, and taken first they are read from
+// there; the kernel's own first rows, written last, are then still in L2 for the GEMM after it,
+// which begins with them. Which block takes which values changes no value: the bits stay.
+__device__ __forceinline__ int64_t block_from_last() {
+  return int64_t(gridDim.x) - 1 - int64_t(blockIdx.x);
+}
+
 // Whether every pointer allows packed access (16-byte aligned; cudaMalloc gives 256).
 inline bool packable(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)

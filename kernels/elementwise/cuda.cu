@@ -69,7 +69,7 @@ __device__ __forceinline__ void apply_to_pack(F f, Out* out, int64_t p, const P&
 }
 template <class F, class Out, class... In>
 __global__ void each_pack(F f, Out* out, int64_t packs, const In*... in) {
-  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t p = block_from_last() * blockDim.x + threadIdx.x;
   if (p < packs) apply_to_pack(f, out, p, load_pack(in, p)...);
 }
 

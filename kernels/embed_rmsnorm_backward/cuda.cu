@@ -38,20 +38,17 @@ namespace divlab::cuda {
 
 namespace {
 struct Rows {
-  const float* dx0;   // [N, C]
-  const float* prod;  // [N, C] dy * x0 * rstd, for the norm gain
+  const float* dx0;  // [N, C]
 };
 
-// The parts every variant shares; returns the rows the scatter reads. dy_norm is an activation
-// gradient (A), the rest fp32.
+// The parts every variant shares (RMSNorm's backward onto dresid, and the norm gain's gradient);
+// returns the rows the scatter reads. dy_norm is an activation gradient (A), the rest fp32.
 template <class A>
 Rows shared_rows(const OpContext& ctx, float* dw_norm, const A* dy_norm, const float* dresid,
                  const float* x0, const float* w_norm, const float* rstd, int N, int C) {
   float* dx0 = scratch_as<float>(ctx, Scratch::B, size_t(N) * C);
-  float* prod = scratch_as<float>(ctx, Scratch::C, size_t(N) * C);
-  rmsnorm_backward_rows(ctx, dx0, prod, dy_norm, x0, w_norm, rstd, N, C, false, dresid);
-  column_sums_add(ctx, dw_norm, prod, N, C);
-  return {dx0, prod};
+  rmsnorm_backward_onto(ctx, dx0, dresid, dw_norm, dy_norm, x0, w_norm, rstd, N, C);
+  return {dx0};
 }
 
 // dwpe[t, c] += sum_b dx0[b, t, c], one thread per (t, c), b in order.

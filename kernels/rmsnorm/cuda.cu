@@ -40,7 +40,7 @@ __global__ void rmsnorm_forward_kernel(A* y, float* rstd, const float* x, const 
 template <Rstd mode, int K, class A>
 __global__ void rmsnorm_forward_warp(A* y, float* rstd, const float* x, const float* w, int N,
                                      int C, float eps) {
-  const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int64_t row = block_from_last() * kRowWarps + threadIdx.x / 32;
   if (row >= N) return;
   const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
   const float* xr = x + row * C;
@@ -75,7 +75,7 @@ void rmsnorm_forward(const OpContext& ctx, A* y, float* rstd, const float* x, co
 template <class A>
 __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy, const float* x,
                                              const float* w, const float* rstd, int C,
-                                             bool accumulate, const float* dresid) {
+                                             const float* base) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float r = rstd[row];
@@ -88,14 +88,13 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
     const int64_t i = row * C + c;
     const float d = load(dy[i]);
     const float g = r * w[c] * d - x[i] * k;
-    const float base = dresid ? dresid[i] : (accumulate ? dx[i] : 0.0f);
-    dx[i] = base + g;
+    dx[i] = base[i] + g;
     prod[i] = d * x[i] * r;
   }
 }
 
-// The rows of the backward, one warp per row and kRowsPerWarp rows per warp in order: dx += g
-// as above, and the warp's share of dw (sum over its rows of dy x r, in row order) in registers,
+// The rows of the backward, one warp per row and kRowsPerWarp rows per warp in order: dx = base +
+// g as above, and the warp's share of dw (sum over its rows of dy x r, in row order) in registers,
 // written as one row of `partial` [ceil(N / kRowsPerWarp), C] instead of an [N, C] product.
 constexpr int kRowsPerWarp = 8;
 
@@ -103,8 +102,9 @@ constexpr int kRowsPerWarp = 8;
 // value is also written rounded to bf16 there, as the cast would write it.
 template <int K, class A>
 __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, const float* x,
-                                      const float* w, const float* rstd, int N, int C, bf16* copy) {
-  const int64_t warp = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+                                      const float* w, const float* rstd, int N, int C, bf16* copy,
+                                      const float* base) {
+  const int64_t warp = block_from_last() * kRowWarps + threadIdx.x / 32;
   const int64_t first = warp * kRowsPerWarp;
   if (first >= N) return;
   const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
@@ -134,10 +134,10 @@ __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, co
       const int c = lane + 32 * k;
       if (c >= chunks) continue;
       const auto grad = [&](float d, float wc, float xc) { return r * wc * d - xc * scale; };
-      const float4 base = load4(dx + row * C, c);
+      const float4 b = load4(base + row * C, c);
       const float4 out = {
-          base.x + grad(dv[k].x, wk[k].x, xv[k].x), base.y + grad(dv[k].y, wk[k].y, xv[k].y),
-          base.z + grad(dv[k].z, wk[k].z, xv[k].z), base.w + grad(dv[k].w, wk[k].w, xv[k].w)};
+          b.x + grad(dv[k].x, wk[k].x, xv[k].x), b.y + grad(dv[k].y, wk[k].y, xv[k].y),
+          b.z + grad(dv[k].z, wk[k].z, xv[k].z), b.w + grad(dv[k].w, wk[k].w, xv[k].w)};
       store4(dx + row * C, c, out);
       if (copy) store4(copy + row * C, c, out);
       acc[k].x += dv[k].x * xv[k].x * r, acc[k].y += dv[k].y * xv[k].y * r;
@@ -153,17 +153,17 @@ __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, co
 
 // Returns false, launching nothing, where the warp form does not apply.
 template <class A>
-bool rmsnorm_backward_by_warps(const OpContext& ctx, float* dresid, float* dw, const A* dy,
-                               const float* x, const float* w, const float* rstd, int N, int C,
-                               bf16* copy) {
+bool rmsnorm_backward_by_warps(const OpContext& ctx, float* out, const float* base, float* dw,
+                               const A* dy, const float* x, const float* w, const float* rstd,
+                               int N, int C, bf16* copy) {
   const int chunks = row_chunks(C);
-  if (chunks == 0 || !packable({dresid, dy, x, w, copy})) return false;
+  if (chunks == 0 || !packable({out, base, dy, x, w, copy})) return false;
   const int warps = (N + kRowsPerWarp - 1) / kRowsPerWarp;
   float* partial = scratch_as<float>(ctx, Scratch::A, size_t(warps) * C);
   with_row_chunks(chunks, [&](auto K) {
     rmsnorm_backward_warp<K.value>
         <<<blocks_for(warps, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(
-            dresid, partial, dy, x, w, rstd, N, C, copy);
+            out, partial, dy, x, w, rstd, N, C, copy, base);
   });
   DIVLAB_LAUNCHED(ctx, "rmsnorm_backward");
   column_sums_add(ctx, dw, partial, warps, C);
@@ -171,12 +171,18 @@ bool rmsnorm_backward_by_warps(const OpContext& ctx, float* dresid, float* dw, c
 }
 
 template <class A>
+void rmsnorm_backward_rows(const OpContext& ctx, float* out, float* prod, const A* dy,
+                           const float* x, const float* w, const float* rstd, int N, int C,
+                           const float* base) {
+  rmsnorm_backward_rows_kernel<<<N, kRowThreads, 0, stream_of(ctx)>>>(out, prod, dy, x, w, rstd, C,
+                                                                      base);
+  DIVLAB_LAUNCHED(ctx, "rmsnorm_backward_rows");
+}
+
+template <class A>
 void rmsnorm_backward(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
                       const float* w, const float* rstd, int N, int C) {
-  if (rmsnorm_backward_by_warps(ctx, dresid, dw, dy, x, w, rstd, N, C, nullptr)) return;
-  float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
-  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
-  column_sums_add(ctx, dw, prod, N, C);
+  rmsnorm_backward_onto(ctx, dresid, dresid, dw, dy, x, w, rstd, N, C);
 }
 
 // dw reduced over rows in a bf16 accumulator, one thread per channel in row order (the GPU form
@@ -194,7 +200,7 @@ template <class A>
 void bf16_reduce(const OpContext& ctx, float* dresid, float* dw, const A* dy, const float* x,
                  const float* w, const float* rstd, int N, int C) {
   float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
-  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, true, nullptr);
+  rmsnorm_backward_rows(ctx, dresid, prod, dy, x, w, rstd, N, C, dresid);
   bf16_column_sum_kernel<<<blocks_for(C, 128), 128, 0, stream_of(ctx)>>>(dw, prod, N, C);
   DIVLAB_LAUNCHED(ctx, "bf16_column_sum");
 }
@@ -205,24 +211,25 @@ void bf16_reduce(const OpContext& ctx, float* dresid, float* dw, const A* dy, co
 void rmsnorm_backward_and_cast(const OpContext& ctx, float* dresid, float* dw, const bf16* dy,
                                const float* x, const float* w, const float* rstd, int N, int C,
                                bf16* copy) {
-  if (rmsnorm_backward_by_warps(ctx, dresid, dw, dy, x, w, rstd, N, C, copy)) return;
+  if (rmsnorm_backward_by_warps(ctx, dresid, dresid, dw, dy, x, w, rstd, N, C, copy)) return;
   rmsnorm_backward(ctx, dresid, dw, dy, x, w, rstd, N, C);
   round_to_bf16(ctx.stream, copy, dresid, int64_t(N) * C);
 }
 
 template <class A>
-void rmsnorm_backward_rows(const OpContext& ctx, float* dx, float* prod, const A* dy,
-                           const float* x, const float* w, const float* rstd, int N, int C,
-                           bool accumulate, const float* dresid) {
-  rmsnorm_backward_rows_kernel<<<N, kRowThreads, 0, stream_of(ctx)>>>(dx, prod, dy, x, w, rstd, C,
-                                                                      accumulate, dresid);
-  DIVLAB_LAUNCHED(ctx, "rmsnorm_backward_rows");
+void rmsnorm_backward_onto(const OpContext& ctx, float* out, const float* base, float* dw,
+                           const A* dy, const float* x, const float* w, const float* rstd, int N,
+                           int C) {
+  if (rmsnorm_backward_by_warps(ctx, out, base, dw, dy, x, w, rstd, N, C, nullptr)) return;
+  float* prod = scratch_as<float>(ctx, Scratch::A, size_t(N) * C);
+  rmsnorm_backward_rows(ctx, out, prod, dy, x, w, rstd, N, C, base);
+  column_sums_add(ctx, dw, prod, N, C);
 }
 
-template void rmsnorm_backward_rows(const OpContext&, float*, float*, const float*, const float*,
-                                    const float*, const float*, int, int, bool, const float*);
-template void rmsnorm_backward_rows(const OpContext&, float*, float*, const bf16*, const float*,
-                                    const float*, const float*, int, int, bool, const float*);
+template void rmsnorm_backward_onto(const OpContext&, float*, const float*, float*, const float*,
+                                    const float*, const float*, const float*, int, int);
+template void rmsnorm_backward_onto(const OpContext&, float*, const float*, float*, const bf16*,
+                                    const float*, const float*, const float*, int, int);
 
 template <class A>
 void register_rmsnorm(Catalogue<float, A>& cat) {
