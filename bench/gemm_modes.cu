@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/int_options.h"
 #include "kernels/cuda/runtime.h"  // DIVLAB_CUDA_CHECK, DIVLAB_CUBLAS_CHECK
 
 namespace {
@@ -50,27 +51,10 @@ double tflops(cublasHandle_t h, const Mode& m, int tokens, int k, int n, int rep
 
 static int run(int argc, char** argv) {
   int tokens = 8192, C = 512, V = 8192, reps = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (v <= 0) {
-      std::fprintf(stderr, "bench_gemm_modes: %s %s: expected a positive integer\n", argv[i],
-                   argv[i + 1]);
-      return 2;
-    }
-    if (a == "--tokens")
-      tokens = v;
-    else if (a == "--d-model")
-      C = v;
-    else if (a == "--vocab")
-      V = v;
-    else if (a == "--reps")
-      reps = v;
-    else {
-      std::fprintf(stderr, "bench_gemm_modes: unknown option '%s'\n", argv[i]);
-      return 2;
-    }
-  }
+  if (const int rc = parse_int_options(
+          "bench_gemm_modes", argc, argv,
+          {{"--tokens", &tokens}, {"--d-model", &C}, {"--vocab", &V}, {"--reps", &reps}}))
+    return rc;
   const Mode modes[] = {
       {"fp32 ops, FAST_16BF (divlab bf16)", CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF},
       {"bf16 ops, fp32 out", CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F},

@@ -1,11 +1,12 @@
-// One checked cuBLAS GEMM entry point (column-major) for both modes: operands In (float: fp32
-// FMA, no TF32, for parity with the CPU; bf16: bf16 tensor cores), fp32 accumulation, output
-// Out (the activation type, or float for parameter gradients).
+// One checked GEMM entry point (column-major, cuBLASLt: gemm_lt.h) for both modes: operands In
+// (float: fp32 FMA, no TF32, for parity with the CPU; bf16: bf16 tensor cores), fp32
+// accumulation, output Out (the activation type, or float for parameter gradients).
 // History: bf16 mode used to keep fp32 activations and let cuBLAS round the operands
 // (CUBLAS_COMPUTE_32F_FAST_16BF); bench/gemm_modes.cu measured bf16 operands 1.3-2.0x faster at
 // the GEMM-bound bench size, which is why activations are now stored in bf16.
 #pragma once
 
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/storage.cuh"
@@ -16,10 +17,10 @@ template <class In, class Out>
 inline void gemm(const OpContext& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                  int k, float alpha, const In* A, int lda, const In* B, int ldb, float beta, Out* C,
                  int ldc) {
-  DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(ctx), ta, tb, m, n, k, &alpha, A, cuda_type<In>(), lda, B,
-                                   cuda_type<In>(), ldb, &beta, C, cuda_type<Out>(), ldc,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (debug_sync(ctx)) DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  gemm_lt(ctx,
+          gemm_shape(ta, tb, m, n, k, A, lda, cuda_type<In>(), B, ldb, cuda_type<Out>(), C, ldc,
+                     beta != 0.0f),
+          alpha, A, B, beta, C);
 }
 
 // Where batch entry (b, h) of a per-head operand starts: X + b * batch + h * head (elements).

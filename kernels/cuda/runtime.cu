@@ -303,15 +303,16 @@ void* DeviceWorkspace::get(int slot, size_t bytes) {
 
 cublasHandle_t cublas(const OpContext& ctx) {
   // cuBLAS's own default workspace belongs to the handle, whatever the stream: kernels of two
-  // streams would share it. 32 MiB is the size cuBLAS itself recommends for Hopper, so its
-  // choice of algorithms (and so the run's numbers) stays what it was with the default.
-  constexpr size_t kCublasWorkspace = size_t(32) << 20;
+  // streams would share it.
   const cublasHandle_t h = cublas();
   DIVLAB_CUBLAS_CHECK(cublasSetStream(h, stream_of(ctx)));
   if (ctx.workspace)
-    DIVLAB_CUBLAS_CHECK(
-        cublasSetWorkspace(h, scratch(ctx, Scratch::Cublas, kCublasWorkspace), kCublasWorkspace));
+    DIVLAB_CUBLAS_CHECK(cublasSetWorkspace(h, cublas_workspace(ctx), kCublasWorkspaceBytes));
   return h;
+}
+
+void* cublas_workspace(const OpContext& ctx) {
+  return scratch(ctx, Scratch::Cublas, kCublasWorkspaceBytes);
 }
 
 void* scratch(const OpContext& ctx, Scratch slot, size_t bytes) {

@@ -69,6 +69,10 @@ cublasHandle_t cublas();
 // The handle, bound to the op's stream and to a cuBLAS workspace in the op's own workspace
 // (Scratch::Cublas): two callers on two streams (the run and a shadow tap) never share one.
 cublasHandle_t cublas(const OpContext& ctx);
+// That workspace (cuBLASLt calls take it explicitly). 32 MiB is the size cuBLAS itself
+// recommends for Hopper; the algorithms cuBLAS and cuBLASLt choose depend on it.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+void* cublas_workspace(const OpContext& ctx);
 
 // The stream an op launches on (OpContext::stream; null: the legacy default stream).
 inline cudaStream_t stream_of(const OpContext& ctx) {

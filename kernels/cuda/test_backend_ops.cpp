@@ -9,6 +9,8 @@
 #include <set>
 
 #include "kernels/bf16_activations.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/fp64_controls.h"
 #include "kernels/grad_reduce/grad_reduce.h"
 #include "tests/gpu/gpu_check.h"
@@ -183,6 +185,109 @@ TYPED_TEST(GpuOps, CastRoundsToNearestEven) {
         this->kBf16 ? double(lowp::bf16_rne(float(x.values[0][i]))) : x.values[0][i];
     ASSERT_EQ(r.outputs[0][i], want) << "cast, element " << i;
   }
+}
+
+namespace {
+// A device array of n values of T, random N(0, 1) where asked, read back as bytes.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray(size_t n, std::mt19937_64& gen) : n_(n) {
+    std::vector<T> host(n);
+    std::normal_distribution<float> d;
+    for (T& v : host) {
+      if constexpr (std::is_same_v<T, bf16>)
+        v = to_bf16(d(gen));
+      else
+        v = d(gen);
+    }
+    if (cudaMalloc(&p_, n * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() const { return static_cast<T*>(p_); }
+  std::vector<unsigned char> bytes() const {
+    std::vector<unsigned char> b(n_ * sizeof(T));
+    cudaDeviceSynchronize();
+    cudaMemcpy(b.data(), p_, b.size(), cudaMemcpyDeviceToHost);
+    return b;
+  }
+  void copy_from(const DeviceArray& o) {
+    cudaMemcpy(p_, o.p_, n_ * sizeof(T), cudaMemcpyDeviceToDevice);
+  }
+
+ private:
+  size_t n_;
+  void* p_ = nullptr;
+};
+
+template <class T>
+constexpr cudaDataType_t data_type() {
+  return std::is_same_v<T, bf16> ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// One GEMM of the tuning test: operand type In, output Out.
+template <class In, class Out>
+int expect_every_agreeing_candidate_gives_the_first_ones_bits(cublasOperation_t ta,
+                                                              cublasOperation_t tb, int m, int n,
+                                                              int k, bool accumulate,
+                                                              std::mt19937_64& gen) {
+  const bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
+  const int lda = an ? m : k, ldb = bn ? k : n;
+  DeviceArray<In> a(size_t(lda) * (an ? k : m), gen), b(size_t(ldb) * (bn ? n : k), gen);
+  DeviceArray<Out> initial(size_t(m) * n, gen), c(size_t(m) * n, gen);
+  const cuda::GemmShape s =
+      cuda::gemm_shape(ta, tb, m, n, k, a.get(), lda, data_type<In>(), b.get(), ldb,
+                       data_type<Out>(), c.get(), m, accumulate);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const OpContext ctx = test_context(cuda::device_memory());
+  const auto output = [&](int candidate) {
+    c.copy_from(initial);
+    if (candidate < 0)
+      cuda::gemm_lt(ctx, s, 1.0f, a.get(), b.get(), beta, c.get());
+    else
+      cuda::gemm_with_candidate(ctx, s, candidate, 1.0f, a.get(), b.get(), beta, c.get());
+    return c.bytes();
+  };
+  const std::string what = std::to_string(m) + " x " + std::to_string(n) + " x " +
+                           std::to_string(k) + (accumulate ? " accumulating" : "");
+  const std::vector<unsigned char> first = output(0);
+  int agreeing = 0;
+  for (int i = 1; i < cuda::gemm_candidate_count(s); ++i) {
+    if (!cuda::gemm_candidate_agrees(ctx, s, i)) continue;
+    ++agreeing;
+    EXPECT_TRUE(output(i) == first)
+        << what << ": candidate " << i << " agreed on the probe but not at full size (seed "
+        << test_seed() << ")";
+  }
+  EXPECT_TRUE(output(-1) == first) << what << ": the tuned GEMM's bits are not the first choice's";
+  return agreeing;
+}
+}  // namespace
+
+// The GEMM tuner (kernels/cuda/gemm_lt.h) times only the candidates whose bits on its probe
+// equal the heuristic's first choice's. At full size each of them, and the tuned GEMM whichever
+// it chose, must give those bits: the choice is a timing's, the numbers are not. Shapes: GPT-2
+// small's MLP GEMMs at 4096 tokens (the weight gradients accumulating, the smaller one where
+// cuBLASLt splits K), and one of odd sizes.
+TYPED_TEST(GpuOps, GemmTuningChangesNoBits) {
+  std::mt19937_64 gen(test_seed());
+  using A = TypeParam;
+  const auto N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+  int agreeing = expect_every_agreeing_candidate_gives_the_first_ones_bits<A, A>(T, N, 3072, 4096,
+                                                                                 768, false, gen);
+  agreeing += expect_every_agreeing_candidate_gives_the_first_ones_bits<A, A>(N, N, 768, 4096, 3072,
+                                                                              false, gen);
+  agreeing += expect_every_agreeing_candidate_gives_the_first_ones_bits<A, float>(N, T, 768, 3072,
+                                                                                  4096, true, gen);
+  agreeing += expect_every_agreeing_candidate_gives_the_first_ones_bits<A, float>(N, T, 768, 768,
+                                                                                  4096, true, gen);
+  agreeing += expect_every_agreeing_candidate_gives_the_first_ones_bits<A, A>(T, N, 301, 4099, 72,
+                                                                              false, gen);
+  EXPECT_GT(agreeing, 0) << "no GEMM had a second candidate with the first one's bits: the tuner "
+                            "was never tested";
 }
 
 // The bf16 mode must really run bf16 GEMMs: its error is above fp32's.
