@@ -21,9 +21,10 @@ template <class T, class A = T>
 struct ReferencePairs {
   using S = OpSignatures<T, A>;
   // Attention: the reference forward and backward, and the same two with state passed between
-  // them in `att` (a fused forward saves no probabilities, so its backward would otherwise
-  // recompute the forward's output and row statistics). The saving forward writes the same
-  // output; where the state does not fit in `att` both fall back to the references.
+  // them (a fused forward saves no probabilities, so its backward would otherwise recompute the
+  // forward's output and row statistics): the statistics in `att`, where the output is in the
+  // caller's workspace. The saving forward writes the same output; where the statistics do not
+  // fit in `att` both fall back to the references.
   struct Attention {
     Kernel<typename S::AttentionForward> forward, saving_forward;
     Kernel<typename S::AttentionBackward> backward, saved_backward;

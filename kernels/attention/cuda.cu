@@ -166,34 +166,35 @@ void bf16_reference_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout,
     attention_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
 }
 
-// The reference pair with state passed in `att` (ReferencePairs::Attention): the model calls
-// these where both references run unwrapped. `att` ([B, NH, T, T] bf16, which the fused pair
-// leaves alone) holds the forward's output rows [N, C] and after them its fp32 row statistics
-// [B, NH, T]: that fits where NH T >= C + 2 NH, i.e. T >= head size + 2 (C a multiple of 8 keeps
-// the statistics 16-byte aligned). The backward then reads what it would otherwise recompute:
-// the same engine on the same inputs, so the same bits (about a quarter of the backward's time
-// at GPT-2 small).
+// The reference pair with state passed between its halves (ReferencePairs::Attention): the model
+// calls these where both references run unwrapped. The forward keeps its fp32 row statistics
+// [B, NH, T] at the start of `att` ([B, NH, T, T] bf16, which the fused pair leaves alone: they
+// fit where T >= 2) and notes in the caller's workspace where its output went: the model keeps
+// each layer's attention output for the backward anyway (the projection's weight gradient reads
+// it), so the backward reads both instead of recomputing them: the same engine on the same inputs,
+// so the same bits (about a quarter of the backward's time at GPT-2 small). A backward whose
+// forward was not noted recomputes, as the reference does.
 bool saves_state(int T_, int C, int NH) {
-  return fused(T_, C, NH) && int64_t(NH) * T_ >= C + 2 * int64_t(NH);
+  return fused(T_, C, NH) && T_ >= 2;
 }
-float* saved_stats(const bf16* att, int B, int T_, int C) {
-  return reinterpret_cast<float*>(const_cast<bf16*>(att) + size_t(B) * T_ * C);
+float* saved_stats(const bf16* att) {
+  return reinterpret_cast<float*>(const_cast<bf16*>(att));
 }
 
 void saving_forward(const OpContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B, int T_,
                     int C, int NH) {
   if (!saves_state(T_, C, NH)) return bf16_reference_forward(ctx, out, att, qkv, B, T_, C, NH);
-  cudnn_sdpa_forward(ctx, as_nv(out), saved_stats(att, B, T_, C), as_nv(qkv), B, T_, C, NH);
-  DIVLAB_CUDA_CHECK(cudaMemcpyAsync(att, out, size_t(B) * T_ * C * sizeof(bf16),
-                                    cudaMemcpyDeviceToDevice, stream_of(ctx)));
+  cudnn_sdpa_forward(ctx, as_nv(out), saved_stats(att), as_nv(qkv), B, T_, C, NH);
+  device_workspace_of(ctx).note_attention_output(att, out);
 }
 
 void saved_backward(const OpContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
                     const bf16* att, int B, int T_, int C, int NH) {
-  if (!saves_state(T_, C, NH))
-    return bf16_reference_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
-  cudnn_sdpa_backward(ctx, as_nv(dqkv), as_nv(qkv), as_nv(att), saved_stats(att, B, T_, C),
-                      as_nv(dout), B, T_, C, NH);
+  const void* out =
+      saves_state(T_, C, NH) ? device_workspace_of(ctx).attention_output(att) : nullptr;
+  if (!out) return bf16_reference_backward(ctx, dqkv, dout, qkv, att, B, T_, C, NH);
+  cudnn_sdpa_backward(ctx, as_nv(dqkv), as_nv(qkv), static_cast<const __nv_bfloat16*>(out),
+                      saved_stats(att), as_nv(dout), B, T_, C, NH);
 }
 }  // namespace
 

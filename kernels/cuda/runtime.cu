@@ -315,6 +315,12 @@ void* cublas_workspace(const OpContext& ctx) {
   return scratch(ctx, Scratch::Cublas, kCublasWorkspaceBytes);
 }
 
+DeviceWorkspace& device_workspace_of(const OpContext& ctx) {
+  auto* w = dynamic_cast<DeviceWorkspace*>(ctx.workspace);
+  if (!w) throw std::logic_error("cuda: an op was called without a device workspace");
+  return *w;
+}
+
 void* scratch(const OpContext& ctx, Scratch slot, size_t bytes) {
   if (!ctx.workspace)
     throw std::logic_error("cuda: an op was called without a workspace (OpContext::workspace)");

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -102,13 +103,24 @@ class DeviceWorkspace final : public Workspace {
   ~DeviceWorkspace() override;
   void* get(int slot, size_t bytes) override;
 
+  // The attention pair's forward output (kernels/attention/cuda.cu), keyed by the layer's `att`:
+  // the forward leaves it where the caller keeps it and notes where, the backward reads it there.
+  void note_attention_output(const void* att, const void* out) { attention_outputs_[att] = out; }
+  const void* attention_output(const void* att) const {
+    const auto it = attention_outputs_.find(att);
+    return it == attention_outputs_.end() ? nullptr : it->second;
+  }
+
  private:
   struct Region {
     void* p = nullptr;
     size_t bytes = 0;
   };
   std::vector<Region> regions_;
+  std::map<const void*, const void*> attention_outputs_;
 };
+// The device workspace of an op call (a logic error where it has none).
+DeviceWorkspace& device_workspace_of(const OpContext& ctx);
 
 inline unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
