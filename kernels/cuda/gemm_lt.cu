@@ -39,26 +39,26 @@ int element_bytes(cudaDataType_t t) {
 class Descriptors {
  public:
   Descriptors(const GemmShape& s, int m, int n, int lda, int ldb, int ldc) {
-    DIVLAB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    DIVLAB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &s.ta, sizeof s.ta));
-    DIVLAB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &s.tb, sizeof s.tb));
-    const bool an = s.ta == CUBLAS_OP_N, bn = s.tb == CUBLAS_OP_N;
-    DIVLAB_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&a_, s.in, an ? m : s.k, an ? s.k : m, int64_t(lda)));
-    DIVLAB_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&b_, s.in, bn ? s.k : n, bn ? n : s.k, int64_t(ldb)));
-    DIVLAB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, s.out, m, n, int64_t(ldc)));
+    try {
+      DIVLAB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      DIVLAB_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &s.ta, sizeof s.ta));
+      DIVLAB_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &s.tb, sizeof s.tb));
+      const bool an = s.ta == CUBLAS_OP_N, bn = s.tb == CUBLAS_OP_N;
+      DIVLAB_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&a_, s.in, an ? m : s.k, an ? s.k : m, int64_t(lda)));
+      DIVLAB_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&b_, s.in, bn ? s.k : n, bn ? n : s.k, int64_t(ldb)));
+      DIVLAB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, s.out, m, n, int64_t(ldc)));
+    } catch (...) {
+      release();
+      throw;
+    }
   }
   Descriptors(const Descriptors&) = delete;
   Descriptors& operator=(const Descriptors&) = delete;
-  ~Descriptors() {
-    if (c_) cublasLtMatrixLayoutDestroy(c_);
-    if (b_) cublasLtMatrixLayoutDestroy(b_);
-    if (a_) cublasLtMatrixLayoutDestroy(a_);
-    if (op_) cublasLtMatmulDescDestroy(op_);
-  }
+  ~Descriptors() { release(); }
 
   void run(const OpContext& ctx, const cublasLtMatmulAlgo_t& algo, float alpha, const void* A,
            const void* B, float beta, void* C) const {
@@ -78,6 +78,14 @@ class Descriptors {
   cublasLtMatrixLayout_t c() const { return c_; }
 
  private:
+  void release() {  // never throws: the destructor's
+    if (c_) cublasLtMatrixLayoutDestroy(c_);
+    if (b_) cublasLtMatrixLayoutDestroy(b_);
+    if (a_) cublasLtMatrixLayoutDestroy(a_);
+    if (op_) cublasLtMatmulDescDestroy(op_);
+    c_ = b_ = a_ = nullptr, op_ = nullptr;
+  }
+
   cublasLtMatmulDesc_t op_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
 };
