@@ -66,6 +66,9 @@ if [ $core = 1 ]; then
   # The bf16-mode catalogue's references, judged at the bf16 grade on bf16-rounded inputs.
   step check_gpu_bf16 bash -c 'for op in embed_rmsnorm_backward linear_backward attention_backward cross_entropy; do build/cuda/divlab check $op=reference --backend cuda --precision bf16 --no-sanitizer || exit 1; done'
   step bench_cpu build/cuda/bench/bench_cpu_train --config configs/tiny.toml --steps 60
+  # What the GEMM tuner buys at the bench size's shapes (docs/cuda.md).
+  step gemm_tuning build/cuda/bench/bench_gemm_tuning --tokens 8192 --d-model 512 --vocab 8192 \
+    --layers 8
   step profile_gpu build/cuda/divlab train --config configs/bench-gpu.toml --set train.steps=20 \
     --profile --quiet --force --out "$out/profile.h5"
   step bench_gpu "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpu.toml \
@@ -82,6 +85,7 @@ fi
 if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpt2-small.toml --set train.steps=12 \
     --profile --quiet --force --out "$out/profile-gpt2.h5"
+  step gemm_tuning_gpt2 build/cuda/bench/bench_gemm_tuning  # GPT-2 small's shapes by default
   step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpt2-small.toml \
     --steps 30 --shadow-steps 0 --torch-timeout 200 $torch_modes "${llmc[@]}"
 fi
