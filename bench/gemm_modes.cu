@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "bench/int_options.h"
 #include "kernels/cuda/runtime.h"  // DIVLAB_CUDA_CHECK, DIVLAB_CUBLAS_CHECK
 
@@ -33,19 +34,8 @@ double tflops(cublasHandle_t h, const Mode& m, int tokens, int k, int n, int rep
                                      B, m.in, k, &beta, C, m.out, n, m.compute,
                                      CUBLAS_GEMM_DEFAULT));
   };
-  for (int i = 0; i < 3; ++i) run();  // warm-up: heuristics, clocks
-  cudaEvent_t t0, t1;
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&t0));
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&t1));
-  DIVLAB_CUDA_CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < reps; ++i) run();
-  DIVLAB_CUDA_CHECK(cudaEventRecord(t1));
-  DIVLAB_CUDA_CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  DIVLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  DIVLAB_CUDA_CHECK(cudaEventDestroy(t0));
-  DIVLAB_CUDA_CHECK(cudaEventDestroy(t1));
-  return 2.0 * tokens * double(k) * n * reps / (ms * 1e-3) / 1e12;
+  const float ms = mean_ms(run, reps, 3);
+  return 2.0 * tokens * double(k) * n / (ms * 1e-3) / 1e12;
 }
 }  // namespace
 

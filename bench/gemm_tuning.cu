@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "bench/int_options.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/runtime.h"
@@ -28,24 +29,6 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
     x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
     p[i] = __float2bfloat16((float(x & 0xffffu) / 32768.0f - 1.0f));
   }
-}
-
-// Mean milliseconds of `reps` calls after two warm-up calls.
-template <class F>
-float time_ms(F&& call, int reps) {
-  call(), call();
-  cudaEvent_t start, stop;
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&start));
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&stop));
-  DIVLAB_CUDA_CHECK(cudaEventRecord(start));
-  for (int r = 0; r < reps; ++r) call();
-  DIVLAB_CUDA_CHECK(cudaEventRecord(stop));
-  DIVLAB_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  DIVLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / float(reps);
 }
 }  // namespace
 
@@ -117,7 +100,7 @@ static int run(int argc, char** argv) {
       const auto with = [&](int i) {
         return [&, i] { gemm_with_candidate(ctx, g.s, i, 1.0f, g.a, g.b, g.beta, g.c); };
       };
-      const float first = time_ms(with(0), reps), tuned = time_ms(with(chosen), reps);
+      const float first = mean_ms(with(0), reps, 2), tuned = mean_ms(with(chosen), reps, 2);
       std::printf("%-10s %-8s %8d %8d %10.1f %10.1f %7.1f%%\n", l.name, g.name, offered, agreeing,
                   1e3 * first, 1e3 * tuned, 100.0 * (first - tuned) / first);
       first_total += double(l.per_step) * first, tuned_total += double(l.per_step) * tuned;

@@ -283,6 +283,16 @@ void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const 
     if (best[j] < best[fastest]) fastest = j;
   if (best[fastest] < (1.0f - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
 }
+
+// The plan of `s`, tuned first where it is due (a GEMM large enough, not while capturing, not
+// yet tuned). Caller holds plans_mutex.
+Plan& tuned_plan(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,
+                 const void* B, float beta, void* C) {
+  Plan& p = plan_for(s);
+  if (!p.tuned && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
+    tune(ctx, s, p, alpha, A, B, beta, C);
+  return p;
+}
 }  // namespace
 
 bool GemmShape::operator<(const GemmShape& o) const {
@@ -307,9 +317,7 @@ void gemm_lt(const OpContext& ctx, const GemmShape& s, float alpha, const void* 
              float beta, void* C) {
   if (s.m <= 0 || s.n <= 0) return;
   std::lock_guard<std::mutex> lock(plans_mutex);
-  Plan& p = plan_for(s);
-  if (!p.tuned && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
-    tune(ctx, s, p, alpha, A, B, beta, C);
+  const Plan& p = tuned_plan(ctx, s, alpha, A, B, beta, C);
   p.real->run(ctx, p.candidates[size_t(p.chosen)], alpha, A, B, beta, C);
   if (debug_sync(ctx)) DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
@@ -338,10 +346,7 @@ void gemm_with_candidate(const OpContext& ctx, const GemmShape& s, int i, float 
 int gemm_chosen_candidate(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,
                           const void* B, float beta, void* C) {
   std::lock_guard<std::mutex> lock(plans_mutex);
-  Plan& p = plan_for(s);
-  if (!p.tuned && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
-    tune(ctx, s, p, alpha, A, B, beta, C);
-  return p.chosen;
+  return tuned_plan(ctx, s, alpha, A, B, beta, C).chosen;
 }
 
 }  // namespace divlab::cuda

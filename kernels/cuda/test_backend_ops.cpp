@@ -188,40 +188,29 @@ TYPED_TEST(GpuOps, CastRoundsToNearestEven) {
 }
 
 namespace {
-// A device array of n values of T, random N(0, 1) where asked, read back as bytes.
+// n random N(0, 1) values of T in device memory.
 template <class T>
-class DeviceArray {
- public:
-  DeviceArray(size_t n, std::mt19937_64& gen) : n_(n) {
-    std::vector<T> host(n);
-    std::normal_distribution<float> d;
-    for (T& v : host) {
-      if constexpr (std::is_same_v<T, bf16>)
-        v = to_bf16(d(gen));
-      else
-        v = d(gen);
-    }
-    if (cudaMalloc(&p_, n * sizeof(T)) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    cudaMemcpy(p_, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+Buffer<T> random_device_array(size_t n, std::mt19937_64& gen) {
+  std::vector<T> host(n);
+  std::normal_distribution<float> d;
+  for (T& v : host) {
+    if constexpr (std::is_same_v<T, bf16>)
+      v = to_bf16(d(gen));
+    else
+      v = d(gen);
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(p_); }
-  T* get() const { return static_cast<T*>(p_); }
-  std::vector<unsigned char> bytes() const {
-    std::vector<unsigned char> b(n_ * sizeof(T));
-    cudaDeviceSynchronize();
-    cudaMemcpy(b.data(), p_, b.size(), cudaMemcpyDeviceToHost);
-    return b;
-  }
-  void copy_from(const DeviceArray& o) {
-    cudaMemcpy(p_, o.p_, n_ * sizeof(T), cudaMemcpyDeviceToDevice);
-  }
+  Buffer<T> b(cuda::device_memory(), int64_t(n));
+  b.upload(host.data(), int64_t(n));
+  return b;
+}
 
- private:
-  size_t n_;
-  void* p_ = nullptr;
-};
+// A device array's contents as bytes (bf16 has no ==).
+template <class T>
+std::vector<unsigned char> bytes_of(const Buffer<T>& b) {
+  const std::vector<T> v = b.to_vector();
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  return {p, p + v.size() * sizeof(T)};
+}
 
 template <class T>
 constexpr cudaDataType_t data_type() {
@@ -236,20 +225,22 @@ int expect_every_agreeing_candidate_gives_the_first_ones_bits(cublasOperation_t 
                                                               std::mt19937_64& gen) {
   const bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
   const int lda = an ? m : k, ldb = bn ? k : n;
-  DeviceArray<In> a(size_t(lda) * (an ? k : m), gen), b(size_t(ldb) * (bn ? n : k), gen);
-  DeviceArray<Out> initial(size_t(m) * n, gen), c(size_t(m) * n, gen);
+  const Buffer<In> a = random_device_array<In>(size_t(lda) * (an ? k : m), gen),
+                   b = random_device_array<In>(size_t(ldb) * (bn ? n : k), gen);
+  const Buffer<Out> initial = random_device_array<Out>(size_t(m) * n, gen);
+  Buffer<Out> c(cuda::device_memory(), int64_t(m) * n);
   const cuda::GemmShape s =
-      cuda::gemm_shape(ta, tb, m, n, k, a.get(), lda, data_type<In>(), b.get(), ldb,
-                       data_type<Out>(), c.get(), m, accumulate);
+      cuda::gemm_shape(ta, tb, m, n, k, a.data(), lda, data_type<In>(), b.data(), ldb,
+                       data_type<Out>(), c.data(), m, accumulate);
   const float beta = accumulate ? 1.0f : 0.0f;
   const OpContext ctx = test_context(cuda::device_memory());
   const auto output = [&](int candidate) {
     c.copy_from(initial);
     if (candidate < 0)
-      cuda::gemm_lt(ctx, s, 1.0f, a.get(), b.get(), beta, c.get());
+      cuda::gemm_lt(ctx, s, 1.0f, a.data(), b.data(), beta, c.data());
     else
-      cuda::gemm_with_candidate(ctx, s, candidate, 1.0f, a.get(), b.get(), beta, c.get());
-    return c.bytes();
+      cuda::gemm_with_candidate(ctx, s, candidate, 1.0f, a.data(), b.data(), beta, c.data());
+    return bytes_of(c);
   };
   const std::string what = std::to_string(m) + " x " + std::to_string(n) + " x " +
                            std::to_string(k) + (accumulate ? " accumulating" : "");
