@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GEMM benchmarks' bad command lines (bench/int_options.h): each exits 2 with one line naming
+# the option and its value, before any GPU work (so this runs where there is no GPU), and writes
+# nothing. Usage: tests/bench_bad_options.sh BENCHMARK_BINARY
+set -u
+bin=$(realpath "$1")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+expect() {  # expect TEXT_THE_LINE_MUST_HOLD ARGS...
+  local want=$1 out rc
+  shift
+  out=$(cd "$work" && "$bin" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" != 2 ] || [ "$(printf '%s\n' "$out" | wc -l)" != 1 ] ||
+     ! grep -qF -- "$want" <<< "$out" || [ -n "$(ls -A "$work")" ]; then
+    echo "FAIL: $(basename "$bin") $*: exit $rc, wrote [$(ls -A "$work")], said: $out"
+    fail=1
+  fi
+}
+expect "--reps 0: expected a positive integer" --reps 0
+expect "--tokens 12x: expected a positive integer" --tokens 12x
+expect "--vocab -5: expected a positive integer" --vocab -5
+expect "--d-model 99999999999: expected a positive integer" --d-model 99999999999
+expect "--d-model: missing value" --tokens 8 --d-model
+expect "unknown option '--bogus'" --bogus 3
+[ $fail = 0 ] && echo "$(basename "$bin"): every bad command line refused"
+exit $fail
