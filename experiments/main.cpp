@@ -261,8 +261,8 @@ int main(int argc, char** argv) {
   train->add_flag("--force", force, "overwrite an existing trace");
   train->add_flag("--quiet", quiet, "no progress line");
   train->add_flag("--profile", profile,
-                  "time every op call (synchronising around each) and print where a step's time "
-                  "goes");
+                  "time every op call (device time between two timing marks on its stream; "
+                  "steps run op by op) and print where a step's time goes");
   train->add_flag("--help-config", help_config, "list every config key and exit");
   std::string resume;
   train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace");

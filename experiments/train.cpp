@@ -295,16 +295,17 @@ class Progress {
   int64_t last_tenth_ = 0;
 };
 
-// Where the steps' time went, op by op (stderr).
-void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
+// Where the steps' time went, op by op (stderr), beside the steps' wall time: what the ops' sum
+// leaves of it is the step outside any op (the host's waits, gaps between launches).
+void print_profile(const std::map<std::string, OpTime>& times, int64_t steps, double wall_s) {
   std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double total = 0;
   for (const auto& r : rows) total += r.second.seconds;
   std::fprintf(stderr,
-               "\nop time over %lld steps after the first (each call between two "
-               "synchronisations)\n",
+               "\nop time over %lld steps after the first (per call, between timing marks on its "
+               "stream; steps run op by op)\n",
                (long long)steps);
   std::fprintf(stderr, "%-24s %8s %12s %12s %7s\n", "op", "calls", "ms/step", "us/call", "share");
   for (const auto& [op, t] : rows)
@@ -313,6 +314,8 @@ void print_profile(const std::map<std::string, OpTime>& times, int64_t steps) {
                  1e6 * t.seconds / double(std::max<int64_t>(1, t.calls)), 100 * t.seconds / total);
   std::fprintf(stderr, "%-24s %8s %12.3f\n", "total", "",
                1e3 * total / double(std::max<int64_t>(1, steps)));
+  std::fprintf(stderr, "%-24s %8s %12.3f\n", "step (wall)", "",
+               1e3 * wall_s / double(std::max<int64_t>(1, steps)));
 }
 
 }  // namespace
@@ -449,6 +452,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   std::vector<int64_t> token_counts(m.vocab, 0);
   int64_t first_step = 0;
   double wall_offset = 0;
+  double profiled_from_s = 0, last_wall_s = 0;  // the profiled steps' span on the wall clock
 
   // The trace is laid out beside its path and published (renamed onto it) once readable; a
   // resumed run publishes after copying the history up to its checkpoint, so the old file stays
@@ -567,7 +571,11 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       result.steps = step + 1;
       // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
       // the profile covers the steady steps after it when there are any.
-      if (profiler && step == first_step && step + 1 < cfg.steps) profiler->reset();
+      if (profiler && step == first_step && step + 1 < cfg.steps) {
+        profiler->reset();
+        profiled_from_s = wall;
+      }
+      last_wall_s = wall;
       result.final_loss = double(loss);
       // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
       // order as they come, and all of them before a checkpoint or the end of the run.
@@ -634,7 +642,8 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     std::fprintf(stderr, "divlab: note: CUDA graph steps are off for this run (%s)\n",
                  model.graph_failure().c_str());
   if (profiler && lead)
-    print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1));
+    print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1),
+                  last_wall_s - profiled_from_s);
   if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", token_counts);
   if (cfg.final_weights && lead)

@@ -1,5 +1,6 @@
 #include "kernels/memory.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -31,6 +32,17 @@ void* host_create_stream() {
 }
 void host_destroy_stream(void* /*stream*/) {}
 void host_wait_fence(void*) {}
+void* host_time_mark(void* /*stream*/) {
+  return new std::chrono::steady_clock::time_point(std::chrono::steady_clock::now());
+}
+double host_seconds_between(void* first, void* later) {
+  using Mark = std::chrono::steady_clock::time_point;
+  return std::chrono::duration<double>(*static_cast<Mark*>(later) - *static_cast<Mark*>(first))
+      .count();
+}
+void host_release_mark(void* mark) {
+  delete static_cast<std::chrono::steady_clock::time_point*>(mark);
+}
 std::unique_ptr<Workspace> host_workspace() {
   return std::make_unique<HostWorkspace>();
 }
@@ -66,6 +78,9 @@ const MemoryOps& host_memory() {
                              host_copy,
                              host_fence,
                              host_wait_fence,
+                             host_time_mark,
+                             host_seconds_between,
+                             host_release_mark,
                              host_workspace,
                              host_create_stream,
                              host_destroy_stream,

@@ -48,6 +48,12 @@ struct MemoryOps {
   // it from any thread; wait_fence also releases it.
   void* (*fence)(void* stream);
   void (*wait_fence)(void* fence);
+  // Timing marks, for the profiler: a mark behind everything queued on the stream so far (on the
+  // host, the time it is taken), the seconds from a mark to a later one of the same stream
+  // (waiting for the later one to pass), and a mark's release.
+  void* (*time_mark)(void* stream);
+  double (*seconds_between)(void* first, void* later);
+  void (*release_mark)(void* mark);
   // Scratch memory for one caller's op contexts (kernels/op_context.h), in this memory.
   std::unique_ptr<Workspace> (*make_workspace)();
   // A stream of its own for one caller (null on the host). It is ordered with the legacy default

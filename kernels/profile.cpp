@@ -1,30 +1,26 @@
 #include "kernels/profile.h"
 
-#include <chrono>
-
 #include "kernels/common/lowp.h"
 
 namespace divlab {
 
 namespace {
-// Runs `call` between two synchronisations of the call's stream and adds its time to `op`.
+// Bound on the calls whose marks wait to be read: a long profiled run holds at most this many
+// pairs of events at once.
+constexpr size_t kMaxPending = 4096;
+
+// Runs `call` between two timing marks of the call's stream and hands both to the profiler.
 template <class T, class A, class Call>
 void timed(OpProfiler<T, A>& p, const char* name, void* stream, Call&& call) {
   const MemoryOps& mem = *p.inner().memory;
-  mem.synchronize(stream);
-  const auto t0 = std::chrono::steady_clock::now();
-  struct Record {  // records on every exit path
-    OpProfiler<T, A>& p;
-    const char* name;
-    const MemoryOps& mem;
-    void* stream;
-    std::chrono::steady_clock::time_point t0;
-    ~Record() {
-      mem.synchronize(stream);
-      p.add(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  } record{p, name, mem, stream, t0};
-  call();
+  void* first = mem.time_mark(stream);
+  try {
+    call();
+  } catch (...) {
+    mem.release_mark(first);
+    throw;
+  }
+  p.add(name, first, mem.time_mark(stream));
 }
 
 // The wrapper for one op: Member names the KernelSet slot, Fn its function type. Bound to its
@@ -66,6 +62,51 @@ OpProfiler<T, A>::OpProfiler(const KernelSet<T, A>& inner) : inner_(inner), time
   // NOLINTEND(bugprone-macro-parentheses)
   // The inner set's reference pairs run as they would unprofiled, their paths timed.
   wrap_pairs<TimedPath<T, A>::template Wrap>(inner_, timed_, timed_pairs_, this);
+}
+
+template <class T, class A>
+OpProfiler<T, A>::~OpProfiler() {
+  reset();
+}
+
+template <class T, class A>
+void OpProfiler<T, A>::add(const char* op, void* first_mark, void* later_mark) {
+  pending_.push_back({op, first_mark, later_mark});
+  if (pending_.size() >= kMaxPending) resolve();
+}
+
+template <class T, class A>
+void OpProfiler<T, A>::resolve() {
+  std::vector<Pending> calls;
+  calls.swap(pending_);
+  const MemoryOps& mem = *inner_.memory;
+  const auto release = [&] {
+    for (const Pending& c : calls) mem.release_mark(c.first), mem.release_mark(c.later);
+  };
+  try {
+    for (const Pending& c : calls) {
+      OpTime& t = times_[c.op];
+      t.seconds += mem.seconds_between(c.first, c.later), ++t.calls;
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+}
+
+template <class T, class A>
+const std::map<std::string, OpTime>& OpProfiler<T, A>::times() {
+  resolve();
+  return times_;
+}
+
+template <class T, class A>
+void OpProfiler<T, A>::reset() {
+  const MemoryOps& mem = *inner_.memory;
+  for (const Pending& c : pending_) mem.release_mark(c.first), mem.release_mark(c.later);
+  pending_.clear();
+  times_.clear();
 }
 
 template class OpProfiler<float>;

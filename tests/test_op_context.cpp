@@ -108,6 +108,23 @@ TEST(OpContext, TwoTapsAndTwoProfilersWorkSideBySide) {
   EXPECT_EQ(a.profiler.times().at("linear_forward").calls, 9);
 }
 
+// A profiler reads its calls' timing marks in batches, holding a bounded number at once: every
+// call is counted, past the bound and after it, and reset forgets the calls it has not read.
+TEST(OpContext, AProfilerCountsEveryCallPastItsBoundOnMarksHeld) {
+  OpProfiler<float> profiler(cpu_catalogue<float>().select({}));
+  OpContextSource contexts(*profiler.kernels().memory);
+  std::vector<float> a(64, 1.0f), b(64, 2.0f), y(64);
+  const auto& k = profiler.kernels();
+  for (int i = 0; i < 3; ++i) k.add(contexts.next(), y.data(), a.data(), b.data(), 64);
+  profiler.reset();
+  for (int i = 0; i < 10000; ++i) k.add(contexts.next(), y.data(), a.data(), b.data(), 64);
+  const std::map<std::string, OpTime>& times = profiler.times();
+  ASSERT_EQ(times.size(), 1u);
+  EXPECT_EQ(times.at("add").calls, 10000);
+  EXPECT_GE(times.at("add").seconds, 0.0);
+  EXPECT_EQ(y[63], 3.0f);
+}
+
 TEST(OpContext, StochasticRoundingDrawsItsBitsFromTheCallSeed) {
   const uint64_t seed = test_seed();
   const ModelConfig m = small_model();

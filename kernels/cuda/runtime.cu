@@ -208,6 +208,24 @@ void device_wait_fence(void* fence) {
   DIVLAB_CUDA_CHECK(status);
 }
 
+// Timing events: between two of them on one stream, the device's time for what ran between.
+void* device_time_mark(void* stream) {
+  cudaEvent_t e = nullptr;
+  DIVLAB_CUDA_CHECK(cudaEventCreate(&e));
+  DIVLAB_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+  return e;
+}
+double device_seconds_between(void* first, void* later) {
+  float ms = 0;
+  DIVLAB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(later)));
+  DIVLAB_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(first), static_cast<cudaEvent_t>(later)));
+  return ms * 1e-3;
+}
+void device_release_mark(void* mark) {
+  cudaEventDestroy(static_cast<cudaEvent_t>(mark));  // never throws: the profiler's cleanup
+}
+
 // Thread-local capture: another thread's unrelated CUDA calls (a shadow worker's, a trace
 // writer's) neither fail nor end it.
 void device_begin_capture(void* stream) {
@@ -259,6 +277,9 @@ const MemoryOps& device_memory() {
                              device_download_async,
                              device_fence,
                              device_wait_fence,
+                             device_time_mark,
+                             device_seconds_between,
+                             device_release_mark,
                              device_workspace,
                              device_create_stream,
                              device_destroy_stream,

@@ -195,6 +195,9 @@ class Profile(unittest.TestCase):
         # 2 blocks: 4 linear layers each, plus the LM head; 4 steps.
         self.assertEqual(rows["linear_forward"][1], str(4 * (2 * 4 + 1)))
         self.assertEqual(rows["attention_backward"][1], str(4 * 2))
+        # The ops run inside the steps: their sum cannot exceed the steps' wall time (both printed
+        # in ms per step, to 3 decimals).
+        self.assertLessEqual(float(rows["total"][1]), float(rows["step"][2]) + 0.002)
 
 
 class CrashSafety(unittest.TestCase):
