@@ -118,22 +118,61 @@ TYPED_TEST(GpuOps, GradReduceVariantsGiveTheCpusBits) {
   }
 }
 
-// Cross-entropy's wide rows (many packs of 8 per thread of 512, a tail not a multiple of 8, a
-// row unpacked), against fp64, both variants, repeatable bit for bit. 50 304 is GPT-2's
-// vocabulary.
+// Cross-entropy's row forms against fp64, both variants, repeatable bit for bit: rows of at
+// most 1024 packs held in registers by blocks that walk the rows (more rows than the GPU keeps
+// blocks: 5 000 one-pack rows, 600 of 8 192), wide rows (many packs of 8 per thread, a tail not
+// a multiple of 8, a row unpacked). 50 304 is GPT-2's vocabulary.
 TYPED_TEST(GpuOps, CrossEntropyMatchesFp64AtEveryRowForm) {
   const auto& cat = gpu_catalogue<TypeParam>();
   std::mt19937_64 gen(test_seed());
-  for (int V : {8184, 8192, 8200, 16392, 24576, 24584, 50304, 57344, 57352, 57353})
+  const std::pair<int, int> rows_and_width[] = {
+      {5000, 8},  {3, 1000},  {700, 2048}, {600, 8192}, {3, 8184},  {3, 8200}, {3, 16392},
+      {3, 24576}, {3, 24584}, {3, 50304},  {3, 57344},  {3, 57352}, {3, 57353}};
+  for (const auto& [N, V] : rows_and_width)
     for (const char* variant : {"reference", "no_max_subtraction"}) {
       const auto k = cat.select({{"cross_entropy", variant}});
-      const OpShape s{1, 3, 4, 1, V};
+      const OpShape s{1, N, 4, 1, V};
       const OpInputs x = every_op_inputs("cross_entropy", s, this->kBf16, gen);
-      const std::string what = std::string("cross_entropy=") + variant + " V " + std::to_string(V);
+      const std::string what = std::string("cross_entropy=") + variant + " N " + std::to_string(N) +
+                               " V " + std::to_string(V);
       const OpRun first = expect_op_matches_fp64("cross_entropy", k, x, s,
                                                  op_tolerance("cross_entropy", this->kBf16), what);
       EXPECT_EQ(first.outputs, call_op("cross_entropy", k, x, s).outputs)
           << what << ": not bitwise repeatable (seed " << test_seed() << ")";
+    }
+}
+
+// A row's gradient is exp(z - lse) / N - [target]: logits of equal value must get equal
+// gradients, whichever thread, warp or pack holds them, so every thread of a row must end its
+// reduction with the same log-sum-exp. Rows repeat 61 random values (a prime period, so each
+// value lands in every lane and pack position) in the register-resident form (2 048, 8 192) and
+// the wide one (50 304).
+TYPED_TEST(GpuOps, CrossEntropyGivesEqualLogitsEqualGradients) {
+  const auto& cat = gpu_catalogue<TypeParam>();
+  std::mt19937_64 gen(test_seed());
+  constexpr int kPeriod = 61;
+  for (int V : {2048, 8192, 50304})
+    for (const char* variant : {"reference", "no_max_subtraction"}) {
+      const auto k = cat.select({{"cross_entropy", variant}});
+      const OpShape s{1, 16, 4, 1, V};
+      OpInputs x = every_op_inputs("cross_entropy", s, this->kBf16, gen);
+      std::vector<double>& z = x.values[0];
+      for (int64_t r = 0; r < s.tokens(); ++r)
+        for (int v = kPeriod; v < V; ++v) z[size_t(r * V + v)] = z[size_t(r * V + v % kPeriod)];
+      const std::vector<double> grad = call_op("cross_entropy", k, x, s).outputs[1];
+      for (int64_t r = 0; r < s.tokens(); ++r) {
+        const int target = int(x.ids[size_t(r)]);
+        std::vector<int64_t> first(kPeriod, -1);  // the first non-target column of each value
+        for (int v = 0; v < V; ++v) {
+          if (v == target) continue;
+          int64_t& at = first[size_t(v % kPeriod)];
+          if (at < 0) at = v;
+          ASSERT_EQ(grad[size_t(r * V + v)], grad[size_t(r * V + at)])
+              << "cross_entropy=" << variant << " V " << V << " row " << r << ": columns " << at
+              << " and " << v << " hold the same logit " << z[size_t(r * V + v)] << " (seed "
+              << test_seed() << ")";
+        }
+      }
     }
 }
 
