@@ -210,20 +210,24 @@ void round_to_fp32(std::vector<double>& v) {
 }
 
 // Per output, twice the largest change that rounding the inputs to bf16 makes to the exact
-// result, relative to the output's largest value. An output with few elements, or one that sums
+// result, relative to the output's largest value (for an output the op adds into, its largest
+// contribution, the scale measure() judges it on). An output with few elements, or one that sums
 // terms which cancel, can sit more than 1e-2 from the reference in an honest bf16 kernel (one
 // that computes exactly on rounded inputs); this much more error is accepted there. Twice: the
 // kernel's own rounding of its output adds to it.
 std::vector<double> rounding_allowance(const OpRun& ref, const OpRun& rounded,
+                                       const std::vector<std::vector<double>>& initial,
                                        const std::vector<ArgSpec>& written) {
   std::vector<double> allow(ref.outputs.size(), 0.0);
   for (size_t o = 0; o < ref.outputs.size() && o < written.size(); ++o) {
     if (written[o].role == ArgRole::Saved) continue;
+    const bool contribution = written[o].role == ArgRole::Accumulate;
     double max_ref = 0, moved = 0;
     // The initial contents of an output the op adds into are the same in both runs, so the
     // difference of the outputs is the difference of the contributions.
     for (size_t i = 0; i < ref.outputs[o].size(); ++i) {
-      max_ref = std::max(max_ref, std::abs(ref.outputs[o][i]));
+      const double r = ref.outputs[o][i] - (contribution ? initial[o][i] : 0.0);
+      max_ref = std::max(max_ref, std::abs(r));
       const double d = std::abs(rounded.outputs[o][i] - ref.outputs[o][i]);
       if (std::isfinite(d)) moved = std::max(moved, d);
     }
@@ -364,7 +368,7 @@ struct Checker {
                                                void (*round)(std::vector<double>&)) const {
     OpInputs rounded = x;
     for (auto& values : rounded.values) round(values);
-    return rounding_allowance(ref, call_op(op, reference, rounded, s), written);
+    return rounding_allowance(ref, call_op(op, reference, rounded, s), x.outputs, written);
   }
 
   // kConcurrentCopies calls (one per input set), each run alone first, then all at once on
@@ -528,7 +532,7 @@ struct Checker {
       // of the two is accepted: an fp32 kernel is judged against what fp32 can do on this input.
       std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
       const std::vector<double> own =
-          rounding_allowance(ref, call_op(op, backend_reference, x, s), written);
+          rounding_allowance(ref, call_op(op, backend_reference, x, s), x.outputs, written);
       for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
       ConditionResult fp32;
       measure(fp32, got, ref, x.outputs, written, allow);

@@ -236,10 +236,17 @@ TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
   const CheckReport r = check("adamw_step=no_bias_correction");
   EXPECT_FALSE(r.pass) << format_check(r);
   EXPECT_TRUE(fails_under(r, "shape odd", "error")) << format_check(r);
-  // The reference update itself passes at the fp32 grade.
-  const CheckReport ref = check("adamw_step=reference");
-  EXPECT_TRUE(ref.pass) << format_check(ref);
-  EXPECT_EQ(ref.grade, "fp32") << format_check(ref);
+  // The reference update itself passes at the fp32 grade, also at a seed where its update is
+  // small beside the weights it is added to (shape tiny: 4 weights). There an fp32 result holds
+  // the update only to an ulp of the weight, 1.2e-4 of the update's size; what fp32 moves on the
+  // input is measured on the update too (it was on the weights, and CI's seed failed).
+  for (uint64_t seed : {testing::test_seed(), uint64_t(2136968629013798057u)}) {
+    CheckOptions opt;
+    opt.target = "adamw_step=reference", opt.seed = seed;
+    const CheckReport ref = run_check(opt);
+    EXPECT_TRUE(ref.pass) << format_check(ref);
+    EXPECT_EQ(ref.grade, "fp32") << format_check(ref);
+  }
 }
 
 TEST(CheckHoles, AShapeTunedKernelFailsOnRandomShapesAndIsShrunk) {
