@@ -8,7 +8,7 @@
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
 # --gpt2-small profiles 12 steps at GPT-2 small's shape (configs/bench-gpt2-small.toml: V 50304,
-# C 768, 12 blocks, T 1024, 16 sequences, tied head), each op between two synchronisations, and times it unprofiled against PyTorch eager
+# C 768, 12 blocks, T 1024, 16 sequences, tied head), each op timed on the device between two timing marks, and times it unprofiled against PyTorch eager
 # and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
 # where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
 # alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
@@ -109,8 +109,8 @@ grep -E "tests passed|tests failed|Failed|\*\*\*" "$out"/gpu_tests.log 2>/dev/nu
 tail -7 "$out/bench_cpu.log" 2>/dev/null
 grep -E "max relative loss gap" "$out/gpu_bands.log" 2>/dev/null
 grep -E "^(tokens|verdict|compute-sanitizer)" "$out/check_gpu.log" 2>/dev/null
-grep -A18 "^op time" "$out/profile_gpu.log" 2>/dev/null
-grep -A18 "^op time" "$out/profile_gpt2.log" 2>/dev/null
+grep -A20 "^op time" "$out/profile_gpu.log" 2>/dev/null
+grep -A20 "^op time" "$out/profile_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null
