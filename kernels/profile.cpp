@@ -14,13 +14,15 @@ template <class T, class A, class Call>
 void timed(OpProfiler<T, A>& p, const char* name, void* stream, Call&& call) {
   const MemoryOps& mem = *p.inner().memory;
   void* first = mem.time_mark(stream);
+  void* later = nullptr;
   try {
     call();
+    later = mem.time_mark(stream);
   } catch (...) {
     mem.release_mark(first);
     throw;
   }
-  p.add(name, first, mem.time_mark(stream));
+  p.add(name, first, later);
 }
 
 // The wrapper for one op: Member names the KernelSet slot, Fn its function type. Bound to its
@@ -77,22 +79,23 @@ void OpProfiler<T, A>::add(const char* op, void* first_mark, void* later_mark) {
 
 template <class T, class A>
 void OpProfiler<T, A>::resolve() {
-  std::vector<Pending> calls;
-  calls.swap(pending_);
-  const MemoryOps& mem = *inner_.memory;
-  const auto release = [&] {
-    for (const Pending& c : calls) mem.release_mark(c.first), mem.release_mark(c.later);
-  };
   try {
-    for (const Pending& c : calls) {
+    for (const Pending& c : pending_) {
       OpTime& t = times_[c.op];
-      t.seconds += mem.seconds_between(c.first, c.later), ++t.calls;
+      t.seconds += inner_.memory->seconds_between(c.first, c.later), ++t.calls;
     }
   } catch (...) {
-    release();
+    release_pending();
     throw;
   }
-  release();
+  release_pending();
+}
+
+template <class T, class A>
+void OpProfiler<T, A>::release_pending() {
+  for (const Pending& c : pending_)
+    inner_.memory->release_mark(c.first), inner_.memory->release_mark(c.later);
+  pending_.clear();
 }
 
 template <class T, class A>
@@ -103,9 +106,7 @@ const std::map<std::string, OpTime>& OpProfiler<T, A>::times() {
 
 template <class T, class A>
 void OpProfiler<T, A>::reset() {
-  const MemoryOps& mem = *inner_.memory;
-  for (const Pending& c : pending_) mem.release_mark(c.first), mem.release_mark(c.later);
-  pending_.clear();
+  release_pending();
   times_.clear();
 }
 

@@ -43,7 +43,8 @@ class OpProfiler {
     void* first;
     void* later;
   };
-  void resolve();
+  void resolve();          // reads every pending call's time, then releases its marks
+  void release_pending();  // releases the pending calls' marks unread
 
   KernelSet<T, A> inner_, timed_;
   ReferencePairs<T, A> timed_pairs_;  // the inner set's pairs, timed (where it runs them)

@@ -70,6 +70,23 @@ __device__ __forceinline__ float block_log_sum_exp(MaxSum acc, float* shared_m, 
   return acc.m + logf(acc.s);
 }
 
+// One pack's share: into the running max and sum, or (without the max) the plain sum.
+template <bool subtract_max>
+__device__ __forceinline__ void take_values(MaxSum& acc, const float (&x)[kPack]) {
+  if constexpr (subtract_max) {
+    take_pack(acc, x);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) acc.s += expf(x[k]);
+  }
+}
+
+// One logit's gradient, as the CPU reference computes it.
+template <class A>
+__device__ __forceinline__ A logit_gradient(float z, float lse, float dloss, bool is_target) {
+  return store<A>(expf(z - lse) * dloss - (is_target ? dloss : 0.0f));
+}
+
 // 1024 threads, two blocks per SM: fewer rows in flight than with smaller blocks, so a row's
 // second read finds more of it still in L2, with the gradient pass walking the row backwards from
 // where the first pass ended and its reads and writes marked streaming (pack.cuh). GPT-2 small's
@@ -93,12 +110,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     float x[kPack];
 #pragma unroll
     for (int k = 0; k < kPack; ++k) x[k] = load(v.v[k]);
-    if constexpr (subtract_max) {
-      take_pack(acc, x);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) acc.s += expf(x[k]);
-    }
+    take_values<subtract_max>(acc, x);
   }
   for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) {
     if constexpr (subtract_max)
@@ -111,9 +123,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   if (threadIdx.x == 0) losses[row] = lse - load(z[target]);
   if (!dlogits) return;
   A* d = dlogits + row * V;
-  auto grad = [&](float x, int v) {  // as the CPU reference
-    return store<A>(expf(x - lse) * dloss - (v == target ? dloss : 0.0f));
-  };
+  auto grad = [&](float x, int v) { return logit_gradient<A>(x, lse, dloss, v == target); };
   for (int q = threadIdx.x; q < packs; q += blockDim.x) {
     const int p = packs - 1 - q;  // backwards: each value's gradient is its own, in any order
     const Pack<A> v = load_pack_last(z, p);
@@ -149,14 +159,7 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
     for (int k = 0; k < kPack; ++k) x[k] = load(v.v[k]);
     MaxSum acc{subtract_max ? -INFINITY : 0.0f, 0.0f};
-    if (mine) {
-      if constexpr (subtract_max) {
-        take_pack(acc, x);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kPack; ++k) acc.s += expf(x[k]);
-      }
-    }
+    if (mine) take_values<subtract_max>(acc, x);
     __syncthreads();  // the previous row's reduction may still be reading the shared values
     const float lse = block_log_sum_exp<subtract_max>(acc, shared_m, shared_s);
     const int target = targets[row];
@@ -164,10 +167,8 @@ __global__ void __launch_bounds__(kRowThreads)
     if (!dlogits || !mine) continue;
     Pack<A> o;
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      const int at = int(threadIdx.x) * kPack + k;
-      o.v[k] = store<A>(expf(x[k] - lse) * dloss - (at == target ? dloss : 0.0f));
-    }
+    for (int k = 0; k < kPack; ++k)
+      o.v[k] = logit_gradient<A>(x[k], lse, dloss, int(threadIdx.x) * kPack + k == target);
     store_pack_streaming(dlogits + row * V, threadIdx.x, o);
   }
 }

@@ -242,7 +242,7 @@ bool capturing(cudaStream_t stream) {
 // timing's noise must not swap algorithms for nothing). A GEMM that only writes C runs into C
 // itself (the final call overwrites it with the same bits); one that adds to C runs into a copy.
 constexpr int kRounds = 2, kReps = 5;
-constexpr float kMargin = 0.02f;
+constexpr double kMargin = 0.02;
 
 void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const void* A,
           const void* B, float beta, void* C) {
@@ -260,28 +260,20 @@ void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const 
     target = copy->get();
     DIVLAB_CUDA_CHECK(cudaMemcpyAsync(target, C, bytes, cudaMemcpyDeviceToDevice, stream));
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&start));
-  DIVLAB_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> best(p.agreeing.size(), 0.0f);
+  std::vector<double> best(p.agreeing.size(), 0.0);
   for (int round = 0; round < kRounds; ++round)
     for (size_t j = 0; j < p.agreeing.size(); ++j) {
       const cublasLtMatmulAlgo_t& algo = p.candidates[size_t(p.agreeing[j])];
       p.real->run(ctx, algo, alpha, A, B, beta, target);  // warm-up
-      DIVLAB_CUDA_CHECK(cudaEventRecord(start, stream));
-      for (int r = 0; r < kReps; ++r) p.real->run(ctx, algo, alpha, A, B, beta, target);
-      DIVLAB_CUDA_CHECK(cudaEventRecord(stop, stream));
-      DIVLAB_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      DIVLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (round == 0 || ms < best[j]) best[j] = ms;
+      const double seconds = device_seconds(stream, [&] {
+        for (int r = 0; r < kReps; ++r) p.real->run(ctx, algo, alpha, A, B, beta, target);
+      });
+      if (round == 0 || seconds < best[j]) best[j] = seconds;
     }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   size_t fastest = 0;
   for (size_t j = 1; j < best.size(); ++j)
     if (best[j] < best[fastest]) fastest = j;
-  if (best[fastest] < (1.0f - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
+  if (best[fastest] < (1.0 - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
 }
 
 // The plan of `s`, tuned first where it is due (a GEMM large enough, not while capturing, not

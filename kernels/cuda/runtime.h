@@ -66,6 +66,19 @@ void check_fits(size_t bytes, const std::string& what);
 
 const MemoryOps& device_memory();
 
+// The device's seconds for the work `queue` puts on `stream` (its timing marks around it; waits
+// for the work to finish).
+template <class Queue>
+double device_seconds(cudaStream_t stream, Queue&& queue) {
+  const MemoryOps& mem = device_memory();
+  void* first = mem.time_mark(stream);
+  queue();
+  void* later = mem.time_mark(stream);
+  const double seconds = mem.seconds_between(first, later);
+  mem.release_mark(first), mem.release_mark(later);
+  return seconds;
+}
+
 cublasHandle_t cublas();
 // The handle, bound to the op's stream and to a cuBLAS workspace in the op's own workspace
 // (Scratch::Cublas): two callers on two streams (the run and a shadow tap) never share one.
