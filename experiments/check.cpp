@@ -35,8 +35,9 @@ constexpr double kBiasTolerance = 1e-3;  // |sum(|v| - |r|)| / sum|r|: systemati
 constexpr size_t kBiasMinValues = 4096;  // fewer values: rounding noise alone reaches 1e-3
 constexpr double kRowUpdated = 1e-6;     // a row counts as updated above this x the output's max
 constexpr int kShrinkTries = 100;        // candidate shapes tried when shrinking one failure
-constexpr size_t kDetailedFailures = 4;  // failing conditions whose worst element is printed
-constexpr size_t kTraceCalls = 3;        // recorded calls judged under "values from trace"
+constexpr uint64_t kScalarStream = 0x5ca1a75;  // a draw's scalars' generator: its seed ^ this
+constexpr size_t kDetailedFailures = 4;        // failing conditions whose worst element is printed
+constexpr size_t kTraceCalls = 3;              // recorded calls judged under "values from trace"
 // The concurrent-load condition: copies of one call on several streams, between GEMMs of a size
 // that keeps every SM of an H100 busy for tens of microseconds each on another stream.
 constexpr int kLoadStreams = 4, kConcurrentCopies = 8, kLoadGemmsPerCopy = 2;
@@ -77,6 +78,7 @@ struct Condition {
   bool shrink = false;         // a failing draw is shrunk to the smallest failing shape
   bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
   bool concurrent = false;     // on a device: copies at once on several streams, under load
+  bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
 };
 
@@ -309,9 +311,12 @@ void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
 void judge(ConditionResult& r) {
   if (r.failed) return;  // threw
   if (!r.stray_writes.empty())
-    r.failed = true, r.why = "writes outside its output (" + r.stray_writes[0] + ")";
+    r.failed = true, r.why = "writes outside its outputs (" + r.stray_writes[0] + ")";
   else if (!r.finite)
-    r.failed = true, r.why = "non-finite output where the reference is finite";
+    r.failed = true,
+    r.why =
+        "non-finite output where the reference is finite (an overflow, or an output "
+        "read before it is written: outputs start as NaN)";
   else if (r.rows_not_updated > 0)
     r.failed = true, r.why = "row never updated: " + std::to_string(r.rows_not_updated) +
                              " row(s) the reference adds to, e.g. " + r.row_example;
@@ -454,6 +459,9 @@ struct Checker {
         return r;
       }
       x = op_inputs(op, s, tokens, cond.values, gen);
+      // The scalars from a generator of their own, so a shrunk draw keeps the failing draw's.
+      std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);
+      if (!cond.fixed_scalars) x.scalars = random_scalars(scalar_gen);
     }
     r.shape = s.text();
     if (round_inputs)
@@ -469,6 +477,7 @@ struct Checker {
       std::vector<OpInputs> inputs{x};
       while (inputs.size() < size_t(kConcurrentCopies)) {
         inputs.push_back(op_inputs(op, s, tokens, cond.values, gen));
+        inputs.back().scalars = x.scalars;
         if (round_inputs)
           for (auto& v : inputs.back().values) round_to_bf16(v);
       }
@@ -539,6 +548,9 @@ struct Checker {
       r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
     }
     r.stray_writes = got.stray_writes;
+    if (const std::string scalars = scalars_text(op, x.scalars);
+        !r.worst.empty() && !scalars.empty())
+      r.worst += " (" + scalars + ")";
     if (cond.repeat) {
       OpRun again;
       try {
@@ -618,7 +630,7 @@ struct Checker {
   // the shapes it was written for, |v - r| <= 1e-2 + 1e-2 |r| on 99 % of the elements.
   bool benchmark_verifier() const {
     Condition cond;
-    cond.name = "benchmark verifier";
+    cond.name = "benchmark verifier", cond.fixed_scalars = true;
     for (const OpShape& s : {kAligned, kLarge}) {
       const ConditionResult r = draw(cond, 0, 0, 0, &s);
       if (r.ran && (!r.finite || r.verifier_pass < 0.99)) return false;

@@ -186,6 +186,7 @@ std::vector<Recorded> record_step(const RunConfig& cfg, const Dataset& data,
 CapturedCall to_check_inputs(const std::string& op, Recorded c) {
   CapturedCall out;
   out.shape = shape_of_call(op, c.values);
+  out.inputs.scalars = scalars_of_call(op, c.values);
   out.inputs.values = std::move(c.inputs);
   out.inputs.ids = std::move(c.ids);
   out.inputs.outputs = std::move(c.outputs);

@@ -1,6 +1,8 @@
-// Running one op call on any backend from host inputs, with guard regions around every output:
+// Running one op call on any backend from host inputs, with guard regions around every array:
 // what `divlab check` and the GPU tests use to compare a kernel against the fp64 reference
-// (ggml's test-backend-ops idea: same inputs everywhere, one error measure, stray writes caught).
+// (ggml's test-backend-ops idea: same inputs everywhere, one error measure, stray writes caught:
+// past an output's ends, and anywhere in an array the op only reads, which training still needs
+// after the call: a forward's input is its backward's).
 #pragma once
 
 #include <stdexcept>
@@ -13,23 +15,38 @@
 
 namespace divlab {
 
+// The scalar arguments of an op call (those of ops that take any). The defaults are a step in
+// the middle of training: momentum on with Nesterov, weight decay, a clipping scale below 1,
+// AdamW's bias correction at step 7, llama 3's RoPE base, Gemma 2's cap on final logits.
+struct OpScalars {
+  double eps = 1e-5;       // rmsnorm_forward, add_rmsnorm_forward
+  double dloss_scale = 1;  // cross_entropy: dloss = dloss_scale / N
+  double lr = 0.1, momentum = 0.9, weight_decay = 0.01, grad_scale = 0.5;  // sgd_step
+  bool nesterov = true;                                                    // sgd_step
+  double adam_lr = 1e-3, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, adam_weight_decay = 0.1;
+  int64_t step = 7;           // adamw_step (its grad_scale is grad_scale)
+  double rope_base = 500000;  // rope_forward, rope_backward
+  double softcap = 30;        // softcap_forward, softcap_backward
+};
+
 struct OpInputs {
   std::vector<std::vector<double>> values;   // the op's float tensors, in signature order
   std::vector<TokenId> ids;                  // token ids or targets
   std::vector<std::vector<double>> outputs;  // initial contents of every output
+  OpScalars scalars{};
 };
 
 struct OpRun {
   std::vector<std::vector<double>> outputs;
-  std::vector<std::string> stray_writes;  // "output 1: write past its end", ...
+  std::vector<std::string> stray_writes;  // "output 1: write past its end", "input 0: ...", ...
 };
 
-constexpr int64_t kGuardValues = 1024;  // values before and after every output
+constexpr int64_t kGuardValues = 1024;  // values before and after every array
 constexpr float kGuardSentinel = -12345.678f;
 
 // One of an op call's tensors, given as doubles and bound to the backend's memory in whatever
 // storage type the kernel's parameter asks for (T or the activation type A: the conversion
-// operator sees the parameter's type), with guard regions around it for outputs.
+// operator sees the parameter's type), with guard regions around it.
 class BoundArray {
  public:
   BoundArray(const MemoryOps& mem, const std::vector<double>& values, int64_t guard)
@@ -62,6 +79,26 @@ class BoundArray {
     }
     return r;
   }
+  // For an array the call only reads: where it changed, if it did ("" if not). One download.
+  std::string change() const {
+    return bound() ? first_change(bytes_.to_vector(), initial_, int64_t(values_->size()), guard_)
+                   : "";
+  }
+  // Where `now` (an array of n values between two guards of `guard`, as bytes) first differs
+  // from `before`, in words ("" if nowhere).
+  static std::string first_change(const std::vector<unsigned char>& now,
+                                  const std::vector<unsigned char>& before, int64_t n,
+                                  int64_t guard) {
+    const size_t width = now.size() / size_t(n + 2 * guard);
+    for (size_t b = 0; b < now.size(); ++b)
+      if (now[b] != before[b]) {
+        const int64_t i = int64_t(b / width) - guard;
+        return i < 0    ? "write before its start"
+               : i >= n ? "write past its end"
+                        : "written at value " + std::to_string(i);
+      }
+    return "";
+  }
 
  private:
   template <class V>
@@ -91,28 +128,59 @@ class BoundArray {
   double sentinel_ = 0;
 };
 
-// The outputs as doubles and any guard value that changed (one download each).
-inline OpRun read_outputs(const std::vector<BoundArray>& out) {
-  OpRun r;
-  for (size_t o = 0; o < out.size(); ++o) {
-    BoundArray::Result got = out[o].read();
-    if (got.before_changed)
-      r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
-    if (got.after_changed)
-      r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
-    r.outputs.push_back(std::move(got.values));
+// Token ids in a backend's memory between two guards of -1s, and what they were.
+class BoundIds {
+ public:
+  BoundIds(const MemoryOps& mem, const std::vector<TokenId>& ids)
+      : initial_(ids.size() + 2 * size_t(kGuardValues), -1) {
+    std::copy(ids.begin(), ids.end(), initial_.begin() + kGuardValues);
+    ids_ = Buffer<TokenId>(mem, int64_t(initial_.size()));
+    ids_.upload(initial_.data(), ids_.size());
   }
-  return r;
-}
+  const TokenId* data() const { return ids_.data() + kGuardValues; }
+  std::string change() const {
+    const std::vector<TokenId> now = ids_.to_vector();
+    const auto bytes = [](const std::vector<TokenId>& v) {
+      const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+      return std::vector<unsigned char>(p, p + v.size() * sizeof(TokenId));
+    };
+    return BoundArray::first_change(bytes(now), bytes(initial_),
+                                    int64_t(initial_.size()) - 2 * kGuardValues, kGuardValues);
+  }
 
-// One op call's arrays in a backend's memory: the inputs, the outputs with guards, the ids.
+ private:
+  std::vector<TokenId> initial_;
+  Buffer<TokenId> ids_;
+};
+
+// One op call's arrays in a backend's memory, each with guards: the inputs, the outputs, the ids.
 struct BoundCall {
   std::vector<BoundArray> in, out;
-  Buffer<TokenId> ids;
-  BoundCall(const MemoryOps& mem, const OpInputs& x) : ids(mem, int64_t(x.ids.size())) {
-    for (const auto& v : x.values) in.emplace_back(mem, v, 0);
+  BoundIds ids;
+  BoundCall(const MemoryOps& mem, const OpInputs& x) : ids(mem, x.ids) {
+    for (const auto& v : x.values) in.emplace_back(mem, v, kGuardValues);
     for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
-    ids.upload(x.ids.data(), int64_t(x.ids.size()));
+  }
+  const TokenId* id_data() const { return ids.data(); }
+  // The outputs as doubles, and every write outside them: past an output's ends, or into an
+  // input or the ids (one download each).
+  OpRun read() const {
+    OpRun r;
+    for (size_t o = 0; o < out.size(); ++o) {
+      BoundArray::Result got = out[o].read();
+      if (got.before_changed)
+        r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
+      if (got.after_changed)
+        r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
+      r.outputs.push_back(std::move(got.values));
+    }
+    for (size_t i = 0; i < in.size(); ++i)
+      if (const std::string where = in[i].change(); !where.empty())
+        r.stray_writes.push_back("input " + std::to_string(i) + ": " + where +
+                                 "; an op's inputs are read-only");
+    if (const std::string where = ids.change(); !where.empty())
+      r.stray_writes.push_back("token ids: " + where + "; an op's inputs are read-only");
+    return r;
   }
 };
 
@@ -122,8 +190,8 @@ struct BoundCall {
 template <class KS, class F>
 OpRun run_op(const KS& k, const OpInputs& x, F&& call) {
   BoundCall b(*k.memory, x);
-  call(k, b.in, b.ids.data(), b.out);
-  return read_outputs(b.out);
+  call(k, b.in, b.id_data(), b.out);
+  return b.read();
 }
 
 }  // namespace divlab

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <tuple>
 #include <type_traits>
 
@@ -11,10 +12,8 @@ namespace divlab {
 
 namespace {
 
-constexpr double kEps = 1e-5;
+constexpr double kEps = 1e-5;  // the rstd inputs' (the scalars' default eps)
 constexpr double kOutlierScale = 30;
-constexpr double kRopeBase = 500000;
-constexpr double kSoftcap = 30;
 
 bool is_prime(int n) {
   if (n < 2) return false;
@@ -168,16 +167,24 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
   const size_t NC = size_t(N * C);
   auto act = [&](size_t n, int64_t row) { return activation(n, row, values, gen); };
   auto zeros = [](size_t n) { return std::vector<double>(n, 0.0); };
+  // An output the op overwrites starts as NaN, as training's buffers hold the last step's values:
+  // a kernel that reads it (adds into it, assumes it zeroed) gives NaN where the reference
+  // does not.
+  auto fp32 = [](std::vector<double> v) {
+    for (double& e : v) e = double(float(e));
+    return v;
+  };
+  auto stale = [](size_t n) { return std::vector<double>(n, std::nan("")); };
   OpInputs x;
   x.ids = ids;
   switch (op_named(op)) {
     case Op::embedding_forward:
       x.values = {normal(size_t(V * C), gen), normal(size_t(T * C), gen)};
-      x.outputs = {zeros(NC)};
+      x.outputs = {stale(NC)};
       break;
     case Op::rmsnorm_forward:
       x.values = {act(NC, C), normal(size_t(C), gen, 1.0)};
-      x.outputs = {zeros(NC), zeros(size_t(N))};
+      x.outputs = {stale(NC), stale(size_t(N))};
       break;
     case Op::rmsnorm_backward: {
       auto xs = act(NC, C);
@@ -188,36 +195,36 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
     }
     case Op::linear_forward:
       x.values = {act(NC, C), normal(size_t(V * C), gen)};
-      x.outputs = {zeros(size_t(N * V))};
+      x.outputs = {stale(size_t(N * V))};
       break;
     case Op::linear_backward:
       x.values = {act(size_t(N * V), V), act(NC, C), normal(size_t(V * C), gen)};
-      x.outputs = {zeros(NC), zeros(size_t(V * C))};
+      x.outputs = {stale(NC), zeros(size_t(V * C))};
       break;
     case Op::attention_forward:
       x.values = {act(3 * NC, 3 * C)};
-      x.outputs = {zeros(NC), zeros(size_t(B * NH * T * T))};
+      x.outputs = {stale(NC), zeros(size_t(B * NH * T * T))};
       break;
     case Op::attention_backward: {
       std::vector<double> qkv = act(3 * NC, 3 * C);
       std::vector<double> saved = reference_attention_state(qkv, s);
       x.values = {act(NC, C), std::move(qkv), std::move(saved)};
-      x.outputs = {zeros(3 * NC)};
+      x.outputs = {stale(3 * NC)};
       break;
     }
     case Op::gelu_forward:
     case Op::cast:
       x.values = {act(NC, C)};
-      x.outputs = {zeros(NC)};
+      x.outputs = {stale(NC)};
       break;
     case Op::gelu_backward:
     case Op::add:  // two [N, C] inputs, one [N, C] output
       x.values = {act(NC, C), act(NC, C)};
-      x.outputs = {zeros(NC)};
+      x.outputs = {stale(NC)};
       break;
     case Op::cross_entropy:
       x.values = {act(size_t(N * V), V)};
-      x.outputs = {zeros(size_t(N)), zeros(size_t(N * V))};
+      x.outputs = {stale(size_t(N)), stale(size_t(N * V))};
       break;
     case Op::embed_rmsnorm_backward: {
       // Gradients with a per-channel mean shared by every row, as a step's gradients of one
@@ -242,55 +249,57 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
     // takes the value condition; parameters and optimizer state are what training leaves there.
     case Op::sum_squares:
       x.values = {act(NC, C)};
-      x.outputs = {zeros(1)};
+      x.outputs = {stale(1)};
       break;
+    // Parameters and optimizer state are fp32 in training: values an fp32 kernel holds exactly,
+    // so one that leaves a state as it was (SGD without momentum) changes it by nothing.
     case Op::sgd_step:
       x.values = {act(NC, C)};
-      x.outputs = {normal(NC, gen), normal(NC, gen)};  // parameters, momentum
+      x.outputs = {fp32(normal(NC, gen)), fp32(normal(NC, gen))};  // parameters, momentum
       break;
     case Op::adamw_step: {
       std::vector<double> second = normal(NC, gen);
       for (auto& v : second) v = v * v * 1e-2;  // a second moment: positive, below 1
       x.values = {act(NC, C)};
-      x.outputs = {normal(NC, gen), normal(NC, gen), std::move(second)};
+      x.outputs = {fp32(normal(NC, gen)), fp32(normal(NC, gen)), fp32(std::move(second))};
       break;
     }
     case Op::grad_reduce:  // B ranks' gradients of T C values each, stacked
       x.values = {act(NC, T * C)};
-      x.outputs = {zeros(size_t(T * C))};
+      x.outputs = {stale(size_t(T * C))};
       break;
     case Op::rope_forward:
     case Op::rope_backward:  // the packed q | k | v rows of NH + 2 NKV heads
       x.values = {act(size_t(N * (NH + 2 * s.NKV()) * (C / NH)), (NH + 2 * s.NKV()) * (C / NH))};
-      x.outputs = {zeros(x.values[0].size())};
+      x.outputs = {stale(x.values[0].size())};
       break;
     case Op::gqa_forward:
       x.values = {act(size_t(N * (NH + 2 * s.NKV()) * (C / NH)), (NH + 2 * s.NKV()) * (C / NH))};
-      x.outputs = {zeros(3 * NC)};
+      x.outputs = {stale(3 * NC)};
       break;
     case Op::gqa_backward:
       x.values = {act(3 * NC, 3 * C)};
-      x.outputs = {zeros(size_t(N * (NH + 2 * s.NKV()) * (C / NH)))};
+      x.outputs = {stale(size_t(N * (NH + 2 * s.NKV()) * (C / NH)))};
       break;
     case Op::swiglu_forward:  // F = C: rows of gate | up, 2C wide
       x.values = {act(2 * NC, 2 * C)};
-      x.outputs = {zeros(NC)};
+      x.outputs = {stale(NC)};
       break;
     case Op::swiglu_backward:
       x.values = {act(NC, C), act(2 * NC, 2 * C)};
-      x.outputs = {zeros(2 * NC)};
+      x.outputs = {stale(2 * NC)};
       break;
     case Op::softcap_forward:  // logits: [N, V]
       x.values = {act(size_t(N * V), V)};
-      x.outputs = {zeros(size_t(N * V))};
+      x.outputs = {stale(size_t(N * V))};
       break;
     case Op::softcap_backward:
       x.values = {act(size_t(N * V), V), act(size_t(N * V), V)};
-      x.outputs = {zeros(size_t(N * V))};
+      x.outputs = {stale(size_t(N * V))};
       break;
     case Op::add_rmsnorm_forward:  // the stream, a block's output, the gain
       x.values = {act(NC, C), act(NC, C), normal(size_t(C), gen, 1.0)};
-      x.outputs = {zeros(NC), zeros(NC), zeros(size_t(N))};
+      x.outputs = {stale(NC), stale(NC), stale(size_t(N))};
       break;
     case Op::count:
       throw std::logic_error("op_inputs: Op::count is not an op");
@@ -368,6 +377,98 @@ OpShape shape_of_call(const std::string& op, const std::vector<double>& values) 
   return s;
 }
 
+OpScalars random_scalars(std::mt19937_64& gen) {
+  auto pick = [&](std::initializer_list<double> v) {
+    return *(v.begin() + std::uniform_int_distribution<size_t>(0, v.size() - 1)(gen));
+  };
+  OpScalars c;
+  c.eps = pick({1e-5, 1e-6});
+  c.dloss_scale = pick({1, 0.5, 0.125});  // gradient accumulation divides the loss's gradient
+  c.lr = pick({0.1, 0.03});
+  c.momentum = pick({0.9, 0.0});
+  c.nesterov = pick({1, 0}) != 0;
+  // Never without decay: at x1e-10 values the gradient's part of an update is below an fp32
+  // parameter's ulp, and only the decay leaves a change an fp32 kernel can hold.
+  c.weight_decay = pick({0.01, 0.1});
+  c.grad_scale = pick({0.5, 1.0});
+  c.beta1 = pick({0.9, 0.8});
+  c.beta2 = pick({0.95, 0.999});
+  c.adam_weight_decay = pick({0.1, 0.0});
+  c.step = int64_t(pick({7, 1, 1000}));
+  c.rope_base = pick({500000, 10000});
+  c.softcap = pick({30, 15, 50});
+  return c;
+}
+
+std::string scalars_text(const std::string& op, const OpScalars& c) {
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  switch (op_named(op)) {
+    case Op::rmsnorm_forward:
+    case Op::add_rmsnorm_forward:
+      return "eps " + num(c.eps);
+    case Op::cross_entropy:
+      return "dloss " + num(c.dloss_scale) + "/N";
+    case Op::sgd_step:
+      return "lr " + num(c.lr) + ", momentum " + num(c.momentum) +
+             (c.nesterov ? " (Nesterov)" : "") + ", weight decay " + num(c.weight_decay) +
+             ", gradient scale " + num(c.grad_scale);
+    case Op::adamw_step:
+      return "lr " + num(c.adam_lr) + ", betas " + num(c.beta1) + " " + num(c.beta2) + ", eps " +
+             num(c.adam_eps) + ", weight decay " + num(c.adam_weight_decay) + ", gradient scale " +
+             num(c.grad_scale) + ", step " + std::to_string(c.step);
+    case Op::rope_forward:
+    case Op::rope_backward:
+      return "base " + num(c.rope_base);
+    case Op::softcap_forward:
+    case Op::softcap_backward:
+      return "cap " + num(c.softcap);
+    default:
+      return "";
+  }
+}
+
+OpScalars scalars_of_call(const std::string& op, const std::vector<double>& values) {
+  auto at = [&](size_t i) {
+    if (i >= values.size()) throw std::logic_error("scalars_of_call: too few values for " + op);
+    return values[i];
+  };
+  OpScalars c;
+  switch (op_named(op)) {
+    case Op::rmsnorm_forward:  // N, C, eps
+      c.eps = at(2);
+      break;
+    case Op::add_rmsnorm_forward:  // B, T, C, eps
+      c.eps = at(3);
+      break;
+    case Op::cross_entropy:  // N, V, dloss
+      c.dloss_scale = at(2) * at(0);
+      break;
+    case Op::sgd_step:  // n, lr, momentum, nesterov, weight_decay, grad_scale
+      c.lr = at(1), c.momentum = at(2), c.nesterov = at(3) != 0, c.weight_decay = at(4),
+      c.grad_scale = at(5);
+      break;
+    case Op::adamw_step:  // n, lr, beta1, beta2, eps, weight_decay, grad_scale, step
+      c.adam_lr = at(1), c.beta1 = at(2), c.beta2 = at(3), c.adam_eps = at(4),
+      c.adam_weight_decay = at(5), c.grad_scale = at(6), c.step = int64_t(at(7));
+      break;
+    case Op::rope_forward:  // B, T, NH, NKV, HD, base
+    case Op::rope_backward:
+      c.rope_base = at(5);
+      break;
+    case Op::softcap_forward:  // n, cap
+    case Op::softcap_backward:
+      c.softcap = at(1);
+      break;
+    default:
+      break;
+  }
+  return c;
+}
+
 namespace {
 // Calls `op` of `kk` in `ctx` with the bound arrays (the op's spec says what each argument is;
 // the same argument list then makes the call); `written`, when given, receives the spec of every
@@ -375,7 +476,7 @@ namespace {
 template <class KS>
 void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundArray>& in,
                const TokenId* ids, std::vector<BoundArray>& out, const OpShape& s,
-               std::vector<ArgSpec>* written) {
+               const OpScalars& c, std::vector<ArgSpec>* written) {
   using U = typename KS::Value;
   const int B = s.B, T = s.T, C = s.C, V = s.V, NH = s.NH, N = B * T;
   const int64_t NC = int64_t(N) * C;
@@ -394,7 +495,7 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
       break;
     case Op::rmsnorm_forward:
       call(OpTag<Op::rmsnorm_forward>{}, kk.rmsnorm_forward, out[0], out[1], in[0], in[1], N, C,
-           U(kEps));
+           U(c.eps));
       break;
     case Op::rmsnorm_backward:
       call(OpTag<Op::rmsnorm_backward>{}, kk.rmsnorm_backward, out[0], out[1], in[0], in[1], in[2],
@@ -426,7 +527,7 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
       break;
     case Op::cross_entropy:
       call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], out[1], in[0], ids, N, V,
-           U(1.0 / N));
+           U(c.dloss_scale / N));
       break;
     case Op::embed_rmsnorm_backward:
       call(OpTag<Op::embed_rmsnorm_backward>{}, kk.embed_rmsnorm_backward, out[0], out[1], out[2],
@@ -438,27 +539,24 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
     case Op::sum_squares:
       call(OpTag<Op::sum_squares>{}, kk.sum_squares, out[0], in[0], NC);
       break;
-    // A step in the middle of training: momentum on with Nesterov, weight decay, a clipping
-    // scale below 1, AdamW's bias correction at step 7.
     case Op::sgd_step:
-      call(OpTag<Op::sgd_step>{}, kk.sgd_step, out[0], out[1], in[0], NC, U(0.1), U(0.9), true,
-           U(0.01), U(0.5));
+      call(OpTag<Op::sgd_step>{}, kk.sgd_step, out[0], out[1], in[0], NC, U(c.lr), U(c.momentum),
+           c.nesterov, U(c.weight_decay), U(c.grad_scale));
       break;
     case Op::adamw_step:
-      call(OpTag<Op::adamw_step>{}, kk.adamw_step, out[0], out[1], out[2], in[0], NC, U(1e-3),
-           U(0.9), U(0.95), U(1e-8), U(0.1), U(0.5), int64_t(7));
+      call(OpTag<Op::adamw_step>{}, kk.adamw_step, out[0], out[1], out[2], in[0], NC, U(c.adam_lr),
+           U(c.beta1), U(c.beta2), U(c.adam_eps), U(c.adam_weight_decay), U(c.grad_scale), c.step);
       break;
     case Op::grad_reduce:
       call(OpTag<Op::grad_reduce>{}, kk.grad_reduce, out[0], in[0], B, int64_t(T) * C);
       break;
-    // RoPE at llama 3's base (500000), so a kernel fixed to another base shows.
     case Op::rope_forward:
       call(OpTag<Op::rope_forward>{}, kk.rope_forward, out[0], in[0], B, T, NH, s.NKV(), C / NH,
-           U(kRopeBase));
+           U(c.rope_base));
       break;
     case Op::rope_backward:
       call(OpTag<Op::rope_backward>{}, kk.rope_backward, out[0], in[0], B, T, NH, s.NKV(), C / NH,
-           U(kRopeBase));
+           U(c.rope_base));
       break;
     case Op::gqa_forward:
       call(OpTag<Op::gqa_forward>{}, kk.gqa_forward, out[0], in[0], N, NH, s.NKV(), C / NH);
@@ -472,18 +570,17 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
     case Op::swiglu_backward:
       call(OpTag<Op::swiglu_backward>{}, kk.swiglu_backward, out[0], in[0], in[1], N, C);
       break;
-    // Gemma 2's cap on final logits.
     case Op::softcap_forward:
       call(OpTag<Op::softcap_forward>{}, kk.softcap_forward, out[0], in[0], int64_t(N) * V,
-           U(kSoftcap));
+           U(c.softcap));
       break;
     case Op::softcap_backward:
       call(OpTag<Op::softcap_backward>{}, kk.softcap_backward, out[0], in[0], in[1], int64_t(N) * V,
-           U(kSoftcap));
+           U(c.softcap));
       break;
     case Op::add_rmsnorm_forward:
       call(OpTag<Op::add_rmsnorm_forward>{}, kk.add_rmsnorm_forward, out[0], out[1], out[2], in[0],
-           in[1], in[2], B, T, C, U(kEps));
+           in[1], in[2], B, T, C, U(c.eps));
       break;
     case Op::count:
       throw std::logic_error("call_op: Op::count is not an op");
@@ -518,7 +615,7 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
   OpContextSource contexts(*k.memory);
   const OpContext ctx = contexts.next();
   return run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
-    invoke_op(op_named(op), kk, ctx, in, ids, out, s, written);
+    invoke_op(op_named(op), kk, ctx, in, ids, out, s, x.scalars, written);
   });
 }
 
@@ -530,15 +627,15 @@ PreparedCall<KS>::PreparedCall(const std::string& op, const KS& k, OpInputs x, c
       s_(s),
       arrays_(*k.memory, x_),
       contexts_(*k.memory) {
-  invoke_op(op_, no_op_kernels(k_), contexts_.next(), arrays_.in, arrays_.ids.data(), arrays_.out,
-            s_, nullptr);
+  invoke_op(op_, no_op_kernels(k_), contexts_.next(), arrays_.in, arrays_.id_data(), arrays_.out,
+            s_, x_.scalars, nullptr);
 }
 
 template <class KS>
 void PreparedCall<KS>::launch(void* stream) {
   OpContext ctx = contexts_.next();
   ctx.stream = stream_ = stream;
-  invoke_op(op_, k_, ctx, arrays_.in, arrays_.ids.data(), arrays_.out, s_, nullptr);
+  invoke_op(op_, k_, ctx, arrays_.in, arrays_.id_data(), arrays_.out, s_, x_.scalars, nullptr);
 }
 
 template <class KS>
@@ -549,7 +646,7 @@ void PreparedCall<KS>::reset() {
 template <class KS>
 OpRun PreparedCall<KS>::read() {
   k_.memory->synchronize(stream_);
-  return read_outputs(arrays_.out);
+  return arrays_.read();
 }
 
 template OpRun call_op(const std::string&, const KernelSet<double>&, const OpInputs&,

@@ -44,17 +44,25 @@ enum class Values {
 // Uniform token ids for `s`.
 std::vector<TokenId> uniform_tokens(const OpShape& s, std::mt19937_64& gen);
 
-// An op's inputs under a value condition; outputs start zeroed (the caller may pre-fill the
-// accumulated ones). Activation inputs take the value condition; weights keep their scale;
-// rstd and attention probabilities are derived from the inputs in fp64, so backward ops see a
-// consistent forward.
+// An op's inputs under a value condition, with the default scalars; the outputs it overwrites
+// start as NaN (a kernel that reads one gives NaN), the ones it adds into zeroed (the caller may
+// pre-fill them). Activation inputs take the value condition; weights keep their scale; rstd and
+// attention probabilities are derived from the inputs in fp64, so backward ops see a consistent
+// forward.
 OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
                    Values values, std::mt19937_64& gen);
 
-// The shape at which call_op repeats a recorded call of `op` whose size and scalar arguments
-// were `values` (in argument order). call_op supplies its own scalars (eps, learning rate,
-// soft-cap, RoPE base); the sizes are the call's.
+// Scalar arguments drawn at random from the values training uses (eps 1e-5 or 1e-6, a soft-cap
+// of 15, 30 or 50, RoPE bases of 1e4 and 5e5, SGD with and without momentum or Nesterov, ...), so
+// a kernel that hard-codes the one value it was tested with fails.
+OpScalars random_scalars(std::mt19937_64& gen);
+// The scalars `op` takes, as a report names them ("cap 15, eps 1e-06"; "" for an op with none).
+std::string scalars_text(const std::string& op, const OpScalars& c);
+
+// The shape and scalars at which call_op repeats a recorded call of `op` whose size and scalar
+// arguments were `values` (in argument order).
 OpShape shape_of_call(const std::string& op, const std::vector<double>& values);
+OpScalars scalars_of_call(const std::string& op, const std::vector<double>& values);
 
 // The probabilities the fp64 reference attention forward saves for `qkv` at `s`: the saved
 // input attention_backward is checked with (each backend's backward reads its own forward's).

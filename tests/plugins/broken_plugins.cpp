@@ -2,10 +2,12 @@
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
-// crash verdicts), and in ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is
-// wrong with it), 9 (an ABI 2 table claiming version 3), 10 (a flag bit no ABI defines).
-// Another library, no_register.cpp,
-// exports no registration function.
+// crash verdicts, or read their output or write their input, as training never allows; a
+// soft-cap with its cap written in), and in ABI
+// 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
+// claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
+// registration function.
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 
@@ -35,6 +37,21 @@ void segfaults_on_large(float* y, const float* a, const float* b, int64_t n) {
 void hangs_on_one_size(float* y, const float* a, const float* b, int64_t n) {
   for (volatile int64_t i = 0; i < n; i += n == 524288 ? 0 : 1) y[i] = a[i] + b[i];
 }
+// Adds into its output, as if the caller had zeroed it (training's buffers hold the last step's
+// values).
+void reads_its_output(float* y, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a[i] + b[i];
+}
+// Right values, computed in its first input's array, which the caller still needs.
+void writes_its_input(float* y, const float* a, const float* b, int64_t n) {
+  auto* scratch = const_cast<float*>(a);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  for (int64_t i = 0; i < n; ++i) scratch[i] += b[i], y[i] = scratch[i];
+}
+// Gemma 2's cap on final logits, written in: right wherever a caller passes 30.
+void softcap_at_30(float* y, const float* x, int64_t n, float cap) {
+  (void)cap;
+  for (int64_t i = 0; i < n; ++i) y[i] = 30.0f * std::tanh(x[i] / 30.0f);
+}
 // A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
 void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
                     int T, int C) {
@@ -46,9 +63,15 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
      "", "", ""},
+    {"add", "reads_its_output", "cpu", reinterpret_cast<void (*)(void)>(&reads_its_output), "", "",
+     "", ""},
+    {"add", "writes_its_input", "cpu", reinterpret_cast<void (*)(void)>(&writes_its_input), "", "",
+     "", ""},
+    {"softcap_forward", "softcap_at_30", "cpu", reinterpret_cast<void (*)(void)>(&softcap_at_30),
+     "", "", "", ""},
     {"embedding_forward", "abi1_embedding", "cpu",
      reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 3, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 6, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -27,7 +27,8 @@ CAUGHT_BY = {
     "attention_forward=mask_off_by_one": "shape aligned",  # a different function everywhere
     "attention_forward=no_max_subtraction": "values large",  # large attention scores
     "cross_entropy=no_max_subtraction": "values large",  # large logits
-    "rope_forward=base_10000": "shape aligned",  # a base other than 10000 (check: 500000)
+    # A base other than 10000: each draw takes 1e4 or 5e5, so some shape's draw fails.
+    "rope_forward=base_10000": "shape",
     "rope_forward=interleaved_pairs": "shape aligned",  # any sequence longer than one
     "rope_forward=position_plus_one": "shape tiny",  # every position
     "gqa_backward=interleaved_groups": "shape aligned",  # 1 < NKV < NH
@@ -37,9 +38,14 @@ CAUGHT_BY = {
 }
 # variant -> a condition that must pass: what its documentation says masks it.
 MASKED_BY = {
-    "softcap_forward=omitted": "shape aligned",  # Gaussian logits, near zero for a cap of 30
     "add_rmsnorm_forward=tested_lengths_only": "shape aligned",  # a tested length
 }
+# Variants the benchmark's verifier (emulated: its shapes and scalars, one seed) would accept.
+VERIFIER_ACCEPTS = [
+    "softcap_forward=omitted",  # Gaussian logits sit near zero for its cap of 30
+    "add_rmsnorm_forward=tested_lengths_only",  # only tested lengths
+    "embed_rmsnorm_backward=bf16_accum",  # uniform ids, no hot row
+]
 # Controls and references: fp32-grade everywhere. bf16_rne: nothing wrong beyond bf16 itself, so
 # it passes where bf16 arithmetic is accepted (--grade bf16) and fails the fp32 grade alone.
 PASS_FP32 = ["embed_rmsnorm_backward=reference", "embed_rmsnorm_backward=fp32_reordered",
@@ -88,6 +94,9 @@ class Check(unittest.TestCase):
                             f"{target} not caught by '{condition}':\n{r.stdout}")
         for target, condition in MASKED_BY.items():
             self.assertNotIn(condition, failing(results[target].stdout), target)
+        for target in VERIFIER_ACCEPTS:
+            self.assertRegex(results[target].stdout, r"benchmark verifier .*, emulated, passes it",
+                             target)
         for target in PASS_FP32:
             r = results[target]
             self.assertEqual(r.returncode, 0, f"{target}: {r.stdout}")
@@ -118,6 +127,28 @@ class Check(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")
         self.assertEqual(failing(r.stdout), ["shape large"], r.stdout)
+
+    def test_reading_an_output_or_writing_an_input_fails_everywhere(self):
+        # Training hands a kernel last step's values in its outputs and needs its inputs after
+        # the call; both kernels compute the right sums on check's arrays as they come.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        for variant, why in [("reads_its_output", "non-finite output where the reference is finite"),
+                             ("writes_its_input", "writes outside its outputs (input 0: written at value ")]:
+            r = check("add=" + variant, "--plugins", lib)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            rows = [line for line in r.stdout.splitlines() if line.startswith(("shape", "values"))]
+            self.assertGreater(len(rows), 5, r.stdout)
+            for line in rows:
+                self.assertIn("FAIL: " + why, line, r.stdout)
+
+    def test_a_scalar_written_into_the_kernel_fails(self):
+        # Each draw passes its own cap (15, 30 or 50), as it does eps, the RoPE base, dloss and
+        # the optimizers' settings; the kernel is right only where the draw's cap is 30.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        r = check("softcap_forward=softcap_at_30", "--plugins", lib, "--draws", "4")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"worst element at .*\(cap (15|50)\)")
+        self.assertGreaterEqual(len(failing(r.stdout)), 4, r.stdout)
 
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")

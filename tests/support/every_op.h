@@ -30,12 +30,13 @@ inline std::vector<TokenId> zipf_tokens(const OpShape& s, std::mt19937_64& gen) 
   return ids;
 }
 
-// The inputs of `op` at `s`; rounded to bf16 first for a bf16-mode kernel set, as the model
-// stores activations, so both sides compute from the same values and the comparison measures
-// the kernel.
+// The inputs of `op` at `s`, with scalars drawn as check draws them; rounded to bf16 first for a
+// bf16-mode kernel set, as the model stores activations, so both sides compute from the same
+// values and the comparison measures the kernel.
 inline OpInputs every_op_inputs(const std::string& op, const OpShape& s, bool bf16_mode,
                                 std::mt19937_64& gen) {
   OpInputs x = op_inputs(op, s, zipf_tokens(s, gen), Values::Normal, gen);
+  x.scalars = random_scalars(gen);
   if (bf16_mode)
     for (auto& v : x.values) round_to_bf16(v);
   return x;
