@@ -4,6 +4,7 @@
 // gradient in the second; both in packs of 8 values per thread where the row allows (pack.cuh).
 // GPT-2 small's 50 304-wide rows took 4.5 ms per step read three times, one bf16 value per load.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pack.cuh"
@@ -135,41 +136,57 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   for (int v = packs * kPack + threadIdx.x; v < V; v += blockDim.x) d[v] = grad(load(z[v]), v);
 }
 
-// Rows of at most kRowThreads packs (V <= 8 192): thread t holds pack t of its row in registers
-// for both passes, so the row is read once, and blocks stay resident and walk the rows gridDim.x
-// apart, the next row's pack loaded before this row is reduced. Thread t takes pack t and the
-// reduction tree of cross_entropy_kernel, whose threads past the row's packs hold the merge's
-// identity ({-inf, 0}, which merges exactly), so a block needs only as many threads as the row
-// has packs, rounded up to a warp. H100, `divlab train --profile`: the small model's 8 192 rows
-// of 2 048 (a quarter of the threads busy in 1024-thread blocks) 133.7 -> 59.0 us a step; the
-// bench size's rows of 8 192, 218 -> 222.
-template <bool subtract_max, class A>
-__global__ void __launch_bounds__(kRowThreads)
+// Rows of at most kResidentThreads x kMaxResidentPacks packs (V <= 16 384): thread t holds packs
+// t, t + blockDim.x, ... of its row (P of them) in registers for both passes, so the row is read
+// once, and blocks stay resident and walk the rows gridDim.x apart, the next row's packs loaded
+// before this row is reduced. Blocks are only as wide as the row's packs over P, rounded up to a
+// warp (threads past the row's packs hold the merge's identity, {-inf, 0}, which merges exactly),
+// and at most 256 threads, so eight rows are in flight on an SM: a row's reduction waits on
+// barriers, and more rows hide it. `divlab train --profile`: the small model's 8 192 rows of
+// 2 048 took 133.7 us a step in cross_entropy_kernel's 1024-thread blocks, 59.0 here (H100); the
+// bench size's rows of 8 192, four packs a thread, 149.5 against 218.1 with one pack a thread in
+// 1024-thread blocks (H200). 128-thread blocks gave the same at 8 192 and 43.6 at 2 048, not
+// taken: rows of 16 384 would then need 16 packs a thread, past the registers in fp32 mode.
+constexpr int kResidentThreads = 256, kMaxResidentPacks = 8;
+
+template <bool subtract_max, int P, class A>
+__global__ void __launch_bounds__(kResidentThreads)
     cross_entropy_resident(float* losses, A* dlogits, const A* logits, const TokenId* targets,
                            int N, int V, float dloss) {
   __shared__ float shared_m[32], shared_s[32];
-  const bool mine = int(threadIdx.x) < V / kPack;
-  Pack<A> next{};
-  if (mine && blockIdx.x < N) next = load_pack_last(logits + int64_t(blockIdx.x) * V, threadIdx.x);
-  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    const Pack<A> v = next;
-    if (mine && row + gridDim.x < N)
-      next = load_pack_last(logits + (row + gridDim.x) * V, threadIdx.x);
-    float x[kPack];
+  const int packs = V / kPack;
+  auto pack_of = [&](int j) { return int(threadIdx.x) + j * int(blockDim.x); };
+  Pack<A> next[P] = {};
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) x[k] = load(v.v[k]);
+  for (int j = 0; j < P; ++j)
+    if (pack_of(j) < packs && blockIdx.x < N)
+      next[j] = load_pack_last(logits + int64_t(blockIdx.x) * V, pack_of(j));
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    float x[P][kPack];
     MaxSum acc{subtract_max ? -INFINITY : 0.0f, 0.0f};
-    if (mine) take_values<subtract_max>(acc, x);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const Pack<A> v = next[j];
+      if (pack_of(j) < packs && row + gridDim.x < N)
+        next[j] = load_pack_last(logits + (row + gridDim.x) * V, pack_of(j));
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) x[j][k] = load(v.v[k]);
+      if (pack_of(j) < packs) take_values<subtract_max>(acc, x[j]);
+    }
     __syncthreads();  // the previous row's reduction may still be reading the shared values
     const float lse = block_log_sum_exp<subtract_max>(acc, shared_m, shared_s);
     const int target = targets[row];
     if (threadIdx.x == 0) losses[row] = lse - load(logits[row * V + target]);
-    if (!dlogits || !mine) continue;
-    Pack<A> o;
+    if (!dlogits) continue;
 #pragma unroll
-    for (int k = 0; k < kPack; ++k)
-      o.v[k] = logit_gradient<A>(x[k], lse, dloss, int(threadIdx.x) * kPack + k == target);
-    store_pack_streaming(dlogits + row * V, threadIdx.x, o);
+    for (int j = 0; j < P; ++j) {
+      if (pack_of(j) >= packs) continue;
+      Pack<A> o;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        o.v[k] = logit_gradient<A>(x[j][k], lse, dloss, pack_of(j) * kPack + k == target);
+      store_pack_streaming(dlogits + row * V, pack_of(j), o);
+    }
   }
 }
 
@@ -188,11 +205,24 @@ void cross_entropy(const OpContext& ctx, float* losses, A* dlogits, const A* log
                    const TokenId* targets, int N, int V, float dloss) {
   // Packs need every row to start 16-byte aligned: V a multiple of 8 and aligned bases.
   const bool packed = V % kPack == 0 && packable({logits, dlogits});
-  if (packed && V / kPack <= kRowThreads) {
-    const int threads = (V / kPack + 31) / 32 * 32;
-    auto* kernel = cross_entropy_resident<subtract_max, A>;
-    kernel<<<resident_blocks(kernel, threads, N), threads, 0, stream_of(ctx)>>>(
-        losses, dlogits, logits, targets, N, V, dloss);
+  const int packs = V / kPack;
+  if (packed && packs <= kResidentThreads * kMaxResidentPacks) {
+    // The fewest packs per thread that keep a block within kResidentThreads.
+    const auto launch = [&](auto per_thread) {
+      constexpr int P = decltype(per_thread)::value;
+      const int threads = ((packs + P - 1) / P + 31) / 32 * 32;
+      auto* kernel = cross_entropy_resident<subtract_max, P, A>;
+      kernel<<<resident_blocks(kernel, threads, N), threads, 0, stream_of(ctx)>>>(
+          losses, dlogits, logits, targets, N, V, dloss);
+    };
+    if (packs <= kResidentThreads)
+      launch(std::integral_constant<int, 1>{});
+    else if (packs <= 2 * kResidentThreads)
+      launch(std::integral_constant<int, 2>{});
+    else if (packs <= 4 * kResidentThreads)
+      launch(std::integral_constant<int, 4>{});
+    else
+      launch(std::integral_constant<int, 8>{});
   } else {
     cross_entropy_kernel<subtract_max>
         <<<N, kRowThreads, 0, stream_of(ctx)>>>(losses, dlogits, logits, targets, V, dloss, packed);
@@ -206,7 +236,7 @@ void register_cross_entropy(Catalogue<float, A>& cat) {
   cat.cross_entropy.what = "softmax cross-entropy per row, fused with its gradient";
   cat.cross_entropy.add("reference", cross_entropy<true, A>,
                         {"max-subtracted log-sum-exp (online), packs of 8 values per thread: "
-                         "rows of up to 8 192 held in registers by blocks that walk the rows, "
+                         "rows of up to 16 384 held in registers by blocks that walk the rows, "
                          "wider ones one block per row, read twice",
                          "", "", ""});
   cat.cross_entropy.add("no_max_subtraction", cross_entropy<false, A>,

@@ -119,15 +119,17 @@ TYPED_TEST(GpuOps, GradReduceVariantsGiveTheCpusBits) {
 }
 
 // Cross-entropy's row forms against fp64, both variants, repeatable bit for bit: rows of at
-// most 1024 packs held in registers by blocks that walk the rows (more rows than the GPU keeps
-// blocks: 5 000 one-pack rows, 600 of 8 192), wide rows (many packs of 8 per thread, a tail not
-// a multiple of 8, a row unpacked). 50 304 is GPT-2's vocabulary.
+// most 2048 packs held in registers, 1, 2, 4 or 8 a thread, by blocks that walk the rows (more
+// rows than the GPU keeps blocks: 5 000 one-pack rows, 600 of 8 192; a thread's last pack past
+// the row: 2 056, 12 000), wide rows (many packs of 8 per thread, a tail not a multiple of 8, a
+// row unpacked). 50 304 is GPT-2's vocabulary.
 TYPED_TEST(GpuOps, CrossEntropyMatchesFp64AtEveryRowForm) {
   const auto& cat = gpu_catalogue<TypeParam>();
   std::mt19937_64 gen(test_seed());
-  const std::pair<int, int> rows_and_width[] = {
-      {5000, 8},  {3, 1000},  {700, 2048}, {600, 8192}, {3, 8184},  {3, 8200}, {3, 16392},
-      {3, 24576}, {3, 24584}, {3, 50304},  {3, 57344},  {3, 57352}, {3, 57353}};
+  const std::pair<int, int> rows_and_width[] = {{5000, 8},   {3, 1000},  {700, 2048}, {300, 2056},
+                                                {600, 8192}, {3, 8184},  {3, 8200},   {90, 12000},
+                                                {3, 16384},  {3, 16392}, {3, 24576},  {3, 24584},
+                                                {3, 50304},  {3, 57344}, {3, 57352},  {3, 57353}};
   for (const auto& [N, V] : rows_and_width)
     for (const char* variant : {"reference", "no_max_subtraction"}) {
       const auto k = cat.select({{"cross_entropy", variant}});
@@ -145,13 +147,13 @@ TYPED_TEST(GpuOps, CrossEntropyMatchesFp64AtEveryRowForm) {
 // A row's gradient is exp(z - lse) / N - [target]: logits of equal value must get equal
 // gradients, whichever thread, warp or pack holds them, so every thread of a row must end its
 // reduction with the same log-sum-exp. Rows repeat 61 random values (a prime period, so each
-// value lands in every lane and pack position) in the register-resident form (2 048, 8 192) and
-// the wide one (50 304).
+// value lands in every lane and pack position) in the register-resident form (2 048, 8 192,
+// 12 000) and the wide one (50 304).
 TYPED_TEST(GpuOps, CrossEntropyGivesEqualLogitsEqualGradients) {
   const auto& cat = gpu_catalogue<TypeParam>();
   std::mt19937_64 gen(test_seed());
   constexpr int kPeriod = 61;
-  for (int V : {2048, 8192, 50304})
+  for (int V : {2048, 8192, 12000, 50304})
     for (const char* variant : {"reference", "no_max_subtraction"}) {
       const auto k = cat.select({{"cross_entropy", variant}});
       const OpShape s{1, 16, 4, 1, V};
