@@ -43,7 +43,6 @@ class Rng {
   }
 
   uint64_t state() const { return state_; }
-  void set_state(uint64_t s) { state_ = s; }
 
  private:
   uint64_t state_;

@@ -37,7 +37,6 @@ struct ArgSpec {
   int64_t rows = 0, cols = 0;
   RowKey key = RowKey::None;
   int64_t size() const { return rows * cols; }
-  bool is_array() const { return role != ArgRole::Value; }
   bool is_written() const {
     return role == ArgRole::Output || role == ArgRole::Accumulate || role == ArgRole::Saved;
   }

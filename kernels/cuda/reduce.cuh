@@ -33,16 +33,6 @@ __device__ inline T block_sum(T v, T* shared) {
   v = lane < warps ? shared[lane] : T(0);
   return warp_sum(v);
 }
-template <class T>
-__device__ inline T block_max(T v, T* shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : T(-FLT_MAX);
-  return warp_max(v);
-}
 
 // out[c] += sum over rows r of in[r, c] for a [rows, cols] row-major matrix, in a fixed order
 // (row chunks summed in chunk order). Used for weight gradients of norms and position embeddings.
