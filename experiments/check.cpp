@@ -315,8 +315,8 @@ void judge(ConditionResult& r) {
   else if (!r.finite)
     r.failed = true,
     r.why =
-        "non-finite output where the reference is finite (an overflow, or an output "
-        "read before it is written: outputs start as NaN)";
+        "non-finite output where the reference is finite (an overflow, or an output value "
+        "left unwritten or read before it is written: outputs start as NaN)";
   else if (r.rows_not_updated > 0)
     r.failed = true, r.why = "row never updated: " + std::to_string(r.rows_not_updated) +
                              " row(s) the reference adds to, e.g. " + r.row_example;
