@@ -79,6 +79,7 @@ struct Condition {
   bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
   bool concurrent = false;     // on a device: copies at once on several streams, under load
   bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
+  bool in_place = false;       // judged on a second call into the arrays of a first, refilled
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
 };
 
@@ -123,6 +124,11 @@ std::vector<Condition> conditions(bool with_trace) {
   Condition pre = c("accumulate pre-filled", kAligned);
   pre.prefill = true, pre.shrink = true;
   list.push_back(pre);
+  // Training refills the same buffers every step: a kernel that keeps anything by address (a
+  // weight prepared once per pointer) computes the second call with the first's values.
+  Condition reused = c("arrays refilled", kAligned);
+  reused.in_place = true, reused.shrink = true;
+  list.push_back(reused);
   Condition rep = c("repeat (bitwise)", kAligned);
   rep.repeat = true;
   list.push_back(rep);
@@ -512,7 +518,19 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    if (!cond.concurrent) {
+    if (cond.in_place) {
+      // A first call on other values (other ids too) in the same arrays.
+      OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
+      first.scalars = x.scalars;
+      if (round_inputs)
+        for (auto& v : first.values) round_to_bf16(v);
+      try {
+        got = call_op_twice_in_place(op, variant, first, x, s);
+      } catch (const std::exception& e) {
+        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        return r;
+      }
+    } else if (!cond.concurrent) {
       try {
         got = call_op(op, variant, x, s);
       } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
@@ -562,6 +580,8 @@ struct Checker {
       if (!r.deterministic && r.note.empty()) r.note = "not bitwise repeatable";
     }
     judge(r);
+    if (cond.in_place && r.failed)
+      r.why += " (after a first call on other values in the same arrays: kept by address?)";
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
       if (r.failed)
         r.why += " (" + moved +

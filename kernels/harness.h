@@ -5,6 +5,8 @@
 // after the call: a forward's input is its backward's).
 #pragma once
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -60,6 +62,24 @@ class BoundArray {
   void rewrite() {
     if (bound()) bytes_.upload(initial_.data(), int64_t(initial_.size()));
   }
+  // New contents of the same size in the same memory, as training refills a buffer each step.
+  void refill(const std::vector<double>& values) {
+    if (values.size() != values_->size())
+      throw std::logic_error("run_op: refilled with another size");
+    values_ = &values;
+    if (!bound()) return;
+    const size_t width = storage_bytes(type_);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const size_t at = (size_t(guard_) + i) * width;
+      if (type_ == Storage::F32)
+        store_into<float>(at, values[i]);
+      else if (type_ == Storage::F64)
+        store_into<double>(at, values[i]);
+      else
+        store_into<bf16>(at, values[i]);
+    }
+    rewrite();
+  }
   // What the call left: the values (guards excluded), widened, and whether a guard value
   // changed before or after them. One download.
   struct Result {
@@ -102,6 +122,11 @@ class BoundArray {
 
  private:
   template <class V>
+  void store_into(size_t at, double value) {
+    const V v = stored_as<V>(value);
+    std::memcpy(initial_.data() + at, &v, sizeof(V));
+  }
+  template <class V>
   V* bind() {
     if (bound()) {
       if (type_ != storage_of<V>())
@@ -138,6 +163,12 @@ class BoundIds {
     ids_.upload(initial_.data(), ids_.size());
   }
   const TokenId* data() const { return ids_.data() + kGuardValues; }
+  void refill(const std::vector<TokenId>& ids) {
+    if (ids.size() + 2 * size_t(kGuardValues) != initial_.size())
+      throw std::logic_error("run_op: ids refilled with another count");
+    std::copy(ids.begin(), ids.end(), initial_.begin() + kGuardValues);
+    ids_.upload(initial_.data(), ids_.size());
+  }
   std::string change() const {
     const std::vector<TokenId> now = ids_.to_vector();
     const auto bytes = [](const std::vector<TokenId>& v) {
@@ -162,6 +193,12 @@ struct BoundCall {
     for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
   }
   const TokenId* id_data() const { return ids.data(); }
+  // Another call's values into the same arrays (the same sizes), as training's next step.
+  void refill(const OpInputs& x) {
+    for (size_t i = 0; i < in.size(); ++i) in[i].refill(x.values.at(i));
+    for (size_t o = 0; o < out.size(); ++o) out[o].refill(x.outputs.at(o));
+    ids.refill(x.ids);
+  }
   // The outputs as doubles, and every write outside them: past an output's ends, or into an
   // input or the ids (one download each).
   OpRun read() const {

@@ -74,6 +74,13 @@ template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written = nullptr);
 
+// Runs `op` of `k` on `first`, then on `x` in the same arrays (refilled in place, as training's
+// buffers are every step): a kernel that keeps anything by address from one call to the next
+// (a weight prepared once per pointer) computes with stale values. The outputs of the second.
+template <class KS>
+OpRun call_op_twice_in_place(const std::string& op, const KS& k, const OpInputs& first,
+                             const OpInputs& x, const OpShape& s);
+
 // One call of `op` with its arrays bound in k's memory once, to be launched on a stream of one's
 // choosing without waiting (several on several streams run at once: check's concurrent-load
 // condition) and read afterwards. Each has its own scratch workspace and the seed of a first

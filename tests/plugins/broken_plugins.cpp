@@ -3,13 +3,14 @@
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts, or read their output or write their input, as training never allows; a
-// soft-cap with its cap written in), and in ABI
+// soft-cap with its cap written in; a weight kept by address), and in ABI
 // 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
 // claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
 // registration function.
 #include <cmath>
 #include <csignal>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/plugin_abi.h"
 
@@ -47,6 +48,15 @@ void writes_its_input(float* y, const float* a, const float* b, int64_t n) {
   auto* scratch = const_cast<float*>(a);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
   for (int64_t i = 0; i < n; ++i) scratch[i] += b[i], y[i] = scratch[i];
 }
+// Adds a "weight" b prepared once per address (an inference kernel's prepacked weight): right
+// on the first call, stale when the same array holds new values.
+void caches_by_address(float* y, const float* a, const float* b, int64_t n) {
+  static const float* prepared_for = nullptr;
+  static std::vector<float> prepared;
+  if (b != prepared_for || int64_t(prepared.size()) != n)
+    prepared.assign(b, b + n), prepared_for = b;
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + prepared[size_t(i)];
+}
 // Gemma 2's cap on final logits, written in: right wherever a caller passes 30.
 void softcap_at_30(float* y, const float* x, int64_t n, float cap) {
   (void)cap;
@@ -69,9 +79,11 @@ const divlab_variant kVariants[] = {
      "", ""},
     {"softcap_forward", "softcap_at_30", "cpu", reinterpret_cast<void (*)(void)>(&softcap_at_30),
      "", "", "", ""},
+    {"add", "caches_by_address", "cpu", reinterpret_cast<void (*)(void)>(&caches_by_address), "",
+     "", "", ""},
     {"embedding_forward", "abi1_embedding", "cpu",
      reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 6, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 7, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -150,6 +150,14 @@ class Check(unittest.TestCase):
         self.assertRegex(r.stdout, r"worst element at .*\(cap (15|50)\)")
         self.assertGreaterEqual(len(failing(r.stdout)), 4, r.stdout)
 
+    def test_a_result_kept_by_address_fails_on_refilled_arrays(self):
+        # Right whenever its arrays are new; training refills the same ones every step.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        r = check("add=caches_by_address", "--plugins", lib)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("arrays refilled", failing(r.stdout), r.stdout)
+        self.assertRegex(r.stdout, r"arrays refilled .* FAIL: .*kept by address\?")
+
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")
         assert_rejected(self, ["check", "embed_rmsnorm_backward=nope"], "'nope': unknown variant")
