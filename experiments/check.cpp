@@ -213,10 +213,6 @@ const char* row_label(RowKey key) {
   return key == RowKey::TokenId ? "token id" : key == RowKey::Position ? "position" : "row";
 }
 
-void round_to_fp32(std::vector<double>& v) {
-  for (double& x : v) x = double(float(x));
-}
-
 // Per output, twice the largest change that rounding the inputs to bf16 makes to the exact
 // result, relative to the output's largest value (for an output the op adds into, its largest
 // contribution, the scale measure() judges it on). An output with few elements, or one that sums
@@ -466,8 +462,10 @@ struct Checker {
       }
       x = op_inputs(op, s, tokens, cond.values, gen);
       // The scalars from a generator of their own, so a shrunk draw keeps the failing draw's.
-      std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);
-      if (!cond.fixed_scalars) x.scalars = random_scalars(scalar_gen);
+      if (!cond.fixed_scalars) {
+        std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);
+        x.scalars = random_scalars(scalar_gen);
+      }
     }
     r.shape = s.text();
     if (round_inputs)

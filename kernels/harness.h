@@ -6,7 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -68,16 +67,12 @@ class BoundArray {
       throw std::logic_error("run_op: refilled with another size");
     values_ = &values;
     if (!bound()) return;
-    const size_t width = storage_bytes(type_);
-    for (size_t i = 0; i < values.size(); ++i) {
-      const size_t at = (size_t(guard_) + i) * width;
-      if (type_ == Storage::F32)
-        store_into<float>(at, values[i]);
-      else if (type_ == Storage::F64)
-        store_into<double>(at, values[i]);
-      else
-        store_into<bf16>(at, values[i]);
-    }
+    if (type_ == Storage::F32)
+      encode<float>();
+    else if (type_ == Storage::F64)
+      encode<double>();
+    else
+      encode<bf16>();
     rewrite();
   }
   // What the call left: the values (guards excluded), widened, and whether a guard value
@@ -121,10 +116,14 @@ class BoundArray {
   }
 
  private:
+  // initial_: the values in V between two guards of the sentinel.
   template <class V>
-  void store_into(size_t at, double value) {
-    const V v = stored_as<V>(value);
-    std::memcpy(initial_.data() + at, &v, sizeof(V));
+  void encode() {
+    std::vector<V> host(values_->size() + 2 * size_t(guard_), stored_as<V>(kGuardSentinel));
+    for (size_t i = 0; i < values_->size(); ++i)
+      host[size_t(guard_) + i] = stored_as<V>((*values_)[i]);
+    const auto* first = reinterpret_cast<const unsigned char*>(host.data());
+    initial_.assign(first, first + host.size() * sizeof(V));
   }
   template <class V>
   V* bind() {
@@ -135,11 +134,7 @@ class BoundArray {
     }
     type_ = storage_of<V>();
     sentinel_ = to_double(stored_as<V>(kGuardSentinel));
-    std::vector<V> host(values_->size() + 2 * size_t(guard_), stored_as<V>(kGuardSentinel));
-    for (size_t i = 0; i < values_->size(); ++i)
-      host[size_t(guard_) + i] = stored_as<V>((*values_)[i]);
-    const auto* first = reinterpret_cast<const unsigned char*>(host.data());
-    initial_.assign(first, first + host.size() * sizeof(V));
+    encode<V>();
     bytes_ = Buffer<unsigned char>(*mem_, int64_t(initial_.size()));
     bytes_.upload(initial_.data(), bytes_.size());
     return reinterpret_cast<V*>(bytes_.data()) + guard_;

@@ -149,6 +149,10 @@ void round_to_bf16(std::vector<double>& v) {
   for (auto& x : v) x = double(lowp::bf16_rne(float(x)));
 }
 
+void round_to_fp32(std::vector<double>& v) {
+  for (double& x : v) x = double(float(x));
+}
+
 namespace {
 Op op_named(const std::string& name) {
   for (int i = 0; i < kOpCount; ++i)
@@ -171,7 +175,7 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
   // a kernel that reads it (adds into it, assumes it zeroed) gives NaN where the reference
   // does not.
   auto fp32 = [](std::vector<double> v) {
-    for (double& e : v) e = double(float(e));
+    round_to_fp32(v);
     return v;
   };
   auto stale = [](size_t n) { return std::vector<double>(n, std::nan("")); };

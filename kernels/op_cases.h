@@ -108,5 +108,7 @@ class PreparedCall {
 // Rounds every value to the nearest bf16 (so a bf16 kernel and the fp64 reference see the same
 // numbers).
 void round_to_bf16(std::vector<double>& v);
+// The same to the nearest fp32 (what an fp32 kernel sees, and holds).
+void round_to_fp32(std::vector<double>& v);
 
 }  // namespace divlab
