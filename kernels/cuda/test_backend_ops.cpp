@@ -67,7 +67,7 @@ TYPED_TEST(GpuOps, EveryOpMatchesFp64AndRepeatsBitwise) {
 // The row kernels' two forms (one warp per row with the row in 1 to 8 register chunks per lane
 // where C is a multiple of 4 up to 1024; one block per row elsewhere) and the updates' two
 // (8-value packs, then a tail value by value): widths at every chunk count's edges and past the
-// last, row counts around RMSNorm backward's 8 rows per warp, sizes around the packs; and the
+// last, row counts around RMSNorm backward's blocks of 8 rows, sizes around the packs; and the
 // sum of squares at a size that fills its largest grid.
 TYPED_TEST(GpuOps, RowAndUpdateKernelsMatchFp64AtEveryForm) {
   const auto k = gpu_catalogue<TypeParam>().select({});

@@ -84,32 +84,48 @@ __device__ inline bool continues_past(const int* st, int i1, int N) {
 // chunk is complete: added to dwte here. The chunk's leading piece, when its first rows continue
 // a segment begun in an earlier chunk, goes to lead[chunk] (the whole chunk, if the segment runs
 // through it); the piece of a segment that starts here and runs past the chunk goes to
-// open[chunk].
+// open[chunk]. The chunk's sorted ids wait in shared memory, and a column's rows are loaded
+// kBatch at a time before they are added in order: one load in flight per thread left each
+// block waiting on 64 gathers in a row.
+constexpr int kBatch = 16;
+
 template <class Acc>
 __global__ void chunk_pieces_kernel(float* dwte, Acc* lead, Acc* open, const float* dx0,
                                     const int* st, const int* sp, int N, int C) {
+  __shared__ int tok[kChunk + 1], pos[kChunk];  // tok[0]: the token before the chunk, or -1
   const int chunk = blockIdx.x;
-  const int i0 = chunk * kChunk, i1 = min(N, i0 + kChunk);
-  const bool continues = continues_past(st, i1, N);
+  const int i0 = chunk * kChunk, n = min(N, i0 + kChunk) - i0;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) tok[j + 1] = st[i0 + j], pos[j] = sp[i0 + j];
+  if (threadIdx.x == 0) tok[0] = i0 > 0 ? st[i0 - 1] : -1;
+  __syncthreads();
+  const bool continues = continues_past(st, i0 + n, N);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    bool leading = i0 > 0 && st[i0 - 1] == st[i0];
+    bool leading = tok[0] == tok[1];
     Acc s = 0;
-    for (int i = i0; i < i1; ++i) {
-      if (i > i0 && st[i] != st[i - 1]) {  // the piece [.., i) ends its segment
-        if (leading)
-          lead[int64_t(chunk) * C + c] = s, leading = false;
-        else
-          dwte[int64_t(st[i - 1]) * C + c] += float(s);
-        s = 0;
+    for (int b = 0; b < n; b += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = b + j < n ? dx0[int64_t(pos[b + j]) * C + c] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = b + j;
+        if (i >= n) break;
+        if (i > 0 && tok[i + 1] != tok[i]) {  // the piece [.., i) ends its segment
+          if (leading)
+            lead[int64_t(chunk) * C + c] = s, leading = false;
+          else
+            dwte[int64_t(tok[i]) * C + c] += float(s);
+          s = 0;
+        }
+        s += Acc(v[j]);
       }
-      s += Acc(dx0[int64_t(sp[i]) * C + c]);
     }
     if (leading)
       lead[int64_t(chunk) * C + c] = s;
     else if (continues)
       open[int64_t(chunk) * C + c] = s;
     else
-      dwte[int64_t(st[i1 - 1]) * C + c] += float(s);
+      dwte[int64_t(tok[n]) * C + c] += float(s);
   }
 }
 
@@ -150,7 +166,8 @@ void sorted_scatter(const OpContext& ctx, float* dwte, const float* dx0, const T
                                                     stream_of(ctx)));
   const int chunks = (N + kChunk - 1) / kChunk;
   Acc* pieces = scratch_as<Acc>(ctx, Scratch::F, 2 * size_t(chunks) * C);
-  const int threads = std::min(256, (C + 31) / 32 * 32);
+  const int passes = (C + 511) / 512;  // columns a thread takes: 512 threads at most, none idle
+  const int threads = ((C + passes - 1) / passes + 31) / 32 * 32;
   chunk_pieces_kernel<Acc><<<chunks, threads, 0, stream_of(ctx)>>>(
       dwte, pieces, pieces + size_t(chunks) * C, dx0, sorted_tokens, sorted_positions, N, C);
   DIVLAB_LAUNCHED(ctx, "chunk_pieces");

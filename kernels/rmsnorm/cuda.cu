@@ -93,39 +93,36 @@ __global__ void rmsnorm_backward_rows_kernel(float* dx, float* prod, const A* dy
   }
 }
 
-// The rows of the backward, one warp per row and kRowsPerWarp rows per warp in order: dx = base +
-// g as above, and the warp's share of dw (sum over its rows of dy x r, in row order) in registers,
-// written as one row of `partial` [ceil(N / kRowsPerWarp), C] instead of an [N, C] product.
-constexpr int kRowsPerWarp = 8;
-
+// The rows of the backward, one warp per row: dx = base + g as above, every value of the row
+// read in one round trip (x, dy and base together). The block's kRowWarps rows each leave their
+// dw products (dy x r) in shared memory, and the block sums them over its rows in row order into
+// one row of `partial` [ceil(N / kRowWarps), C] instead of an [N, C] product. (Each warp used to
+// walk eight rows in turn, summing in the same row order: at 8 192 rows that left 8 warps on an SM,
+// each waiting on two dependent loads a row.)
+//
 // With `copy` (the reference pair with the cast, ReferencePairs::NormBackwardCast), each new dx
 // value is also written rounded to bf16 there, as the cast would write it.
 template <int K, class A>
 __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, const float* x,
                                       const float* w, const float* rstd, int N, int C, bf16* copy,
                                       const float* base) {
-  const int64_t warp = block_from_last() * kRowWarps + threadIdx.x / 32;
-  const int64_t first = warp * kRowsPerWarp;
-  if (first >= N) return;
-  const int lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
-  float4 wk[K], acc[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int c = lane + 32 * k;
-    wk[k] = c < chunks ? load4(w, c) : float4{0, 0, 0, 0};
-    acc[k] = {0, 0, 0, 0};
-  }
-  const int64_t last = first + kRowsPerWarp < N ? first + kRowsPerWarp : N;
-  for (int64_t row = first; row < last; ++row) {
-    float4 xv[K], dv[K];
+  extern __shared__ float4 products[];  // [kRowWarps][C / 4]
+  const int64_t block = block_from_last(), first = block * kRowWarps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = C / kRowChunkValues;
+  const int64_t row = first + warp;
+  if (row < N) {
+    float4 xv[K], dv[K], bv[K];
     float dot = 0;  // sum_c dy w x
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = lane + 32 * k;
-      xv[k] = c < chunks ? load4(x + row * C, c) : float4{0, 0, 0, 0};
-      dv[k] = c < chunks ? load4(dy + row * C, c) : float4{0, 0, 0, 0};
-      dot += dv[k].x * wk[k].x * xv[k].x + dv[k].y * wk[k].y * xv[k].y +
-             dv[k].z * wk[k].z * xv[k].z + dv[k].w * wk[k].w * xv[k].w;
+      const bool in = c < chunks;
+      xv[k] = in ? load4(x + row * C, c) : float4{0, 0, 0, 0};
+      dv[k] = in ? load4(dy + row * C, c) : float4{0, 0, 0, 0};
+      bv[k] = in ? load4(base + row * C, c) : float4{0, 0, 0, 0};
+      const float4 wk = in ? load4(w, c) : float4{0, 0, 0, 0};
+      dot += dv[k].x * wk.x * xv[k].x + dv[k].y * wk.y * xv[k].y + dv[k].z * wk.z * xv[k].z +
+             dv[k].w * wk.w * xv[k].w;
     }
     const float r = rstd[row];
     const float scale = r * r * r * warp_sum(dot) / float(C);
@@ -133,21 +130,26 @@ __global__ void rmsnorm_backward_warp(float* dx, float* partial, const A* dy, co
     for (int k = 0; k < K; ++k) {
       const int c = lane + 32 * k;
       if (c >= chunks) continue;
+      const float4 wk = load4(w, c);
       const auto grad = [&](float d, float wc, float xc) { return r * wc * d - xc * scale; };
-      const float4 b = load4(base + row * C, c);
       const float4 out = {
-          b.x + grad(dv[k].x, wk[k].x, xv[k].x), b.y + grad(dv[k].y, wk[k].y, xv[k].y),
-          b.z + grad(dv[k].z, wk[k].z, xv[k].z), b.w + grad(dv[k].w, wk[k].w, xv[k].w)};
+          bv[k].x + grad(dv[k].x, wk.x, xv[k].x), bv[k].y + grad(dv[k].y, wk.y, xv[k].y),
+          bv[k].z + grad(dv[k].z, wk.z, xv[k].z), bv[k].w + grad(dv[k].w, wk.w, xv[k].w)};
       store4(dx + row * C, c, out);
       if (copy) store4(copy + row * C, c, out);
-      acc[k].x += dv[k].x * xv[k].x * r, acc[k].y += dv[k].y * xv[k].y * r;
-      acc[k].z += dv[k].z * xv[k].z * r, acc[k].w += dv[k].w * xv[k].w * r;
+      products[warp * chunks + c] = {dv[k].x * xv[k].x * r, dv[k].y * xv[k].y * r,
+                                     dv[k].z * xv[k].z * r, dv[k].w * xv[k].w * r};
     }
   }
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int c = lane + 32 * k;
-    if (c < chunks) store4(partial + warp * C, c, acc[k]);
+  __syncthreads();
+  const int rows = int(N - first < kRowWarps ? N - first : kRowWarps);
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float4 acc = {0, 0, 0, 0};
+    for (int j = 0; j < rows; ++j) {
+      const float4 p = products[j * chunks + c];
+      acc.x += p.x, acc.y += p.y, acc.z += p.z, acc.w += p.w;
+    }
+    store4(partial + block * C, c, acc);
   }
 }
 
@@ -158,15 +160,15 @@ bool rmsnorm_backward_by_warps(const OpContext& ctx, float* out, const float* ba
                                int N, int C, bf16* copy) {
   const int chunks = row_chunks(C);
   if (chunks == 0 || !packable({out, base, dy, x, w, copy})) return false;
-  const int warps = (N + kRowsPerWarp - 1) / kRowsPerWarp;
-  float* partial = scratch_as<float>(ctx, Scratch::A, size_t(warps) * C);
+  const unsigned blocks = blocks_for(N, kRowWarps);
+  float* partial = scratch_as<float>(ctx, Scratch::A, size_t(blocks) * C);
+  const size_t shared = sizeof(float) * size_t(kRowWarps) * C;  // <= 32 KiB: C <= 1024
   with_row_chunks(chunks, [&](auto K) {
-    rmsnorm_backward_warp<K.value>
-        <<<blocks_for(warps, kRowWarps), kRowWarps * 32, 0, stream_of(ctx)>>>(
-            out, partial, dy, x, w, rstd, N, C, copy, base);
+    rmsnorm_backward_warp<K.value><<<blocks, kRowWarps * 32, shared, stream_of(ctx)>>>(
+        out, partial, dy, x, w, rstd, N, C, copy, base);
   });
   DIVLAB_LAUNCHED(ctx, "rmsnorm_backward");
-  column_sums_add(ctx, dw, partial, warps, C);
+  column_sums_add(ctx, dw, partial, int(blocks), C);
   return true;
 }
 
@@ -243,7 +245,7 @@ void register_rmsnorm(Catalogue<float, A>& cat) {
   cat.rmsnorm_backward.what = "RMSNorm backward (input and weight gradients)";
   cat.rmsnorm_backward.add(
       "reference", rmsnorm_backward<A>,
-      {"one warp per row, 8 rows per warp; dw by fixed-order column sums", "", "", ""});
+      {"one warp per row; dw summed per 8 rows, then by fixed-order column sums", "", "", ""});
   cat.rmsnorm_backward.add(
       "bf16_reduce", bf16_reduce<A>,
       {"dw summed over rows in a bf16 accumulator, one thread per channel", "", "", ""});
