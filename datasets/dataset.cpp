@@ -23,12 +23,16 @@ double spec_number(const std::string& spec, const std::string& s, const char* wh
 }
 }  // namespace
 
-std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt) {
-  if (spec == "uniform") return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, 0.0);
+DatasetSpec parse_dataset_spec(const std::string& spec) {
+  DatasetSpec s;
+  using Kind = DatasetSpec::Kind;
+  if (spec == "uniform") return s;
+  if (spec == "brown") return s.kind = Kind::Brown, s;
+  if (spec.rfind("text:", 0) == 0) return s.kind = Kind::Text, s.path = spec.substr(5), s;
   if (spec.rfind("zipf:", 0) == 0) {
-    const double exponent = spec_number(spec, spec.substr(5), "Zipf exponent");
-    if (!(exponent > 0)) throw InputError("data = '" + spec + "': the Zipf exponent must be > 0");
-    return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, exponent);
+    s.kind = Kind::Zipf, s.exponent = spec_number(spec, spec.substr(5), "Zipf exponent");
+    if (!(s.exponent > 0)) throw InputError("data = '" + spec + "': the Zipf exponent must be > 0");
+    return s;
   }
   if (spec.rfind("markov:", 0) == 0) {
     const std::string args = spec.substr(7);
@@ -36,19 +40,40 @@ std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOpti
     if (comma == std::string::npos)
       throw InputError("data = '" + spec + "': expected markov:S,P (Zipf exponent S >= 0, " +
                        "0 for uniform; successor probability 0 < P < 1)");
-    const double exponent = spec_number(spec, args.substr(0, comma), "Zipf exponent");
-    const double follow = spec_number(spec, args.substr(comma + 1), "successor probability");
-    if (!(exponent >= 0)) throw InputError("data = '" + spec + "': the Zipf exponent must be >= 0");
-    if (!(follow > 0 && follow < 1))
+    s.kind = Kind::Markov;
+    s.exponent = spec_number(spec, args.substr(0, comma), "Zipf exponent");
+    s.follow = spec_number(spec, args.substr(comma + 1), "successor probability");
+    if (!(s.exponent >= 0))
+      throw InputError("data = '" + spec + "': the Zipf exponent must be >= 0");
+    if (!(s.follow > 0 && s.follow < 1))
       throw InputError("data = '" + spec + "': the successor probability must be in (0, 1)");
-    return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, exponent, follow);
+    return s;
   }
-  if (spec.rfind("text:", 0) == 0)
-    return std::make_unique<TextDataset>(spec, read_text_corpus(spec.substr(5)), opt);
-  if (spec == "brown")
-    return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
   throw InputError("data = '" + spec + "': unknown dataset kind; valid: uniform, zipf:S, " +
                    "markov:S,P, text:PATH, brown");
+}
+
+void check_dataset_source(const std::string& spec) {
+  const DatasetSpec s = parse_dataset_spec(spec);
+  if (s.kind == DatasetSpec::Kind::Text) check_text_source(s.path);
+  if (s.kind == DatasetSpec::Kind::Brown) check_brown_source(data_dir() + "/brown");
+}
+
+std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt) {
+  const DatasetSpec s = parse_dataset_spec(spec);
+  switch (s.kind) {
+    case DatasetSpec::Kind::Uniform:
+      return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, 0.0);
+    case DatasetSpec::Kind::Zipf:
+      return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, s.exponent);
+    case DatasetSpec::Kind::Markov:
+      return std::make_unique<SyntheticDataset>(spec, opt.vocab, opt.seed, s.exponent, s.follow);
+    case DatasetSpec::Kind::Text:
+      return std::make_unique<TextDataset>(spec, read_text_corpus(s.path), opt);
+    case DatasetSpec::Kind::Brown:
+      break;
+  }
+  return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
 }
 
 double fit_zipf_exponent(std::vector<double> p) {

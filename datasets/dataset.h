@@ -57,6 +57,20 @@ struct DatasetOptions {
   bool verbose = true;    // log tokenizer training / cache reuse to stderr
 };
 
+// A data spec read once: its kind and numbers, nothing opened. Throws InputError naming the spec
+// where its syntax or a number is wrong (what a config check needs before anything runs).
+struct DatasetSpec {
+  enum class Kind { Uniform, Zipf, Markov, Text, Brown };
+  Kind kind = Kind::Uniform;
+  double exponent = 0;  // zipf: S > 0; markov: S >= 0
+  double follow = 0;    // markov: P in (0, 1)
+  std::string path;     // text
+};
+DatasetSpec parse_dataset_spec(const std::string& spec);
+// Throws InputError naming the spec where its corpus is missing: text:PATH that is no file or
+// folder, brown without its folder (what a run checks before it prints or creates anything).
+void check_dataset_source(const std::string& spec);
+
 // Throws InputError naming the spec or path on bad input.
 std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt);
 

@@ -165,35 +165,50 @@ void make_dirs(const std::string& path) {
 
 }  // namespace
 
-Corpus read_text_corpus(const std::string& path) {
-  Corpus c;
-  c.source = "text:" + path;
+bool check_text_source(const std::string& path) {
   struct stat st {};
   if (path.empty() || stat(path.c_str(), &st) != 0)
     throw InputError("data = 'text:" + path + "': no such file or folder");
-  std::vector<std::string> files;
-  if (S_ISDIR(st.st_mode)) {
-    std::set<std::pair<dev_t, ino_t>> seen;
-    list_files(path, files, seen);
-  } else if (S_ISREG(st.st_mode)) {
-    files.push_back(path);
-  } else {
+  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
     throw InputError("data = 'text:" + path +
                      "': not a regular file or folder (a pipe or device would never end)");
+  return S_ISDIR(st.st_mode);
+}
+
+Corpus read_text_corpus(const std::string& path) {
+  Corpus c;
+  c.source = "text:" + path;
+  std::vector<std::string> files;
+  if (check_text_source(path)) {
+    std::set<std::pair<dev_t, ino_t>> seen;
+    list_files(path, files, seen);
+  } else {
+    files.push_back(path);
   }
   for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
   finish(c, "data = 'text:" + path + "'");
   return c;
 }
 
-Corpus read_brown_corpus(const std::string& dir) {
-  Corpus c;
-  c.source = "brown";
-  std::vector<std::string> files;
+namespace {
+DIR* open_brown(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d)
     throw InputError("data = 'brown': corpus not found at '" + dir +
                      "' (scripts/setup.sh fetches it; DIVLAB_DATA points elsewhere)");
+  return d;
+}
+}  // namespace
+
+void check_brown_source(const std::string& dir) {
+  closedir(open_brown(dir));
+}
+
+Corpus read_brown_corpus(const std::string& dir) {
+  Corpus c;
+  c.source = "brown";
+  std::vector<std::string> files;
+  DIR* d = open_brown(dir);
   while (dirent* e = readdir(d)) {
     const std::string n = e->d_name;  // ca01 ... cr09
     if (n.size() == 4 && n[0] == 'c' && n[1] >= 'a' && n[1] <= 'r' && isdigit(n[2]))

@@ -22,6 +22,10 @@ struct Corpus {
 Corpus read_text_corpus(const std::string& path);
 // The Brown corpus folder as fetched by scripts/setup.sh: files c[a-r]NN of word/tag tokens.
 Corpus read_brown_corpus(const std::string& dir);
+// The first checks of the two above, reading no file: the path is a file or folder (text; returns
+// whether it is a folder), the folder opens (brown). Throw InputError as they do.
+bool check_text_source(const std::string& path);
+void check_brown_source(const std::string& dir);
 
 // Where data lives: $DIVLAB_DATA, else the source tree's data/ folder. The tokenizer cache is
 // $DIVLAB_CACHE, else <data>/cache.

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "analysis/analyze.h"
+#include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/sweep.h"
 #include "io/trace.h"
@@ -205,6 +206,7 @@ BisectResult run_bisect(const BisectOptions& opt) {
     throw InputError("bisect --steps " + std::to_string(opt.steps) +
                      ": need >= 1 (0: the config's)");
   const RunConfig cfg = load_source(opt);
+  check_dataset_source(cfg.data);  // before the output folder is made
   BisectResult r;
   for (const auto& [op, variant] : cfg.kernels)
     if (variant != "reference") r.swapped.push_back(op + "=" + variant);

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/files.h"
+#include "datasets/dataset.h"
 #include "io/toml_reader.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
@@ -468,6 +469,7 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   OptimConfig& o = cfg.optim;
   o.total_steps = cfg.steps;
 
+  parse_dataset_spec(cfg.data);  // its syntax and numbers; the corpus is checked before a run
   // Cross-key rules.
   if (m.vocab < 2)
     throw InputError("config key 'model.vocab' = " + std::to_string(m.vocab) + ": must be >= 2");

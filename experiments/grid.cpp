@@ -7,6 +7,7 @@
 
 #include "common/files.h"
 #include "common/sha256.h"
+#include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "io/toml_reader.h"
 
@@ -203,6 +204,7 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
         cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       }
       resolve_kernels(cfg);  // its kernel names, against its backend (plug-ins loaded once)
+      check_dataset_source(cfg.data);  // a missing corpus, before any cell runs
       // Two cells that resolve to one run (a repeated axis value, an axis value whose own
       // overrides undo another axis) would count one experiment twice as two seeds' worth.
       const auto [at, fresh] = resolved.emplace(cfg.to_toml(), i);

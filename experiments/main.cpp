@@ -85,17 +85,21 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
     return r.status == "interrupted" ? 128 + r.signal : 0;
   }
   const RunConfig cfg = load_config(config, sets);
+  check_dataset_source(cfg.data);
   // A data-parallel rank that a launcher started: its launcher checked the output and printed
   // the config (or, under mpirun and srun, rank 0 does); rank 0 alone reports the run.
   const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
   if (launch) check_world_size(*launch, cfg.ranks);
   check_out_is_no_input(out, config, cfg);
-  if (answers_for_output(launch)) {
-    check_output_path(out, force);  // before the config is printed, so an error stands alone
-    if (cfg.data_parallel == RankTransport::Nccl && !launch) check_local_gpus(cfg.ranks);
-    std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;
-  }
   TrainOptions opt;
+  if (answers_for_output(launch)) {
+    check_output_path(out, force);
+    if (cfg.data_parallel == RankTransport::Nccl && !launch) check_local_gpus(cfg.ranks);
+    // Printed once the run has passed every check, so a refusal stands alone.
+    opt.on_start = [&cfg] {
+      std::cout << "# divlab train: resolved config\n" << cfg.to_toml() << std::endl;
+    };
+  }
   opt.out = out;
   opt.force = force;
   opt.progress = !quiet;

@@ -457,6 +457,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   // The trace is laid out beside its path and published (renamed onto it) once readable; a
   // resumed run publishes after copying the history up to its checkpoint, so the old file stays
   // resumable until the new one is.
+  if (lead && opt.on_start) opt.on_start();
   const std::unique_ptr<TraceWriter> owned_trace =
       lead ? std::make_unique<TraceWriter>(opt.out, resume ? true : opt.force)
            : std::make_unique<TraceWriter>();
@@ -716,11 +717,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
     lock.emplace(opt.out + ".lock", "--out '" + opt.out + "'");
   }
   TrainResult r;
-  if (ranks_are_processes(cfg.data_parallel) && !launch)
+  if (ranks_are_processes(cfg.data_parallel) && !launch) {
+    if (opt.on_start) opt.on_start();
     r.launcher_exit = launch_local_ranks(cfg.ranks, cfg.data_parallel == RankTransport::Nccl,
                                          opt.out, rank_command(cfg, opt));
-  else
+  } else {
     r = run(cfg, opt, nullptr, launch ? &*launch : nullptr);
+  }
   if (lock) lock->done();
   return r;
 }

@@ -1,6 +1,7 @@
 // `divlab train`: one run from a resolved config to a trace.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -13,6 +14,10 @@ struct TrainOptions {
   bool force = false;    // overwrite an existing trace
   bool progress = true;  // progress line on stderr when it is a terminal
   bool profile = false;  // time every op call; print the table on stderr at the end
+  // Called once every check of the run has passed (its data read, its memory predicted and
+  // allocated), before its trace is created or its ranks start: what a command prints about
+  // the run then never precedes a refusal.
+  std::function<void()> on_start;
 };
 
 struct TrainResult {

@@ -60,8 +60,8 @@ def snapshot(directory):
 
 
 def assert_rejected(tc, args, needle, setup=None, env=None):
-    """The bad-input contract: exit code 2, one line on stderr containing `needle`, and no file
-    created or modified. `args` may use {d} for a fresh folder that `setup(d)` prepares; `env`
+    """The bad-input contract: exit code 2, one line on stderr containing `needle`, nothing on
+    stdout, and no file created or modified. `args` may use {d} for a fresh folder that `setup(d)` prepares; `env`
     may be a function of that folder."""
     d = tmpdir()
     if setup:
@@ -76,6 +76,7 @@ def assert_rejected(tc, args, needle, setup=None, env=None):
     lines = r.stderr.strip().splitlines()
     tc.assertEqual(len(lines), 1, f"{args}: expected one line, got {r.stderr!r}")
     tc.assertIn(needle, lines[0])
+    tc.assertEqual(r.stdout, "", f"{args}: a refusal prints nothing else (stdout {r.stdout!r})")
     tc.assertEqual(snapshot(d), before, f"{args}: files were created or modified")
     return d
 
