@@ -65,13 +65,21 @@ constexpr OpShape kTiny{1, 1, 4, 1, 5};
 constexpr OpShape kOdd{3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
 constexpr OpShape kAligned{4, 64, 128, 4, 512};
 constexpr OpShape kLarge{8, 256, 256, 4, 2048};
+// Sizes past the ones kernels are written for. A vocabulary past 2^17 (Llama 3 has 128 256 ids,
+// GPT-2 50 304): ids that a 16-bit index wraps, rows wider than a block's shared memory, a grid
+// dimension past 65 535. A sequence past 2048 positions: a RoPE table, an attention tile or a
+// position count written for GPT-2's 1024 or a model's 2048.
+constexpr OpShape kWideVocabulary{2, 8, 16, 1, 131101};
+constexpr OpShape kLongSequence{1, 2051, 32, 2, 97};
 
 struct Condition {
   std::string name;
   OpShape shape;
   std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows
   Values values = Values::Normal;
-  bool by_token_only = false;  // only for ops that gather or scatter by token id
+  // The ops it applies to (empty: every op), and what it says for the others.
+  std::vector<Op> only;
+  const char* not_for = "";
   bool random_shapes = false;  // every draw its own random shape
   bool prefill = false;        // outputs the op adds into start from a pre-fill
   bool repeat = false;         // the variant twice: bitwise equal?
@@ -97,7 +105,8 @@ std::vector<Condition> conditions(bool with_trace) {
                                                         {"tokens text (Brown)", "brown"},
                                                         {"rows: ids absent", "rows"}}) {
     Condition k = c(name, tokens == "rows" ? kRows : kDose);
-    k.tokens = tokens, k.by_token_only = true;
+    k.tokens = tokens, k.only = {Op::embedding_forward, Op::embed_rmsnorm_backward};
+    k.not_for = "the op does not gather or scatter by token id";
     list.push_back(k);
   }
   for (const auto& [name, s] : std::vector<std::pair<std::string, OpShape>>{
@@ -135,6 +144,20 @@ std::vector<Condition> conditions(bool with_trace) {
   Condition load = c("concurrent load", kAligned);
   load.concurrent = true;
   list.push_back(load);
+  // Appended after the older conditions, so that a seed still replays their draws.
+  Condition wide = c("vocabulary wide", kWideVocabulary);
+  wide.draws = 0, wide.shrink = true;
+  wide.only = {Op::embedding_forward,     Op::linear_forward,  Op::linear_backward,
+               Op::cross_entropy,         Op::softcap_forward, Op::softcap_backward,
+               Op::embed_rmsnorm_backward};
+  wide.not_for = "the op has no vocabulary dimension";
+  list.push_back(wide);
+  Condition long_sequence = c("sequence long", kLongSequence);
+  long_sequence.draws = 0, long_sequence.shrink = true;
+  long_sequence.only = {Op::embedding_forward, Op::attention_forward, Op::attention_backward,
+                        Op::rope_forward,      Op::rope_backward,     Op::embed_rmsnorm_backward};
+  long_sequence.not_for = "the op sees positions only as rows";
+  list.push_back(long_sequence);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;
@@ -657,16 +680,18 @@ struct Checker {
   }
 
   void run_all(CheckReport& rep, size_t from, const CheckProgress& progress) const {
-    const bool by_token = op == "embedding_forward" || op == "embed_rmsnorm_backward";
+    Op which{};
+    parse_op(op, &which);
     const auto list = conditions(!opt.trace.empty());
     rep.conditions.resize(list.size());
     for (size_t i = from; i < list.size(); ++i) {
       const Condition& cond = list[i];
       if (progress.begin) progress.begin(i);
       ConditionResult r;
-      if (cond.by_token_only && !by_token) {
+      if (!cond.only.empty() &&
+          std::find(cond.only.begin(), cond.only.end(), which) == cond.only.end()) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
-        r.note = "the op does not gather or scatter by token id";
+        r.note = cond.not_for;
       } else {
         r = run(cond, i, rep.seed);
       }

@@ -3,7 +3,8 @@
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts, or read their output or write their input, as training never allows; a
-// soft-cap with its cap written in; a weight kept by address), and in ABI
+// soft-cap with its cap written in; a weight kept by address; kernels written for smaller
+// vocabularies and sequences), and in ABI
 // 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
 // claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
 // registration function.
@@ -62,6 +63,49 @@ void softcap_at_30(float* y, const float* x, int64_t n, float cap) {
   (void)cap;
   for (int64_t i = 0; i < n; ++i) y[i] = 30.0f * std::tanh(x[i] / 30.0f);
 }
+// Sizes past the ones such kernels are written for: token ids kept in 16 bits (right below 65 536
+// ids, GPT-2's 50 304 included), a RoPE table of 2048 positions, a row buffer of 65 536 logits.
+void embedding_u16_ids(float* x, const divlab_token* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) {
+  for (int n = 0; n < B * T; ++n) {
+    const auto id = static_cast<uint16_t>(tokens[n]);
+    for (int c = 0; c < C; ++c) x[n * C + c] = wte[int64_t(id) * C + c] + wpe[(n % T) * C + c];
+  }
+}
+void rope_table_2048(float* y, const float* x, int B, int T, int NH, int NKV, int HD, float base) {
+  const int heads = NH + 2 * NKV, half = HD / 2;
+  for (int64_t n = 0; n < int64_t(B) * T; ++n) {
+    const int position = int(n % T) % 2048;  // the table's row, wrapped
+    for (int h = 0; h < heads; ++h) {
+      const float* in = x + (n * heads + h) * HD;
+      float* out = y + (n * heads + h) * HD;
+      for (int i = 0; i < HD; ++i) out[i] = in[i];  // v, and an odd head's unpaired channel
+      if (h >= NH + NKV) continue;
+      for (int i = 0; i < half; ++i) {
+        const double angle = position * std::pow(double(base), -2.0 * i / HD);
+        const auto c = float(std::cos(angle)), s = float(std::sin(angle));
+        out[i] = in[i] * c - in[i + half] * s, out[i + half] = in[i] * s + in[i + half] * c;
+      }
+    }
+  }
+}
+void cross_entropy_65536(float* losses, float* dlogits, const float* logits,
+                         const divlab_token* targets, int N, int V, float dloss) {
+  const int seen = V < 65536 ? V : 65536;  // the row buffer's width
+  for (int n = 0; n < N; ++n) {
+    const float* z = logits + int64_t(n) * V;
+    float m = z[0];
+    for (int v = 1; v < seen; ++v) m = std::fmax(m, z[v]);
+    double sum = 0;
+    for (int v = 0; v < seen; ++v) sum += std::exp(double(z[v] - m));
+    const double lse = m + std::log(sum);
+    losses[n] = float(lse - z[targets[n]]);
+    if (!dlogits) continue;
+    for (int v = 0; v < V; ++v)
+      dlogits[int64_t(n) * V + v] =
+          float(std::exp(z[v] - lse) * dloss - (v == int(targets[n]) ? dloss : 0.0));
+  }
+}
 // A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
 void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
                     int T, int C) {
@@ -82,8 +126,14 @@ const divlab_variant kVariants[] = {
     {"add", "caches_by_address", "cpu", reinterpret_cast<void (*)(void)>(&caches_by_address), "",
      "", "", ""},
     {"embedding_forward", "abi1_embedding", "cpu",
-     reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 7, kVariants};
+     reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""},
+    {"embedding_forward", "u16_ids", "cpu", reinterpret_cast<void (*)(void)>(&embedding_u16_ids),
+     "", "", "", ""},
+    {"rope_forward", "table_2048", "cpu", reinterpret_cast<void (*)(void)>(&rope_table_2048), "",
+     "", "", ""},
+    {"cross_entropy", "row_buffer_65536", "cpu",
+     reinterpret_cast<void (*)(void)>(&cross_entropy_65536), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 10, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
