@@ -69,8 +69,12 @@ constexpr OpShape kLarge{8, 256, 256, 4, 2048};
 // GPT-2 50 304): ids that a 16-bit index wraps, rows wider than a block's shared memory, a grid
 // dimension past 65 535. A sequence past 2048 positions: a RoPE table, an attention tile or a
 // position count written for GPT-2's 1024 or a model's 2048.
+// More rows than a grid dimension other than x holds (65 535): one block per row along y works
+// at every other condition's size, and at a step of 65 536 tokens no longer (the lab's real-text
+// doses are 65 536 to 262 144 tokens a step).
 constexpr OpShape kWideVocabulary{2, 8, 16, 1, 131101};
 constexpr OpShape kLongSequence{1, 2051, 32, 2, 97};
+constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
 
 struct Condition {
   std::string name;
@@ -158,6 +162,14 @@ std::vector<Condition> conditions(bool with_trace) {
                         Op::rope_forward,      Op::rope_backward,     Op::embed_rmsnorm_backward};
   long_sequence.not_for = "the op sees positions only as rows";
   list.push_back(long_sequence);
+  Condition many_rows = c("rows many", kManyRows);
+  many_rows.draws = 0, many_rows.shrink = true;
+  many_rows.only.reserve(kOpCount);  // every op but attention (T^2 scores per sequence)
+  for (int i = 0; i < kOpCount; ++i)
+    if (Op(i) != Op::attention_forward && Op(i) != Op::attention_backward)
+      many_rows.only.push_back(Op(i));
+  many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
+  list.push_back(many_rows);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

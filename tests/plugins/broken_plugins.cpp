@@ -4,7 +4,7 @@
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts, or read their output or write their input, as training never allows; a
 // soft-cap with its cap written in; a weight kept by address; kernels written for smaller
-// vocabularies and sequences), and in ABI
+// vocabularies, sequences and row counts), and in ABI
 // 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
 // claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
 // registration function.
@@ -106,6 +106,19 @@ void cross_entropy_65536(float* losses, float* dlogits, const float* logits,
           float(std::exp(z[v] - lse) * dloss - (v == int(targets[n]) ? dloss : 0.0));
   }
 }
+// A row index in 16 bits, as a grid's y dimension (at most 65 535 blocks) would give it: rows past
+// 65 535 overwrite the first ones, and their own stay unwritten.
+void rmsnorm_rows_u16(float* y, float* rstd, const float* x, const float* w, int N, int C,
+                      float eps) {
+  for (int n = 0; n < N; ++n) {
+    const auto row = static_cast<uint16_t>(n);
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += double(x[int64_t(n) * C + c]) * x[int64_t(n) * C + c];
+    const auto r = float(1.0 / std::sqrt(ss / C + eps));
+    for (int c = 0; c < C; ++c) y[int64_t(row) * C + c] = x[int64_t(n) * C + c] * r * w[c];
+    rstd[row] = r;
+  }
+}
 // A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
 void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
                     int T, int C) {
@@ -132,8 +145,10 @@ const divlab_variant kVariants[] = {
     {"rope_forward", "table_2048", "cpu", reinterpret_cast<void (*)(void)>(&rope_table_2048), "",
      "", "", ""},
     {"cross_entropy", "row_buffer_65536", "cpu",
-     reinterpret_cast<void (*)(void)>(&cross_entropy_65536), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 10, kVariants};
+     reinterpret_cast<void (*)(void)>(&cross_entropy_65536), "", "", "", ""},
+    {"rmsnorm_forward", "rows_u16", "cpu", reinterpret_cast<void (*)(void)>(&rmsnorm_rows_u16), "",
+     "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 11, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
