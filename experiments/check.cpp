@@ -170,6 +170,13 @@ std::vector<Condition> conditions(bool with_trace) {
       many_rows.only.push_back(Op(i));
   many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
   list.push_back(many_rows);
+  Condition nans = c("values NaN", kAligned);
+  nans.values = Values::NaNs, nans.shrink = true;
+  nans.only.reserve(kOpCount);  // every op with activations among its inputs
+  for (int i = 0; i < kOpCount; ++i)
+    if (Op(i) != Op::embedding_forward) nans.only.push_back(Op(i));
+  nans.not_for = "the op's inputs are parameters and ids (no activation to carry a NaN)";
+  list.push_back(nans);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;
@@ -277,10 +284,12 @@ std::vector<double> rounding_allowance(const OpRun& ref, const OpRun& rounded,
 
 // Compares the variant's outputs with the reference's: outputs the op adds into on the
 // contribution (output minus its initial contents), saved state not at all. `allow` (per
-// output, normalised) is error accepted beyond the 1e-2 bar; empty: none.
+// output, normalised) is error accepted beyond the 1e-2 bar; empty: none. With `nan_inputs`
+// the inputs hold NaNs: a value non-finite in either run is not measured, and one the
+// kernel left finite where the reference is not is counted as hidden.
 void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
              const std::vector<std::vector<double>>& initial, const std::vector<ArgSpec>& written,
-             const std::vector<double>& allow) {
+             const std::vector<double>& allow, bool nan_inputs) {
   double abs_v = 0, abs_r = 0, worst_norm = -1;
   size_t pass = 0, total = 0;
   for (size_t o = 0; o < ref.outputs.size() && o < written.size(); ++o) {
@@ -302,6 +311,14 @@ void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
       double d2 = 0, r2 = 0, row_ref = 0, row_got = 0;
       for (int64_t i = row * w; i < std::min(n, (row + 1) * w); ++i) {
         const double v = v_at(i), b = r_at(i), d = v - b;
+        if (nan_inputs && !(std::isfinite(b) && std::isfinite(v))) {
+          // NaN spreading further than in the reference is harmless in a step already lost.
+          if (std::isfinite(v) && r.nans_hidden++ == 0)
+            r.nan_example = "output " + std::to_string(o) + " (" + row_label(spec.key) + " " +
+                            std::to_string(row) + ", col " + std::to_string(i - row * w) +
+                            "): " + fmt(v) + " where the reference gives " + fmt(b);
+          continue;
+        }
         if (std::isfinite(b) && !std::isfinite(v)) r.finite = false;
         d2 += d * d, r2 += b * b;
         row_ref = std::max(row_ref, std::abs(b)), row_got = std::max(row_got, std::abs(v));
@@ -349,6 +366,12 @@ void judge(ConditionResult& r) {
   if (r.failed) return;  // threw
   if (!r.stray_writes.empty())
     r.failed = true, r.why = "writes outside its outputs (" + r.stray_writes[0] + ")";
+  else if (r.nans_hidden > 0)
+    r.failed = true, r.why = "NaN hidden: " + std::to_string(r.nans_hidden) +
+                             " output value(s) finite where the reference, fed the inputs' "
+                             "NaNs, is not, e.g. " +
+                             r.nan_example +
+                             " (a kernel that drops NaNs makes a run that blew up look healthy)";
   else if (!r.finite)
     r.failed = true,
     r.why =
@@ -571,14 +594,15 @@ struct Checker {
         return r;
       }
     }
-    measure(r, got, ref, x.outputs, written, {});
+    const bool nans = cond.values == Values::NaNs;
+    measure(r, got, ref, x.outputs, written, {}, nans);
     if (r.norm_error > kTolerance && !round_inputs) {
       // Past the bar: is it more than rounding the inputs to bf16 explains? (Computed only here,
       // so a passing draw costs one reference call.)
       const std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_bf16);
       ConditionResult again;
       again.name = r.name, again.draws = r.draws, again.shape = r.shape, again.note = r.note;
-      measure(again, got, ref, x.outputs, written, allow);
+      measure(again, got, ref, x.outputs, written, allow, nans);
       r = again;
     }
     // (Also past 1e-2: such a draw passed only on the bf16 allowance above, and the fp32 grade
@@ -595,7 +619,7 @@ struct Checker {
           rounding_allowance(ref, call_op(op, backend_reference, x, s), x.outputs, written);
       for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
       ConditionResult fp32;
-      measure(fp32, got, ref, x.outputs, written, allow);
+      measure(fp32, got, ref, x.outputs, written, allow, nans);
       r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
     }
     r.stray_writes = got.stray_writes;

@@ -81,6 +81,10 @@ struct ConditionResult {
   int64_t rows_not_updated = 0;      // rows the reference adds to that the kernel left untouched
   int64_t rows_wrongly_updated = 0;  // rows the reference leaves alone that the kernel changed
   std::string row_example;           // e.g. "token id 210"
+  // "values NaN": output values the kernel left finite where the reference, fed the NaNs,
+  // gives NaN or inf (a kernel that drops NaNs hides a blown-up step), and the first of them.
+  int64_t nans_hidden = 0;
+  std::string nan_example;
   std::string worst;     // the worst element: "output 0 (position 3, col 7): 1.2 vs 1.25"
   int draws = 0;         // draws run
   std::string smallest;  // a failing draw shrunk: the smallest shape that still fails, and how

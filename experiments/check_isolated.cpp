@@ -81,7 +81,9 @@ std::string encode(const ConditionResult& r) {
                                            r.smallest,
                                            std::to_string(r.failed),
                                            r.why,
-                                           number(r.fp32_grade_error)};
+                                           number(r.fp32_grade_error),
+                                           std::to_string(r.nans_hidden),
+                                           r.nan_example};
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) line += (i ? "\t" : "") + escape(fields[i]);
   return line;
@@ -95,7 +97,7 @@ bool decode(const std::string& line, ConditionResult* r) {
     if (tab == std::string::npos) break;
     at = tab + 1;
   }
-  if (f.size() != 20) return false;
+  if (f.size() != 22) return false;
   r->name = f[0], r->shape = f[1], r->ran = f[2] == "1", r->note = f[3];
   r->row_error = std::strtod(f[4].c_str(), nullptr);
   r->norm_error = std::strtod(f[5].c_str(), nullptr);
@@ -109,6 +111,7 @@ bool decode(const std::string& line, ConditionResult* r) {
   r->row_example = f[13], r->worst = f[14], r->draws = std::atoi(f[15].c_str());
   r->smallest = f[16], r->failed = f[17] == "1", r->why = f[18];
   r->fp32_grade_error = std::strtod(f[19].c_str(), nullptr);
+  r->nans_hidden = std::strtoll(f[20].c_str(), nullptr, 10), r->nan_example = f[21];
   return true;
 }
 

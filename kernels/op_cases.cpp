@@ -60,6 +60,8 @@ std::vector<double> activation(size_t n, int64_t row, Values values, std::mt1993
   std::vector<double> v = normal(n, gen);
   const double scale = values == Values::Tiny ? 1e-10 : values == Values::Large ? 1e3 : 1.0;
   for (auto& x : v) x *= scale;
+  if (values == Values::NaNs)
+    for (int k = 0; k < 2 && !v.empty(); ++k) v[size_t(gen() % v.size())] = std::nan("");
   if (values == Values::ZeroRows)
     std::fill(v.begin(), v.begin() + std::min<int64_t>(int64_t(v.size()), 3 * row), 0.0);
   if (values == Values::Outliers && row > 0) {

@@ -38,7 +38,8 @@ enum class Values {
   Tiny,      // x 1e-10: where an epsilon or a subnormal decides
   Large,     // x 1e3: where a missing max subtraction overflows
   ZeroRows,  // the first rows all zero
-  Outliers   // a few channels x 30 on top of N(0, 1), as in trained activations and logits
+  Outliers,  // a few channels x 30 on top of N(0, 1), as in trained activations and logits
+  NaNs       // N(0, 1) with two values NaN, as a step that blew up leaves its activations
 };
 
 // Uniform token ids for `s`.

@@ -4,7 +4,7 @@
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts, or read their output or write their input, as training never allows; a
 // soft-cap with its cap written in; a weight kept by address; kernels written for smaller
-// vocabularies, sequences and row counts), and in ABI
+// vocabularies, sequences and row counts; a softmax that drops NaNs), and in ABI
 // 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
 // claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
 // registration function.
@@ -119,6 +119,27 @@ void rmsnorm_rows_u16(float* y, float* rstd, const float* x, const float* w, int
     rstd[row] = r;
   }
 }
+// A "safe" softmax: non-finite logits are treated as masked (-inf) instead of passed on, so a
+// step whose logits blew up reports a finite loss.
+void cross_entropy_skips_nonfinite(float* losses, float* dlogits, const float* logits,
+                                   const divlab_token* targets, int N, int V, float dloss) {
+  for (int n = 0; n < N; ++n) {
+    const float* z = logits + int64_t(n) * V;
+    double m = -INFINITY, sum = 0;
+    for (int v = 0; v < V; ++v)
+      if (std::isfinite(z[v])) m = std::fmax(m, z[v]);
+    for (int v = 0; v < V; ++v)
+      if (std::isfinite(z[v])) sum += std::exp(z[v] - m);
+    const double lse = m + std::log(sum);
+    const float target = std::isfinite(z[targets[n]]) ? z[targets[n]] : float(m);
+    losses[n] = float(lse - target);
+    if (!dlogits) continue;
+    for (int v = 0; v < V; ++v) {
+      const double p = std::isfinite(z[v]) ? std::exp(z[v] - lse) : 0.0;
+      dlogits[int64_t(n) * V + v] = float(p * dloss - (v == int(targets[n]) ? dloss : 0.0));
+    }
+  }
+}
 // A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
 void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
                     int T, int C) {
@@ -147,8 +168,10 @@ const divlab_variant kVariants[] = {
     {"cross_entropy", "row_buffer_65536", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_65536), "", "", "", ""},
     {"rmsnorm_forward", "rows_u16", "cpu", reinterpret_cast<void (*)(void)>(&rmsnorm_rows_u16), "",
-     "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 11, kVariants};
+     "", "", ""},
+    {"cross_entropy", "skips_nonfinite", "cpu",
+     reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 12, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
