@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "datasets/dataset.h"
 #include "experiments/check_capture.h"
+#include "experiments/check_conditions.h"
 #include "experiments/config.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
@@ -53,137 +54,6 @@ const char* kCriteria =
     "bf16, finite where the reference is, every row the reference updates updated and no other, "
     "no writes outside the outputs, and no systematic bias (|sum(|v| - |r|)| / sum|r| <= 1e-3 "
     "over >= 4096 values). 'row err' (worst row's relative L2) is shown, not judged";
-
-// 8192 tokens over 8192 ids: uniform rows get ~1 addition, Zipf(1.1)'s top row ~900, Brown's
-// ("the") ~500, each position row 8: the dose at which bf16 accumulation breaks on hot rows and
-// rounding alone does not. Used by the ops that gather or scatter by token id.
-constexpr OpShape kDose{8, 1024, 64, 4, 8192};
-// 303 tokens over 211 ids, every id present but one in seven: rows that must be updated and rows
-// that must not, both at the ends of the table.
-constexpr OpShape kRows{3, 101, 24, 2, 211};
-constexpr OpShape kTiny{1, 1, 4, 1, 5};
-constexpr OpShape kOdd{3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
-constexpr OpShape kAligned{4, 64, 128, 4, 512};
-constexpr OpShape kLarge{8, 256, 256, 4, 2048};
-// Sizes past the ones kernels are written for. A vocabulary past 2^17 (Llama 3 has 128 256 ids,
-// GPT-2 50 304): ids that a 16-bit index wraps, rows wider than a block's shared memory, a grid
-// dimension past 65 535. A sequence past 2048 positions: a RoPE table, an attention tile or a
-// position count written for GPT-2's 1024 or a model's 2048.
-// More rows than a grid dimension other than x holds (65 535): one block per row along y works
-// at every other condition's size, and at a step of 65 536 tokens no longer (the lab's real-text
-// doses are 65 536 to 262 144 tokens a step).
-constexpr OpShape kWideVocabulary{2, 8, 16, 1, 131101};
-constexpr OpShape kLongSequence{1, 2051, 32, 2, 97};
-constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
-
-struct Condition {
-  std::string name;
-  OpShape shape;
-  std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows
-  Values values = Values::Normal;
-  // The ops it applies to (empty: every op), and what it says for the others.
-  std::vector<Op> only;
-  const char* not_for = "";
-  bool random_shapes = false;  // every draw its own random shape
-  bool prefill = false;        // outputs the op adds into start from a pre-fill
-  bool repeat = false;         // the variant twice: bitwise equal?
-  bool shrink = false;         // a failing draw is shrunk to the smallest failing shape
-  bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
-  bool concurrent = false;     // on a device: copies at once on several streams, under load
-  bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
-  bool in_place = false;       // judged on a second call into the arrays of a first, refilled
-  int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
-};
-
-// Every condition; with a trace, the one of its recorded values last.
-std::vector<Condition> conditions(bool with_trace) {
-  auto c = [](std::string name, OpShape s) {
-    Condition k;
-    k.name = std::move(name), k.shape = s;
-    return k;
-  };
-  std::vector<Condition> list;
-  for (const auto& [name, tokens] :
-       std::vector<std::pair<std::string, std::string>>{{"tokens uniform", "uniform"},
-                                                        {"tokens zipf:1.1", "zipf:1.1"},
-                                                        {"tokens text (Brown)", "brown"},
-                                                        {"rows: ids absent", "rows"}}) {
-    Condition k = c(name, tokens == "rows" ? kRows : kDose);
-    k.tokens = tokens, k.only = {Op::embedding_forward, Op::embed_rmsnorm_backward};
-    k.not_for = "the op does not gather or scatter by token id";
-    list.push_back(k);
-  }
-  for (const auto& [name, s] : std::vector<std::pair<std::string, OpShape>>{
-           {"shape tiny", kTiny}, {"shape odd", kOdd}, {"shape aligned", kAligned}}) {
-    Condition k = c(name, s);
-    k.shrink = true;
-    list.push_back(k);
-  }
-  Condition large = c("shape large", kLarge);
-  large.draws = 0;
-  list.push_back(large);
-  Condition random = c("shapes random", kTiny);
-  random.random_shapes = true, random.shrink = true, random.draws = 3;
-  list.push_back(random);
-  for (const auto& [name, v] :
-       std::vector<std::pair<std::string, Values>>{{"values tiny (x1e-10)", Values::Tiny},
-                                                   {"values large (x1e3)", Values::Large},
-                                                   {"values zero rows", Values::ZeroRows},
-                                                   {"values outliers (x30)", Values::Outliers}}) {
-    Condition k = c(name, kAligned);
-    k.values = v, k.shrink = true;
-    list.push_back(k);
-  }
-  Condition pre = c("accumulate pre-filled", kAligned);
-  pre.prefill = true, pre.shrink = true;
-  list.push_back(pre);
-  // Training refills the same buffers every step: a kernel that keeps anything by address (a
-  // weight prepared once per pointer) computes the second call with the first's values.
-  Condition reused = c("arrays refilled", kAligned);
-  reused.in_place = true, reused.shrink = true;
-  list.push_back(reused);
-  Condition rep = c("repeat (bitwise)", kAligned);
-  rep.repeat = true;
-  list.push_back(rep);
-  Condition load = c("concurrent load", kAligned);
-  load.concurrent = true;
-  list.push_back(load);
-  // Appended after the older conditions, so that a seed still replays their draws.
-  Condition wide = c("vocabulary wide", kWideVocabulary);
-  wide.draws = 0, wide.shrink = true;
-  wide.only = {Op::embedding_forward,     Op::linear_forward,  Op::linear_backward,
-               Op::cross_entropy,         Op::softcap_forward, Op::softcap_backward,
-               Op::embed_rmsnorm_backward};
-  wide.not_for = "the op has no vocabulary dimension";
-  list.push_back(wide);
-  Condition long_sequence = c("sequence long", kLongSequence);
-  long_sequence.draws = 0, long_sequence.shrink = true;
-  long_sequence.only = {Op::embedding_forward, Op::attention_forward, Op::attention_backward,
-                        Op::rope_forward,      Op::rope_backward,     Op::embed_rmsnorm_backward};
-  long_sequence.not_for = "the op sees positions only as rows";
-  list.push_back(long_sequence);
-  Condition many_rows = c("rows many", kManyRows);
-  many_rows.draws = 0, many_rows.shrink = true;
-  many_rows.only.reserve(kOpCount);  // every op but attention (T^2 scores per sequence)
-  for (int i = 0; i < kOpCount; ++i)
-    if (Op(i) != Op::attention_forward && Op(i) != Op::attention_backward)
-      many_rows.only.push_back(Op(i));
-  many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
-  list.push_back(many_rows);
-  Condition nans = c("values NaN", kAligned);
-  nans.values = Values::NaNs, nans.shrink = true;
-  nans.only.reserve(kOpCount);  // every op with activations among its inputs
-  for (int i = 0; i < kOpCount; ++i)
-    if (Op(i) != Op::embedding_forward) nans.only.push_back(Op(i));
-  nans.not_for = "the op's inputs are parameters and ids (no activation to carry a NaN)";
-  list.push_back(nans);
-  if (with_trace) {
-    Condition traced = c("values from trace", kTiny);
-    traced.from_trace = true;
-    list.push_back(traced);
-  }
-  return list;
-}
 
 // Every op: kernels/op_cases.cpp builds inputs for each one and calls it.
 const std::vector<std::string>& checkable_ops() {
@@ -708,7 +578,7 @@ struct Checker {
   bool benchmark_verifier() const {
     Condition cond;
     cond.name = "benchmark verifier", cond.fixed_scalars = true;
-    for (const OpShape& s : {kAligned, kLarge}) {
+    for (const OpShape& s : verifier_shapes()) {
       const ConditionResult r = draw(cond, 0, 0, 0, &s);
       if (r.ran && (!r.finite || r.verifier_pass < 0.99)) return false;
     }
@@ -718,7 +588,7 @@ struct Checker {
   void run_all(CheckReport& rep, size_t from, const CheckProgress& progress) const {
     Op which{};
     parse_op(op, &which);
-    const auto list = conditions(!opt.trace.empty());
+    const auto list = check_condition_list(!opt.trace.empty());
     rep.conditions.resize(list.size());
     for (size_t i = from; i < list.size(); ++i) {
       const Condition& cond = list[i];
@@ -744,7 +614,7 @@ struct Checker {
 
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt) {
   std::vector<ConditionInfo> out;
-  for (const Condition& c : conditions(!opt.trace.empty()))
+  for (const Condition& c : check_condition_list(!opt.trace.empty()))
     out.push_back({c.name, c.random_shapes ? "random"
                            : c.from_trace  ? "recorded"
                                            : c.shape.text()});
@@ -777,7 +647,7 @@ CheckReport new_check_report(const CheckOptions& opt) {
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;
-  rep.conditions.resize(conditions(!opt.trace.empty()).size());
+  rep.conditions.resize(check_condition_list(!opt.trace.empty()).size());
   return rep;
 }
 

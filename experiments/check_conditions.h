@@ -1,0 +1,43 @@
+// divlab check's conditions: the shapes, values, token streams and call patterns under which
+// experiments/check.cpp judges a kernel against its op's fp64 reference, each with the ops it
+// applies to (docs/kernel-authors.md describes them for kernel authors).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/op_cases.h"
+#include "kernels/op_list.h"
+
+namespace divlab {
+
+// One condition: a shape (or random shapes, or a trace's recorded calls), the values and token
+// stream its inputs are drawn from, how the kernel is called, and how many draws it takes.
+struct Condition {
+  std::string name;
+  OpShape shape;
+  std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows
+  Values values = Values::Normal;
+  // The ops it applies to (empty: every op), and what it says for the others.
+  std::vector<Op> only;
+  const char* not_for = "";
+  bool random_shapes = false;  // every draw its own random shape
+  bool prefill = false;        // outputs the op adds into start from a pre-fill
+  bool repeat = false;         // the variant twice: bitwise equal?
+  bool shrink = false;         // a failing draw is shrunk to the smallest failing shape
+  bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
+  bool concurrent = false;     // on a device: copies at once on several streams, under load
+  bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
+  bool in_place = false;       // judged on a second call into the arrays of a first, refilled
+  int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
+};
+
+// Every condition in report order; with a trace, "values from trace" last. A draw's seed derives
+// from its condition's index, so a new condition goes after the others: a seed then still
+// replays every older condition's draws.
+std::vector<Condition> check_condition_list(bool with_trace);
+
+// The shapes the benchmark's verifier was written for (its emulation in check.cpp).
+std::vector<OpShape> verifier_shapes();
+
+}  // namespace divlab
