@@ -1,5 +1,6 @@
 #include "common/files.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/errors.h"
 
@@ -51,6 +53,22 @@ bool write_file_atomically(const std::string& path, const std::string& bytes) {
     return false;
   }
   return true;
+}
+
+UnnamedFile::UnnamedFile(const char* what) {
+  // Without MFD_CLOEXEC: a child started from here opens it by path() after its exec.
+  fd_ = memfd_create(what, 0);
+  if (fd_ < 0) throw std::runtime_error(std::string("memfd_create: ") + std::strerror(errno));
+  path_ = "/dev/fd/" + std::to_string(fd_);
+}
+
+UnnamedFile::~UnnamedFile() {
+  close(fd_);
+}
+
+void UnnamedFile::clear() const {
+  if (ftruncate(fd_, 0) != 0)
+    throw std::runtime_error("ftruncate: " + std::string(std::strerror(errno)));
 }
 
 }  // namespace divlab

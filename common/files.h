@@ -19,4 +19,23 @@ std::string read_input_file(const std::string& path, const std::string& what);
 // never a part. False, with nothing left behind, if the write fails.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
 
+// A file with no name in any folder (memfd_create), for what a parent and its child process
+// exchange: nothing of it outlives both, however either ends (SIGKILL included). path() names it
+// for this process and the children it starts (/dev/fd/N; the descriptor is inherited). Throws
+// std::runtime_error where the system has none.
+class UnnamedFile {
+ public:
+  explicit UnnamedFile(const char* what);
+  ~UnnamedFile();
+  UnnamedFile(const UnnamedFile&) = delete;
+  UnnamedFile& operator=(const UnnamedFile&) = delete;
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+  void clear() const;  // truncated to nothing
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
 }  // namespace divlab

@@ -173,11 +173,12 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
   const std::vector<ConditionInfo> infos = check_conditions(opt);
   const size_t count = infos.size();
   const std::string self = self_exe();
-  const std::string base = "/tmp/divlab-check-" + std::to_string(getpid());
-  const std::string report = base + ".report", log = base + ".log";
+  // Unnamed files: a check killed at any moment leaves none of them behind.
+  const UnnamedFile report_file("divlab-check-report"), log_file("divlab-check-log");
+  const std::string &report = report_file.path(), &log = log_file.path();
   bool verifier_seen = false;
   for (size_t from = 0; from <= count;) {
-    std::remove(report.c_str());
+    report_file.clear();
     std::vector<std::string> argv = check_argv(opt, rep.seed);
     argv.insert(argv.begin(), self);
     argv.insert(argv.end(), {"--worker-from", std::to_string(from), "--worker-report", report});
@@ -192,13 +193,10 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
     auto last = std::chrono::steady_clock::now();
     // New whole lines of the worker's report: progress, results, the verifier's outcome.
     auto read_report = [&] {
-      const int fd = open(report.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return;
       char buf[65536];
       ssize_t n;
-      while ((n = pread(fd, buf, sizeof buf, offset)) > 0)
+      while ((n = pread(report_file.fd(), buf, sizeof buf, offset)) > 0)
         offset += n, pending.append(buf, size_t(n));
-      close(fd);
       for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
         const std::string l = pending.substr(0, nl);
         last = std::chrono::steady_clock::now();
@@ -232,7 +230,6 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
     if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
     if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 2) {  // bad input, said once
       const std::string why = last_line_of(log);
-      std::remove(report.c_str()), std::remove(log.c_str());
       throw InputError(why.rfind("divlab: ", 0) == 0 ? why.substr(8) : why);
     }
     // The worker died or hung inside condition `current`: that condition's verdict.
@@ -253,7 +250,6 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
     from = current + 1;
   }
   if (!verifier_seen) rep.benchmark_verifier_passes = false;
-  std::remove(report.c_str()), std::remove(log.c_str());
   finish_check_report(rep);
   return rep;
 }
@@ -268,15 +264,14 @@ std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
   argv.insert(argv.begin(),
               {"compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", self_exe()});
   argv.push_back("--in-process");
+  const UnnamedFile log("divlab-check-sanitizer-log");
   SpawnOptions so;
-  so.log = "/tmp/divlab-check-sanitizer-" + std::to_string(getpid()) + ".log";
-  const std::string& log = so.log;
+  so.log = log.path();
   const int rc = run_process(argv, so);
-  std::ifstream in(log);
+  std::ifstream in(log.path());
   std::string line, summary = "no summary";
   while (std::getline(in, line))
     if (line.find("ERROR SUMMARY") != std::string::npos) summary = line.substr(line.find("ERROR"));
-  std::remove(log.c_str());
   return (WIFEXITED(rc) && WEXITSTATUS(rc) == 99 ? "ERRORS: " : "") + summary;
 }
 }  // namespace

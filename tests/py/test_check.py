@@ -3,12 +3,16 @@ the benchmark verifier pass it; every built-in variant caught by the condition i
 names; controls pass everything; plug-ins checked the same way; bad input refused; --train runs
 the op's short grid."""
 import csv
+import glob
 import os
 import re
+import signal
+import subprocess
+import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
-from cli import assert_rejected, run, tmpdir
+from cli import BIN, assert_rejected, run, tmpdir
 
 PLUGIN = os.environ["DIVLAB_EXAMPLE_PLUGIN"]
 
@@ -184,6 +188,33 @@ class Check(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertEqual(failing(r.stdout), ["values NaN"], r.stdout)
         self.assertRegex(r.stdout, r"values NaN .* FAIL: NaN hidden: \d+ output value")
+
+    def test_a_killed_check_leaves_no_worker_and_no_file(self):
+        # SIGKILL at any moment: here while its worker spins in a kernel that hangs. The worker
+        # dies with it, and the files the two exchanged were never in a folder.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        before = set(glob.glob("/tmp/divlab-check-*"))
+        p = subprocess.Popen([BIN, "check", "add=hangs_on_one_size", "--plugins", lib,
+                              "--time-limit", "60"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        workers = []
+        for _ in range(200):  # the worker, started within moments
+            time.sleep(0.05)
+            workers = [int(t) for t in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+            if workers:
+                break
+        self.assertTrue(workers, "check started no worker")
+        time.sleep(1.0)  # well into its conditions, in the hanging one
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        for _ in range(100):
+            if not any(os.path.exists(f"/proc/{w}") and
+                       open(f"/proc/{w}/stat").read().split()[2] != "Z" for w in workers):
+                break
+            time.sleep(0.05)
+        else:
+            self.fail(f"worker {workers} outlived its check")
+        self.assertEqual(set(glob.glob("/tmp/divlab-check-*")) - before, set())
 
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")
