@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 
 #include "common/errors.h"
 #include "datasets/synthetic.h"
@@ -71,9 +72,9 @@ std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOpti
     case DatasetSpec::Kind::Text:
       return std::make_unique<TextDataset>(spec, read_text_corpus(s.path), opt);
     case DatasetSpec::Kind::Brown:
-      break;
+      return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
   }
-  return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
+  throw std::logic_error("make_dataset: a DatasetSpec kind without a dataset");
 }
 
 double fit_zipf_exponent(std::vector<double> p) {
