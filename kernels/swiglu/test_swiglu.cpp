@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/swiglu/swiglu.h"
 #include "tests/support/check.h"
 
@@ -43,10 +46,13 @@ TEST(SwigluVariants, SwappedHalvesTradeTheGradients) {
       ->fn(test_context(), got.data(), dy.data(), x.data(), N, F);
   // The same values in each other's places, to fp32 rounding, not bit for bit: the variants are
   // compiled without FMA contraction (kernels/*/variants.cpp), the reference with it, and the
-  // gate's gradient, dy u s (1 + g (1 - s)), can differ by several ulps between the two.
-  const auto same = [](float a, float b) {
-    return std::abs(a - b) <= 1e-5f * std::abs(b) + 1e-12f;
-  };
+  // gate's gradient, dy u s (1 + g (1 - s)), can differ by several ulps between the two. Its
+  // terms cancel where 1 + g (1 - s) nears zero, so the bound is relative to the largest value
+  // of the output, not to the element (elementwise, 1 seed in 90 failed on a 3e-5 value).
+  float scale = 0;
+  for (float v : ref) scale = std::max(scale, std::abs(v));
+  const auto same = [scale](float a, float b) { return std::abs(a - b) <= 1e-5f * scale; };
+  int unswapped = 0;
   for (int n = 0; n < N; ++n)
     for (int f = 0; f < F; ++f) {
       const size_t gate = size_t(n) * 2 * F + size_t(f), up = gate + size_t(F);
@@ -54,7 +60,8 @@ TEST(SwigluVariants, SwappedHalvesTradeTheGradients) {
           << got[gate] << " vs " << ref[up] << " (seed " << test_seed() << ")";
       EXPECT_TRUE(same(got[up], ref[gate]))
           << got[up] << " vs " << ref[gate] << " (seed " << test_seed() << ")";
-      EXPECT_FALSE(same(got[gate], ref[gate])) << "the halves were not swapped";
+      unswapped += same(got[gate], ref[gate]);
     }
+  EXPECT_LT(unswapped, N * F / 2) << "the halves were not swapped (seed " << test_seed() << ")";
 }
 }  // namespace divlab
