@@ -235,7 +235,11 @@ TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
                  adamw_without_bias_correction);
   const CheckReport r = check("adamw_step=no_bias_correction");
   EXPECT_FALSE(r.pass) << format_check(r);
-  EXPECT_TRUE(fails_under(r, "shape odd", "error")) << format_check(r);
+  // Either shape: each draw passes its own AdamW step and betas, and at step 1000 with a beta2 of
+  // 0.95 both corrections are 1 to fp32, so a condition whose draws all take those finds this
+  // variant exact ("shape odd" alone did, at seed 1012).
+  EXPECT_TRUE(fails_under(r, "shape odd", "error") || fails_under(r, "shape aligned", "error"))
+      << format_check(r);
   // The reference update itself passes at the fp32 grade, also at a seed where its update is
   // small beside the weights it is added to (shape tiny: 4 weights). There an fp32 result holds
   // the update only to an ulp of the weight, 1.2e-4 of the update's size; what fp32 moves on the
