@@ -594,8 +594,7 @@ struct Checker {
       const Condition& cond = list[i];
       if (progress.begin) progress.begin(i);
       ConditionResult r;
-      if (!cond.only.empty() &&
-          std::find(cond.only.begin(), cond.only.end(), which) == cond.only.end()) {
+      if (!cond.applies_to(which)) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = cond.not_for;
       } else {

@@ -1,5 +1,8 @@
 #include "experiments/check_conditions.h"
 
+#include <algorithm>
+#include <initializer_list>
+
 namespace divlab {
 
 namespace {
@@ -25,6 +28,13 @@ constexpr OpShape kLongSequence{1, 2051, 32, 2, 97};
 // at every other condition's size, and at a step of 65 536 tokens no longer (the lab's real-text
 // doses are 65 536 to 262 144 tokens a step).
 constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
+
+std::vector<Op> every_op_but(std::initializer_list<Op> skipped) {
+  std::vector<Op> ops;
+  for (int i = 0; i < kOpCount; ++i)
+    if (std::find(skipped.begin(), skipped.end(), Op(i)) == skipped.end()) ops.push_back(Op(i));
+  return ops;
+}
 }  // namespace
 
 std::vector<Condition> check_condition_list(bool with_trace) {
@@ -95,17 +105,12 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   list.push_back(long_sequence);
   Condition many_rows = c("rows many", kManyRows);
   many_rows.draws = 0, many_rows.shrink = true;
-  many_rows.only.reserve(kOpCount);  // every op but attention (T^2 scores per sequence)
-  for (int i = 0; i < kOpCount; ++i)
-    if (Op(i) != Op::attention_forward && Op(i) != Op::attention_backward)
-      many_rows.only.push_back(Op(i));
+  many_rows.only = every_op_but({Op::attention_forward, Op::attention_backward});
   many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
   list.push_back(many_rows);
   Condition nans = c("values NaN", kAligned);
   nans.values = Values::NaNs, nans.shrink = true;
-  nans.only.reserve(kOpCount);  // every op with activations among its inputs
-  for (int i = 0; i < kOpCount; ++i)
-    if (Op(i) != Op::embedding_forward) nans.only.push_back(Op(i));
+  nans.only = every_op_but({Op::embedding_forward});  // every op with activations as inputs
   nans.not_for = "the op's inputs are parameters and ids (no activation to carry a NaN)";
   list.push_back(nans);
   if (with_trace) {

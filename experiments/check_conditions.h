@@ -3,6 +3,7 @@
 // applies to (docs/kernel-authors.md describes them for kernel authors).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct Condition {
   bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
   bool in_place = false;       // judged on a second call into the arrays of a first, refilled
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
+
+  bool applies_to(Op op) const {
+    return only.empty() || std::find(only.begin(), only.end(), op) != only.end();
+  }
 };
 
 // Every condition in report order; with a trace, "values from trace" last. A draw's seed derives
