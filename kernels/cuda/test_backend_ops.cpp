@@ -178,6 +178,33 @@ TYPED_TEST(GpuOps, CrossEntropyGivesEqualLogitsEqualGradients) {
     }
 }
 
+// Both modes compute a row's loss and gradients from the same floats in the same order, so the
+// same bf16 values give the same losses in fp32 and bf16 mode, and bf16 mode's gradients are fp32
+// mode's rounded, in every row form (held in registers, the wide one, a row unpacked). A faster
+// exponential or another order in one mode only would show here.
+TEST(GpuCrossEntropy, BothModesGiveTheSameBitsForTheSameValues) {
+  REQUIRE_GPU();
+  std::mt19937_64 gen(test_seed());
+  for (int V : {1000, 2048, 8192, 12000, 12001, 16392, 50304})
+    for (const char* variant : {"reference", "no_max_subtraction"}) {
+      const OpShape s{1, 5, 4, 1, V};
+      const OpInputs x = every_op_inputs("cross_entropy", s, /*bf16=*/true, gen);
+      const OpRun in_fp32 = call_op(
+          "cross_entropy", gpu_catalogue<float>().select({{"cross_entropy", variant}}), x, s);
+      const OpRun in_bf16 = call_op(
+          "cross_entropy", gpu_catalogue<bf16>().select({{"cross_entropy", variant}}), x, s);
+      const std::string what = std::string("cross_entropy=") + variant + " V " + std::to_string(V) +
+                               " (seed " + std::to_string(test_seed()) + ")";
+      // The first value that differs, if any: losses (output 0), then the rounded gradients.
+      for (size_t o : {size_t(0), size_t(1)})
+        for (size_t e = 0; e < in_bf16.outputs[o].size(); ++e) {
+          const double fp32 = in_fp32.outputs[o][e],
+                       want = o == 0 ? fp32 : lowp::bf16_rne(float(fp32));
+          ASSERT_EQ(in_bf16.outputs[o][e], want) << what << ": output " << o << " element " << e;
+        }
+    }
+}
+
 // The optimizer's norms over many spans in one grid (ReferencePairs::SumSquaresSpans) give each
 // span the bits of its own sum_squares call: spans of 1 value to past the grid's block cap, at
 // offsets 16-byte aligned and not, empty ones included.
