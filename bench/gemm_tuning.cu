@@ -112,10 +112,5 @@ static int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const divlab::cuda::CudaError& e) {
-    std::fprintf(stderr, "bench_gemm_tuning: %s\n", e.what());
-    return 1;
-  }
+  return main_reporting_cuda_errors("bench_gemm_tuning", run, argc, argv);
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GEMM benchmarks' bad command lines (bench/int_options.h): each exits 2 with one line naming
+# The GPU benchmarks' bad command lines (bench/int_options.h): each exits 2 with one line naming
 # the option and its value, before any GPU work (so this runs where there is no GPU), and writes
 # nothing. Usage: tests/bench_bad_options.sh BENCHMARK_BINARY
 set -u
@@ -19,10 +19,10 @@ expect() {  # expect TEXT_THE_LINE_MUST_HOLD ARGS...
   fi
 }
 expect "--reps 0: expected a positive integer" --reps 0
-expect "--tokens 12x: expected a positive integer" --tokens 12x
-expect "--vocab -5: expected a positive integer" --vocab -5
+expect "--reps 12x: expected a positive integer" --reps 12x
+expect "--d-model -5: expected a positive integer" --d-model -5
 expect "--d-model 99999999999: expected a positive integer" --d-model 99999999999
-expect "--d-model: missing value" --tokens 8 --d-model
+expect "--d-model: missing value" --reps 8 --d-model
 expect "unknown option '--bogus'" --bogus 3
 [ $fail = 0 ] && echo "$(basename "$bin"): every bad command line refused"
 exit $fail

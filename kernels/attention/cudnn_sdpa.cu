@@ -4,6 +4,8 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/attention/cudnn_sdpa.h"
 #include "kernels/cuda/cudnn_graph.h"
@@ -226,12 +228,12 @@ std::string cudnn_sdpa_unsupported(int T_, int C, int NH, bool backward) {
   return "";
 }
 
-void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
-                        const __nv_bfloat16* qkv, int B, int T_, int C, int NH) {
-  Forward& f = forward_plan(B, T_, C, NH);
+namespace {
+void run_forward(const Forward& f, const Plan& plan, const OpContext& ctx, __nv_bfloat16* o,
+                 float* stats, const __nv_bfloat16* qkv, int C, int NH) {
   float scale = 1.0f / std::sqrt(float(C / NH)), masked = masked_value();
   auto* in = const_cast<__nv_bfloat16*>(qkv);
-  execute(f.plan,
+  execute(plan,
           {{f.q, in},
            {f.kt, in + C},
            {f.v, in + 2 * C},
@@ -239,13 +241,12 @@ void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
            {f.stats, stats},
            {f.scale, &scale},
            {f.masked, &masked}},
-          workspace(ctx, f.plan), ctx);
+          workspace(ctx, plan), ctx);
 }
 
-void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
-                         const __nv_bfloat16* o, const float* stats, const __nv_bfloat16* dout,
-                         int B, int T_, int C, int NH) {
-  Backward& b = backward_plan(B, T_, C, NH);
+void run_backward(const Backward& b, const Plan& plan, const OpContext& ctx, __nv_bfloat16* dqkv,
+                  const __nv_bfloat16* qkv, const __nv_bfloat16* o, const float* stats,
+                  const __nv_bfloat16* dout, int B, int T_, int C, int NH) {
   const size_t rows = size_t(B) * NH * T_;
   float* sum = scratch_as<float>(ctx, Scratch::CudnnRows, rows);
   float* accum = nullptr;
@@ -269,7 +270,90 @@ void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_b
                                              {b.one, &one},
                                              {b.masked, &masked}};
   if (accum) bind.push_back({b.dq_accum, accum});
-  execute(b.plan, bind, workspace(ctx, b.plan), ctx);
+  execute(plan, bind, workspace(ctx, plan), ctx);
+}
+
+__global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    unsigned x = unsigned(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = __float2bfloat16(float(x & 0xffffu) / 32768.0f - 1.0f);
+  }
+}
+
+template <class T>
+std::vector<T> to_host(const OpContext& ctx, const T* p, size_t n) {
+  std::vector<T> h(n);
+  DIVLAB_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  DIVLAB_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+}  // namespace
+
+void cudnn_sdpa_forward(const OpContext& ctx, __nv_bfloat16* o, float* stats,
+                        const __nv_bfloat16* qkv, int B, int T_, int C, int NH) {
+  Forward& f = forward_plan(B, T_, C, NH);
+  run_forward(f, f.plan, ctx, o, stats, qkv, C, NH);
+}
+
+void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_bfloat16* qkv,
+                         const __nv_bfloat16* o, const float* stats, const __nv_bfloat16* dout,
+                         int B, int T_, int C, int NH) {
+  Backward& b = backward_plan(B, T_, C, NH);
+  run_backward(b, b.plan, ctx, dqkv, qkv, o, stats, dout, B, T_, C, NH);
+}
+
+std::vector<SdpaCandidate> cudnn_sdpa_candidates(const OpContext& ctx, bool backward, int B, int T_,
+                                                 int C, int NH, int reps) {
+  const size_t N = size_t(B) * T_, rows = size_t(B) * NH * T_;
+  __nv_bfloat16 *qkv = nullptr, *o = nullptr, *dout = nullptr, *dqkv = nullptr;
+  float* stats = nullptr;
+  DIVLAB_CUDA_CHECK(cudaMalloc(&qkv, N * 3 * C * 2));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&dqkv, N * 3 * C * 2));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&o, N * C * 2));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&dout, N * C * 2));
+  DIVLAB_CUDA_CHECK(cudaMalloc(&stats, rows * 4));
+  fill_random<<<1024, 256, 0, stream_of(ctx)>>>(qkv, N * 3 * C, 1);
+  fill_random<<<1024, 256, 0, stream_of(ctx)>>>(dout, N * C, 2);
+  Forward& f = forward_plan(B, T_, C, NH);
+  run_forward(f, f.plan, ctx, o, stats, qkv, C, NH);
+  std::vector<SdpaCandidate> out;
+  // Each configuration: one call's outputs against the first plan's, then `reps` calls timed.
+  const auto measure = [&](const Graph& g, const std::string& what, bool ordered, auto&& call,
+                           auto&& outputs) {
+    const auto first = outputs();
+    g.visit_plans(what, {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_B, CUDNN_HEUR_MODE_FALLBACK},
+                  [&](const Plan& p) {
+                    call(p);
+                    SdpaCandidate c{p.engine, p.deterministic && ordered, outputs() == first, 0};
+                    c.ms = 1e3 *
+                           device_seconds(stream_of(ctx),
+                                          [&] {
+                                            for (int r = 0; r < reps; ++r) call(p);
+                                          }) /
+                           reps;
+                    out.push_back(c);
+                    return false;
+                  });
+  };
+  if (!backward) {
+    measure(
+        f.graph, "SDPA forward", true,
+        [&](const Plan& p) { run_forward(f, p, ctx, o, stats, qkv, C, NH); },
+        [&] { return std::make_pair(to_host(ctx, o, N * C), to_host(ctx, stats, rows)); });
+  } else {
+    Backward& b = backward_plan(B, T_, C, NH);
+    run_backward(b, b.plan, ctx, dqkv, qkv, o, stats, dout, B, T_, C, NH);
+    measure(
+        b.graph, "SDPA backward", b.dq_accum < 0,
+        [&](const Plan& p) { run_backward(b, p, ctx, dqkv, qkv, o, stats, dout, B, T_, C, NH); },
+        [&] { return to_host(ctx, dqkv, N * 3 * C); });
+  }
+  for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dqkv), static_cast<void*>(o),
+                  static_cast<void*>(dout), static_cast<void*>(stats)})
+    DIVLAB_CUDA_CHECK(cudaFree(p));
+  return out;
 }
 
 bool cudnn_sdpa_backward_deterministic(int B, int T_, int C, int NH, std::string* engine) {

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include <string>
+#include <vector>
 
 #include "kernels/op_context.h"
 
@@ -35,5 +36,18 @@ void cudnn_sdpa_backward(const OpContext& ctx, __nv_bfloat16* dqkv, const __nv_b
 // Whether the backward plan for this shape runs on an engine cuDNN calls deterministic (no
 // float atomics in dQ); builds the plan if needed. The engine's name goes to *engine.
 bool cudnn_sdpa_backward_deterministic(int B, int T_, int C, int NH, std::string* engine);
+
+// For benchmarks (bench/sdpa_engines.cu): every configuration cuDNN's heuristics (modes A, B and
+// fallback) offer for this shape's forward or backward graph, in the order the op's plan is
+// chosen from (the first is the op's), each run on random inputs: whether it gives the first's
+// bits, and its mean time over `reps` calls on ctx's stream.
+struct SdpaCandidate {
+  std::string engine;
+  bool deterministic = false;  // no NONDETERMINISTIC note and, backward, dQ without atomics
+  bool same_bits = false;
+  double ms = 0;
+};
+std::vector<SdpaCandidate> cudnn_sdpa_candidates(const OpContext& ctx, bool backward, int B, int T_,
+                                                 int C, int NH, int reps);
 
 }  // namespace divlab::cuda

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 
@@ -152,9 +153,11 @@ std::pair<int64_t, bool> engine_facts(cudnnBackendDescriptor_t cfg) {
     nondeterministic |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
   return {index, !nondeterministic};
 }
+
 }  // namespace
 
-Plan Graph::plan(const std::string& what) const {
+void Graph::visit_plans(const std::string& what, const std::vector<cudnnBackendHeurMode_t>& modes,
+                        const std::function<bool(const Plan&)>& take) const {
   cudnnHandle_t handle = cudnn();
   std::vector<cudnnBackendDescriptor_t> ops;
   for (const auto& op : ops_) ops.push_back(op->get());
@@ -172,7 +175,8 @@ Plan Graph::plan(const std::string& what) const {
   }
 
   std::string last_error = "no engine configurations";
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+  bool any = false;
+  for (cudnnBackendHeurMode_t mode : modes) {
     Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
         .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
@@ -215,11 +219,22 @@ Plan Graph::plan(const std::string& what) const {
                                                     CUDNN_TYPE_INT64, 1, &n, &out.workspace_bytes));
         out.deterministic = deterministic;
         out.engine = "engine " + std::to_string(index);
-        return out;
+        any = true;
+        if (take(out)) return;
       }
   }
+  if (any) return;
   throw CudaError("cuDNN " + std::to_string(cudnn_version()) + " has no engine for the " + what +
                   " graph (" + last_error + ")");
+}
+
+Plan Graph::plan(const std::string& what) const {
+  Plan first;
+  visit_plans(what, {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}, [&](const Plan& p) {
+    first = p;
+    return true;
+  });
+  return first;
 }
 
 void execute(const Plan& plan, const std::vector<std::pair<Uid, void*>>& bindings, void* workspace,

@@ -11,6 +11,7 @@
 #include <cudnn_graph.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +76,11 @@ class Graph {
   // Finalises the graph and returns an execution plan. Throws CudaError naming `what` when no
   // engine supports the graph (with the last backend status).
   Plan plan(const std::string& what) const;
+  // Every configuration the heuristics of `modes` offer that finalises, in plan()'s order
+  // (deterministic ones first within each mode), to `take` until it returns true. Throws like
+  // plan() when none finalises.
+  void visit_plans(const std::string& what, const std::vector<cudnnBackendHeurMode_t>& modes,
+                   const std::function<bool(const Plan&)>& take) const;
 
  private:
   struct Tensor {
