@@ -47,11 +47,14 @@ struct CheckOptions {
   int jobs = 0;
   bool plots = true;
   uint64_t seed = 0;
-  bool sanitizer = true;  // cuda: also run the conditions under compute-sanitizer memcheck
+  bool sanitizer = true;  // cuda: also run the conditions under compute-sanitizer (memcheck,
+                          // racecheck)
   // `divlab check` runs the conditions in a worker process, so that a kernel that crashes or
   // hangs gets a verdict for the condition it was in instead of taking the check down.
   bool isolated = true;
   int time_limit = 120;  // seconds one condition may take before it is called a hang
+  // Internal: the racecheck pass's run (cmd_check): only the shape conditions, one draw each.
+  bool shape_conditions_only = false;
   // Internal: this process is such a worker, starting at this condition, reporting to this file.
   int worker_from = -1;
   std::string worker_report;
@@ -106,7 +109,8 @@ struct CheckReport {
   uint64_t seed = 0;
   std::string trace;                 // --trace: the run whose recorded values were one condition
   std::vector<std::string> plugins;  // --plugins, for the replay line
-  std::string sanitizer;  // cuda: compute-sanitizer's summary line, or why it did not run
+  // cuda: a line per compute-sanitizer tool ("memcheck: ERROR SUMMARY: 0 errors"), or why none ran
+  std::vector<std::string> sanitizer;
 };
 
 // Throws InputError for an unknown op/variant, an op check does not cover, or a bad backend.

@@ -256,23 +256,64 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
 
 namespace {
 
-// Runs the same check (same seed) under compute-sanitizer memcheck; returns its summary.
-std::string sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
-  if (!on_path("compute-sanitizer")) return "not run (compute-sanitizer not on PATH)";
-  std::vector<std::string> argv = check_argv(opt, seed);
-  // In one process under the sanitizer: it follows no worker.
-  argv.insert(argv.begin(),
-              {"compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", self_exe()});
-  argv.push_back("--in-process");
-  const UnnamedFile log("divlab-check-sanitizer-log");
-  SpawnOptions so;
-  so.log = log.path();
-  const int rc = run_process(argv, so);
-  std::ifstream in(log.path());
-  std::string line, summary = "no summary";
-  while (std::getline(in, line))
-    if (line.find("ERROR SUMMARY") != std::string::npos) summary = line.substr(line.find("ERROR"));
-  return (WIFEXITED(rc) && WEXITSTATUS(rc) == 99 ? "ERRORS: " : "") + summary;
+// The tools of the compute-sanitizer pass, each over the same check (same seed) in one process:
+// memcheck (accesses out of bounds or misaligned, failed API calls) over every kernel; racecheck
+// (shared-memory hazards: a barrier missing between one thread's access and another's, which a
+// condition sees only when the warps' timing goes wrong) over every kernel but cuDNN's generated
+// attention kernels, whose TMA and mbarrier pipelines it does not model (docs/cuda.md). A
+// candidate's kernels are always covered.
+// racecheck slows shared-memory-heavy kernels by orders of magnitude (the whole check took more
+// than 8 minutes on an H100, the GEMMs of "concurrent load" among them), so it runs the shape
+// conditions only, one draw each: a hazard needs the code path, not particular values.
+struct SanitizerTool {
+  const char* name;
+  std::vector<std::string> options;
+  const char* summary;  // the line that counts what it found
+  bool shapes_only;
+};
+const SanitizerTool kSanitizerTools[] = {
+    {"memcheck", {}, "ERROR SUMMARY", false},
+    {"racecheck", {"--kernel-name-exclude", "kns=cudnn_generated"}, "RACECHECK SUMMARY", true},
+};
+
+// Runs each tool; one line each: "memcheck: ERROR SUMMARY: 0 errors", or with what it found
+// first ("racecheck: ERRORS: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings); first:
+// Error: Race reported between Write access at ..."), and whether it found anything.
+std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
+  if (!on_path("compute-sanitizer")) return {{"not run (compute-sanitizer not on PATH)", false}};
+  std::vector<std::pair<std::string, bool>> lines;
+  for (const SanitizerTool& tool : kSanitizerTools) {
+    std::vector<std::string> argv = {"compute-sanitizer", "--tool", tool.name, "--error-exitcode",
+                                     "99"};
+    argv.insert(argv.end(), tool.options.begin(), tool.options.end());
+    CheckOptions run = opt;
+    if (tool.shapes_only) run.draws = 1;
+    const std::vector<std::string> check = check_argv(run, seed);
+    argv.push_back(self_exe());
+    argv.insert(argv.end(), check.begin(), check.end());
+    argv.push_back("--in-process");  // in one process: the sanitizer follows no worker
+    if (tool.shapes_only) argv.push_back("--shape-conditions-only");
+    const UnnamedFile log("divlab-check-sanitizer-log");
+    SpawnOptions so;
+    so.log = log.path();
+    const int rc = run_process(argv, so);
+    std::ifstream in(log.path());
+    std::string line, summary = "no summary", first;
+    while (std::getline(in, line)) {
+      const auto at = line.find(tool.summary);
+      if (at != std::string::npos) summary = line.substr(at);
+      const auto finding = line.find_first_not_of("= ");
+      if (first.empty() && finding != std::string::npos &&
+          (line.find("Race reported") != std::string::npos ||
+           line.rfind("Invalid ", finding) == finding))
+        first = line.substr(finding);
+    }
+    const bool found = WIFEXITED(rc) && WEXITSTATUS(rc) == 99;
+    lines.emplace_back(std::string(tool.name) + ": " + (found ? "ERRORS: " : "") + summary +
+                           (found && !first.empty() ? "; first: " + first : ""),
+                       found);
+  }
+  return lines;
 }
 }  // namespace
 
@@ -305,10 +346,11 @@ int cmd_check(const CheckOptions& opt) {
           ? ""
           : train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
   CheckReport r = opt.isolated ? run_check_isolated(opt) : run_check(opt);
-  if (opt.backend == Backend::Cuda && opt.sanitizer) {
-    r.sanitizer = sanitizer_pass(opt, r.seed);
-    if (r.sanitizer.rfind("ERRORS", 0) == 0) r.pass = false, r.failing.push_back("sanitizer");
-  }
+  if (opt.backend == Backend::Cuda && opt.sanitizer)
+    for (const auto& [line, found] : sanitizer_pass(opt, r.seed)) {
+      r.sanitizer.push_back(line);
+      if (found) r.pass = false, r.failing.push_back("sanitizer " + line.substr(0, line.find(':')));
+    }
   std::fputs(format_check(r).c_str(), stdout);
   if (opt.train) {
     // The op's short training grid with this candidate and the op's benign controls (the noise

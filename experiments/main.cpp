@@ -305,6 +305,7 @@ int main(int argc, char** argv) {
   // The worker process of an isolated check (internal).
   check->add_option("--worker-from", ck.worker_from)->group("");
   check->add_option("--worker-report", ck.worker_report)->group("");
+  check->add_flag("--shape-conditions-only", ck.shape_conditions_only)->group("");
   check->add_flag("--train", ck.train,
                   "then train with the candidate on a short grid chosen for the op");
   check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");

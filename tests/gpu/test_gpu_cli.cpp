@@ -1,6 +1,7 @@
 // The GPU backend through the trainer's front door: a trace written by a cuda run (with shadow
 // mode on the GPU), and a model too large for the device refused before anything is allocated or
 // written.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "datasets/text.h"
 #include "experiments/check.h"
 #include "experiments/config.h"
@@ -318,5 +320,38 @@ TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
         EXPECT_FALSE(c.failed) << target << "\n" << format_check(ok);
       }
   }
+}
+
+// check's compute-sanitizer pass: a kernel that reuses a shared-memory tile without the barrier
+// after it is read computes the right values (the warps of a block keep close) and racecheck
+// reports the hazard: the check fails it as "sanitizer racecheck", naming the race. The
+// reference, its GEMM load and the pass's other tool stay clean.
+TEST(GpuCheck, ASharedMemoryRaceFailsTheSanitizerPass) {
+  REQUIRE_GPU();
+  if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
+  const std::string dir = temp_dir("gpu_check_racecheck");
+  const auto check = [&](const std::string& target) {
+    const std::string log = dir + "/" + target + ".log";
+    const std::string cmd = std::string(DIVLAB_BIN) + " check " + target +
+                            " --backend cuda --plugins " + DIVLAB_RACY_CUDA_PLUGIN + " --seed " +
+                            std::to_string(test_seed()) + " > " + log + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream in(log);
+    return std::make_pair(
+        WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
+        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  };
+  const auto [racy_rc, racy] = check("rmsnorm_forward=missing_barrier");
+  EXPECT_EQ(racy_rc, 1) << racy;
+  EXPECT_NE(racy.find("[sanitizer racecheck]"), std::string::npos) << racy;
+  EXPECT_NE(racy.find("compute-sanitizer racecheck: ERRORS: RACECHECK SUMMARY"), std::string::npos)
+      << racy;
+  EXPECT_NE(racy.find("rmsnorm_missing_barrier"), std::string::npos) << racy;
+  EXPECT_NE(racy.find("compute-sanitizer memcheck: ERROR SUMMARY: 0 errors"), std::string::npos)
+      << racy;
+  const auto [ok_rc, ok] = check("rmsnorm_forward=reference");
+  EXPECT_EQ(ok_rc, 0) << ok;
+  EXPECT_NE(ok.find("compute-sanitizer racecheck: RACECHECK SUMMARY: 0 hazards"), std::string::npos)
+      << ok;
 }
 }  // namespace divlab

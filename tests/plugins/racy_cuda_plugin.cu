@@ -1,7 +1,12 @@
-// A CUDA plug-in (ABI 2) with a race no single call shows: `add` written through a staging buffer
-// in static device memory, shared by every call in the process. One call at a time it is exact;
-// two calls in flight on different streams overwrite each other's staged sums. `divlab check
-// --backend cuda` must fail it under "concurrent load" only (tests/gpu/test_gpu_cli.cpp).
+// A CUDA plug-in (ABI 2) with two races that one call at a time rarely or never shows:
+// - `add` written through a staging buffer in static device memory, shared by every call in the
+//   process: exact alone, two calls in flight on different streams overwrite each other's staged
+//   sums. `divlab check --backend cuda` must fail it under "concurrent load" only.
+// - `rmsnorm_forward` staging each tile of a row in shared memory without the barrier after the
+//   tile is read: a warp's next tile can overwrite values a slower warp has yet to read. Warps of
+//   a block stay close enough that the values come out right; compute-sanitizer's racecheck
+//   reports the hazard every time, and check's sanitizer pass must fail it.
+// (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
 
 #include "kernels/plugin_abi.h"
@@ -35,14 +40,54 @@ void add_staged(const divlab_op_context* ctx, float* y, const float* a, const fl
   copy_out<<<blocks, 256, 0, stream>>>(y, n);
 }
 
+// One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
+// stand-in for any use of another thread's staged value).
+constexpr int kTile = 128;
+__global__ void rmsnorm_missing_barrier(float* y, float* rstd, const float* x, const float* w,
+                                        int C, float eps) {
+  __shared__ float tile[kTile];
+  __shared__ float warp_sums[kTile / 32];
+  const float* row = x + int64_t(blockIdx.x) * C;
+  float ss = 0;
+  for (int c0 = 0; c0 < C; c0 += kTile) {
+    tile[threadIdx.x] = c0 + int(threadIdx.x) < C ? row[c0 + threadIdx.x] : 0.0f;
+    __syncthreads();
+    const float v = tile[(threadIdx.x + 1) % kTile];
+    ss += v * v;
+    // Missing here: __syncthreads(), before the next tile overwrites what others still read.
+  }
+  for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0;
+  for (int k = 0; k < kTile / 32; ++k) total += warp_sums[k];
+  const float r = 1.0f / sqrtf(total / float(C) + eps);
+  for (int c = int(threadIdx.x); c < C; c += kTile)
+    y[int64_t(blockIdx.x) * C + c] = row[c] * r * w[c];
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+void rmsnorm_forward_missing_barrier(const divlab_op_context* ctx, float* y, float* rstd,
+                                     const float* x, const float* w, int N, int C, float eps) {
+  if (N == 0) return;
+  rmsnorm_missing_barrier<<<N, kTile, 0, static_cast<cudaStream_t>(ctx->stream)>>>(y, rstd, x, w, C,
+                                                                                   eps);
+}
+
 const divlab_variant2 kVariants[] = {
     {"add", "racy_staging", "cuda", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&add_staged),
      "y = a + b through a staging buffer in static device memory",
      "every call shares the staging buffer: concurrent calls overwrite each other's sums",
      "two calls in flight at once (several streams, several models in one process)",
      "one stream, one call at a time"},
+    {"rmsnorm_forward", "missing_barrier", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&rmsnorm_forward_missing_barrier),
+     "rows staged in shared memory tile by tile, one block of 128 threads a row",
+     "no barrier after a tile is read: the next tile may overwrite values not yet read",
+     "rows wider than one tile, when a warp falls behind the others of its block",
+     "rows of at most 128 values"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 1, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
 
 }  // namespace
 
