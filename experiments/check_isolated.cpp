@@ -264,7 +264,8 @@ namespace {
 // candidate's kernels are always covered.
 // racecheck slows shared-memory-heavy kernels by orders of magnitude (the whole check took more
 // than 8 minutes on an H100, the GEMMs of "concurrent load" among them), so it runs the shape
-// conditions only, one draw each: a hazard needs the code path, not particular values.
+// conditions only, one draw each (a hazard needs the code path, not particular values), and
+// without the GEMM tuner's timing calls (DIVLAB_GEMM_TUNING=0: the same bits).
 struct SanitizerTool {
   const char* name;
   std::vector<std::string> options;
@@ -296,6 +297,7 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     const UnnamedFile log("divlab-check-sanitizer-log");
     SpawnOptions so;
     so.log = log.path();
+    if (tool.shapes_only) so.setenv = {"DIVLAB_GEMM_TUNING=0"};
     const int rc = run_process(argv, so);
     std::ifstream in(log.path());
     std::string line, summary = "no summary", first;

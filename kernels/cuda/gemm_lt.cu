@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -276,12 +277,21 @@ void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const 
   if (best[fastest] < (1.0 - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
 }
 
-// The plan of `s`, tuned first where it is due (a GEMM large enough, not while capturing, not
-// yet tuned). Caller holds plans_mutex.
+// Whether this process tunes (DIVLAB_GEMM_TUNING=0 says no), read once.
+bool tuning_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("DIVLAB_GEMM_TUNING");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// The plan of `s`, tuned first where it is due (tuning on, a GEMM large enough, not while
+// capturing, not yet tuned). Caller holds plans_mutex.
 Plan& tuned_plan(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,
                  const void* B, float beta, void* C) {
   Plan& p = plan_for(s);
-  if (!p.tuned && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
+  if (!p.tuned && tuning_on() && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
     tune(ctx, s, p, alpha, A, B, beta, C);
   return p;
 }
