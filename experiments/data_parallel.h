@@ -35,7 +35,7 @@ struct RankReport {
   double loss = 0;
   double compute_s = 0;  // its shard's forward and backward
   double reduce_s = 0;   // gathering the ranks' gradients and reducing them
-  double stop = 0;       // 1: a stop signal reached this rank
+  double stop = 0;       // the stop signal that reached this rank (SIGINT, ...), or 0
 };
 
 // One step's gradient of the whole batch, left in the model's gradient buffer, and the batch's
@@ -85,7 +85,7 @@ class DataParallelStep {
     mem.synchronize(model_.stream());
     mine.compute_s = std::chrono::duration<double>(t1 - t0).count();
     mine.reduce_s = std::chrono::duration<double>(Clock::now() - t1).count();
-    mine.stop = stop_signal() != 0 ? 1 : 0;
+    mine.stop = stop_signal();
     comm_->all_gather_host(&mine, reports_.data(), sizeof mine, model_.stream());
     double sum = 0;  // in rank order, as the simulated ranks add them
     for (const RankReport& rep : reports_) sum += rep.loss;
@@ -129,12 +129,15 @@ class DataParallelStep {
     static const std::vector<RankReport> none;
     return comm_ ? reports_ : none;
   }
-  // Whether the run stops after this step: a stop signal here (simulated ranks), or on any rank
-  // as the last step's reports say (over NCCL, where every rank must decide alike).
-  bool stop_requested() const {
-    if (comm_ == nullptr) return stop_signal() != 0;
-    return std::any_of(reports_.begin(), reports_.end(),
-                       [](const RankReport& r) { return r.stop != 0; });
+  // The signal the run stops for after this step (0: it goes on): the one that reached this
+  // process (simulated ranks), or, over a communicator, the lowest rank's that one reached as
+  // the last step's reports say, so that every rank stops alike and records the same signal
+  // (the launcher's forwarded SIGINT can reach rank 1 a step before rank 0).
+  int stop_requested() const {
+    if (comm_ == nullptr) return stop_signal();
+    for (const RankReport& r : reports_)
+      if (r.stop != 0) return int(r.stop);
+    return 0;
   }
 
  private:

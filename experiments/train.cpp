@@ -568,7 +568,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
         trace.append("/ranks/" + std::to_string(r) + "/compute_s", reports[r].compute_s);
         trace.append("/ranks/" + std::to_string(r) + "/reduce_s", reports[r].reduce_s);
       }
-      const bool stop = data_parallel.stop_requested();
+      const int stop = data_parallel.stop_requested();
       result.steps = step + 1;
       // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
       // the profile covers the steady steps after it when there are any.
@@ -580,7 +580,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       result.final_loss = double(loss);
       // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
       // order as they come, and all of them before a checkpoint or the end of the run.
-      const bool drain = step + 1 == cfg.steps || stop ||
+      const bool drain = step + 1 == cfg.steps || stop != 0 ||
                          (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
                          !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
       if (tap)
@@ -619,9 +619,9 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       }
       // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed. Over NCCL only what every
       // rank reported counts, so that all stop at this step.
-      if (stop || (!comm && stop_signal() != 0)) {
+      if (stop != 0 || (!comm && stop_signal() != 0)) {
         result.status = "interrupted";
-        result.signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // a peer rank's
+        result.signal = stop != 0 ? stop : stop_signal();
         break;
       }
     }
