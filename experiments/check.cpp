@@ -246,7 +246,8 @@ void judge(ConditionResult& r) {
     r.failed = true,
     r.why =
         "non-finite output where the reference is finite (an overflow, or an output value "
-        "left unwritten or read before it is written: outputs start as NaN)";
+        "or scratch left unwritten or read before it is written: outputs and new scratch start "
+        "as NaN)";
   else if (r.rows_not_updated > 0)
     r.failed = true, r.why = "row never updated: " + std::to_string(r.rows_not_updated) +
                              " row(s) the reference adds to, e.g. " + r.row_example;
@@ -508,7 +509,9 @@ struct Checker {
     }
     judge(r);
     if (cond.in_place && r.failed)
-      r.why += " (after a first call on other values in the same arrays: kept by address?)";
+      r.why +=
+          " (after a first call on other values in the same arrays: kept by address? scratch "
+          "read before it is written?)";
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
       if (r.failed)
         r.why += " (" + moved +

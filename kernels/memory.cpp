@@ -51,9 +51,20 @@ std::unique_ptr<Workspace> host_workspace() {
 void* HostWorkspace::get(int slot, size_t bytes) {
   if (slot < 0) throw std::logic_error("workspace: negative slot");
   if (size_t(slot) >= regions_.size()) regions_.resize(size_t(slot) + 1);
-  auto& r = regions_[size_t(slot)];
-  if (r.size() < bytes) r.resize(bytes), ++moves_;
-  return r.data();
+  Region& r = regions_[size_t(slot)];
+  if (r.bytes < bytes) {
+    constexpr size_t kAlign = 256;
+    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p)
+      throw OutOfMemory("out of host memory for " + std::to_string(bytes) + " bytes of scratch");
+    // All-ones bytes (NaN as float and double), not the zeros new memory happens to hold: a
+    // kernel that reads scratch before writing it reads NaN at once.
+    std::memset(p, 0xFF, rounded);
+    r.data.reset(static_cast<unsigned char*>(p));
+    r.bytes = bytes, ++moves_;
+  }
+  return r.data.get();
 }
 
 OpContextSource::OpContextSource(const MemoryOps& memory, void* stream)

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -36,13 +37,17 @@ class Workspace {
   uint64_t moves_ = 0;
 };
 
-// Host memory scratch (the CPU backend's).
+// Host memory scratch (the CPU backend's): 256-byte aligned regions, as plug-in ABI 2 promises.
 class HostWorkspace final : public Workspace {
  public:
   void* get(int slot, size_t bytes) override;
 
  private:
-  std::vector<std::vector<unsigned char>> regions_;
+  struct Region {
+    std::unique_ptr<unsigned char, void (*)(void*)> data{nullptr, std::free};
+    size_t bytes = 0;
+  };
+  std::vector<Region> regions_;
 };
 
 struct OpContext {

@@ -90,7 +90,9 @@ typedef struct divlab_op_context {
   /* Scratch memory in the device's memory (host or device): region 0 to 7, at least `bytes`,
    * 256-byte aligned, owned by divlab. Valid until the kernel returns and, on cuda, for the work
    * it queued on ctx->stream; asking again for a region may move it (its contents are then
-   * lost). NULL if it cannot be had (a region out of range, memory exhausted). */
+   * lost). Its contents are whatever was last written there, never zeros by promise: a new
+   * region holds all-ones bytes (NaN as float). NULL if it cannot be had (a region out of range,
+   * memory exhausted). */
   void* (*workspace)(const struct divlab_op_context* ctx, int region, size_t bytes);
   void* divlab_private; /* divlab's; do not touch */
 } divlab_op_context;

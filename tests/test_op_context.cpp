@@ -2,7 +2,9 @@
 // models, two shadow taps and two profilers work side by side in one process, and a kernel's
 // random bits come from its call's seed, so they repeat exactly when the caller's seed does; a
 // backend's reference pair (ReferencePairs) runs in place of its two ops with their bits and
-// leaves every later call's seed where it was.
+// leaves every later call's seed where it was; new host scratch is aligned and reads as NaN.
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/op_tracker.h"
@@ -237,4 +239,19 @@ TEST(OpContext, AReferencePairRunsInPlaceOfItsOpsWithTheirBitsAndSeeds) {
   EXPECT_EQ(profiler.times().count("add"), 0u);
 }
 
+// Plug-in ABI 2 promises 256-byte aligned scratch. A new or grown region holds all-ones bytes
+// (NaN as float), so a kernel that reads scratch before writing it sees NaN, not the zeros fresh
+// memory happens to hold; a region asked for again at its size or smaller keeps its contents.
+TEST(OpContext, HostScratchIsAlignedAndStartsAsNaN) {
+  HostWorkspace w;
+  for (const size_t floats : {size_t(1), size_t(3), size_t(1000), size_t(1) << 18}) {
+    auto* p = static_cast<float*>(w.get(1, floats * sizeof(float)));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << floats;
+    for (size_t i = 0; i < floats; ++i) ASSERT_TRUE(std::isnan(p[i])) << floats << " at " << i;
+    p[0] = 1.5f;
+    EXPECT_EQ(static_cast<float*>(w.get(1, sizeof(float))), p) << floats;
+    EXPECT_EQ(p[0], 1.5f) << floats;
+  }
+  EXPECT_EQ(w.moves(), 4u);
+}
 }  // namespace divlab

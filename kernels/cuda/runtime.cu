@@ -316,6 +316,9 @@ void* DeviceWorkspace::get(int slot, size_t bytes) {
     if (r.p) DIVLAB_CUDA_CHECK(cudaFree(r.p));
     r.p = nullptr, r.bytes = 0;
     DIVLAB_CUDA_CHECK(cudaMalloc(&r.p, bytes));
+    // All-ones bytes (NaN as float and double), not whatever the allocation held (zeros, often):
+    // a kernel that reads scratch before writing it reads NaN at once (HostWorkspace alike).
+    DIVLAB_CUDA_CHECK(cudaMemset(r.p, 0xFF, bytes));
     r.bytes = bytes;
     ++moves_;
   }

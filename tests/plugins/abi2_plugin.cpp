@@ -7,6 +7,8 @@
 //                                         (abi2_last_context) and writes through a workspace
 //   grad_reduce    abi2_int8_reduce       fp32 arrays, a compressed all-reduce: each rank's
 //                                         gradient in int8 with one scale per 256 values
+//   rmsnorm_forward abi2_scratch_as_zero  fp32, sums each row's squares into workspace it never
+//                                         clears, as if new scratch were zeros
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
 #include <cmath>
@@ -106,6 +108,18 @@ void int8_reduce(const divlab_op_context*, float* out, const float* shards, int 
   for (int64_t i = 0; i < n; ++i) out[i] /= float(ranks);
 }
 
+// The row sums of squares accumulated in workspace region 0, never cleared first.
+void scratch_as_zero(const divlab_op_context* ctx, float* y, float* rstd, const float* x,
+                     const float* w, int N, int C, float eps) {
+  auto* sums = static_cast<float*>(ctx->workspace(ctx, 0, sizeof(float) * size_t(N)));
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) sums[n] += x[int64_t(n) * C + c] * x[int64_t(n) * C + c];
+  for (int n = 0; n < N; ++n) {
+    rstd[n] = 1.0f / std::sqrt(sums[n] / float(C) + eps);
+    for (int c = 0; c < C; ++c) y[int64_t(n) * C + c] = x[int64_t(n) * C + c] * rstd[n] * w[c];
+  }
+}
+
 const divlab_variant2 kVariants[] = {
     {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
@@ -121,8 +135,11 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&int8_reduce), "int8 all-reduce, a scale per 256 values",
      "a value far below its block's largest rounds to a few levels or to zero",
      "blocks mixing large and small gradients", "blocks of similar values"},
+    {"rmsnorm_forward", "abi2_scratch_as_zero", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&scratch_as_zero), "row sums of squares in workspace",
+     "the workspace is never cleared: each call adds to what the last one left", "", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 5, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 6, kVariants};
 
 }  // namespace
 

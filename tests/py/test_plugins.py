@@ -156,6 +156,18 @@ class Abi2Kernels(unittest.TestCase):
         self.assertEqual(lenient.returncode, 1, lenient.stdout + lenient.stderr)
         self.assertIn("verdict: FAIL under: [values tiny (x1e-10)]\n", lenient.stdout)
 
+    def test_scratch_read_before_it_is_written_fails_every_condition(self):
+        # New scratch holds NaN bytes, not the zeros fresh memory happens to hold: a kernel that
+        # sums into workspace it never clears fails at its first call, in every condition, with
+        # the reason, not only where a second call finds the first one's sums ("arrays
+        # refilled", the one condition that failed it while new scratch read as zeros).
+        r = run("check", "rmsnorm_forward=abi2_scratch_as_zero", "--plugins", ABI2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        for condition in ("shape tiny", "shape odd", "shapes random", "values large (x1e3)",
+                          "arrays refilled"):
+            self.assertIn("[%s]" % condition, r.stdout)
+        self.assertIn("scratch left unwritten or read before it is written", r.stdout)
+
     def test_trained_in_the_bf16_mode_and_refused_in_fp32(self):
         d = tmpdir()
         out = os.path.join(d, "r.h5")
