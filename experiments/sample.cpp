@@ -81,7 +81,14 @@ Sample sample(const SampleOptions& opt) {
       throw InputError("--kernels '" + k + "': expected op=variant");
     overrides.push_back("kernels." + k);
   }
-  const RunConfig cfg = load_config_text(recorded, "trace '" + opt.trace + "'", overrides);
+  RunConfig cfg;
+  try {
+    cfg = load_config_text(recorded, "trace '" + opt.trace + "'", overrides);
+  } catch (const InputError& e) {
+    // The recorded config loaded once already; what fails now is an inference kernel named here.
+    if (opt.kernels.empty()) throw;
+    throw InputError(std::string("--kernels: ") + e.what());
+  }
   const ModelConfig& m = cfg.model;
   SampledWeights w = weights_of(r, opt.weights, m, opt.trace);
   const std::string tokenizer =
