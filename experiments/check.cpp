@@ -600,7 +600,7 @@ struct Checker {
       if (!cond.applies_to(which)) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = cond.not_for;
-      } else if (opt.shape_conditions_only && cond.name.rfind("shape", 0) != 0) {
+      } else if (opt.shape_conditions_only && !cond.shapes_only) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = "not in the racecheck pass (shape conditions only)";
       } else {

@@ -57,14 +57,14 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   for (const auto& [name, s] : std::vector<std::pair<std::string, OpShape>>{
            {"shape tiny", kTiny}, {"shape odd", kOdd}, {"shape aligned", kAligned}}) {
     Condition k = c(name, s);
-    k.shrink = true;
+    k.shrink = true, k.shapes_only = true;
     list.push_back(k);
   }
   Condition large = c("shape large", kLarge);
-  large.draws = 0;
+  large.draws = 0, large.shapes_only = true;
   list.push_back(large);
   Condition random = c("shapes random", kTiny);
-  random.random_shapes = true, random.shrink = true, random.draws = 3;
+  random.random_shapes = true, random.shrink = true, random.draws = 3, random.shapes_only = true;
   list.push_back(random);
   for (const auto& [name, v] :
        std::vector<std::pair<std::string, Values>>{{"values tiny (x1e-10)", Values::Tiny},

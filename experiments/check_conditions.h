@@ -30,6 +30,7 @@ struct Condition {
   bool concurrent = false;     // on a device: copies at once on several streams, under load
   bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
   bool in_place = false;       // judged on a second call into the arrays of a first, refilled
+  bool shapes_only = false;    // plain normal values at a shape: what check's racecheck pass runs
   int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
 
   bool applies_to(Op op) const {
