@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -480,6 +481,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // The GEMM tuner reads it (kernels/cuda/gemm_lt.h); a value it would not take is refused
+    // here, before anything runs, instead of leaving tuning silently on.
+    if (const char* v = std::getenv("DIVLAB_GEMM_TUNING");
+        v && std::string(v) != "0" && std::string(v) != "1")
+      throw InputError(std::string("environment variable DIVLAB_GEMM_TUNING='") + v +
+                       "': expected 0 (GEMMs run cuBLASLt's first choice) or 1 (tuned)");
     if (*train) {
       if (help_config) {
         std::cout << describe_config_keys();
