@@ -37,7 +37,11 @@ RunConfig load_source(const BisectOptions& opt) {
   std::ifstream f(opt.source, std::ios::binary);
   char magic[8] = {0};
   f.read(magic, 8);
-  if (std::string(magic, 8) == "\x89HDF\r\n\x1a\n") {
+  // A trace by its signature, or by its name: a damaged trace is refused as a trace, not read
+  // as TOML.
+  const bool named_trace =
+      opt.source.size() > 3 && opt.source.rfind(".h5") == opt.source.size() - 3;
+  if (named_trace || std::string(magic, 8) == "\x89HDF\r\n\x1a\n") {
     const TraceReader r(opt.source);
     return load_config_text(r.string_attr("/", "config_toml"), "trace '" + opt.source + "'",
                             opt.overrides);
