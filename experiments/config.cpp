@@ -523,10 +523,20 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     throw InputError("config: model.vocab, model.d_model, model.n_layers and model.seq_len give " +
                      std::string(count) + " parameters (at most 2^40)");
   }
+  // The widest activation (logits, the MLP's input or q, k and v) is indexed with 32 bits.
   const int64_t tokens = int64_t(cfg.batch) * m.seq_len;
-  if (double(tokens) * std::max({double(m.vocab), F_in, 3 * C}) > std::ldexp(1.0, 31))
+  const double width = std::max({double(m.vocab), F_in, 3 * C});
+  if (double(tokens) * width > std::ldexp(1.0, 31)) {
+    const std::string widest =
+        width == m.vocab ? "model.vocab = " + std::to_string(m.vocab)
+                         : "a width of " + std::to_string(int64_t(width)) +
+                               " (from model.d_model = " + std::to_string(m.d_model) + ")";
+    char count[32];
+    std::snprintf(count, sizeof count, "%.3g", double(tokens) * width);
     throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
-                     " positions is too large for model.vocab and model.d_model (2^31 elements)");
+                     " positions times " + widest + " give an activation of " + count +
+                     " elements (at most 2^31)");
+  }
   if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
     throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +
                      " needs 'shadow.variants' (op=variant entries)");
