@@ -176,7 +176,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
   // Unnamed files: a check killed at any moment leaves none of them behind.
   const UnnamedFile report_file("divlab-check-report"), log_file("divlab-check-log");
   const std::string &report = report_file.path(), &log = log_file.path();
-  bool verifier_seen = false;
+  bool verifier_seen = false, done_seen = false;
   for (size_t from = 0; from <= count;) {
     report_file.clear();
     std::vector<std::string> argv = check_argv(opt, rep.seed);
@@ -202,6 +202,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
         last = std::chrono::steady_clock::now();
         size_t i = 0;
         if (std::sscanf(l.c_str(), "begin %zu", &i) == 1) current = i;
+        if (l == "done") done_seen = true;
         if (l.rfind("verifier ", 0) == 0)
           verifier_seen = true, rep.benchmark_verifier_passes = l == "verifier 1";
         if (std::sscanf(l.c_str(), "result %zu ", &i) == 1 && i < count) {
@@ -227,7 +228,9 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     read_report();
-    if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+    // Success is the worker's "done", not its exit code: a kernel that ends the process
+    // (exit(0) inside a plug-in) must not pass the conditions it never finished.
+    if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0 && done_seen) break;
     if (!hung && WIFEXITED(status) && WEXITSTATUS(status) == 2) {  // bad input, said once
       const std::string why = last_line_of(log);
       throw InputError(why.rfind("divlab: ", 0) == 0 ? why.substr(8) : why);
@@ -236,7 +239,9 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
     std::string why =
         hung ? "hang: no result within " + std::to_string(opt.time_limit) + " s (--time-limit)"
         : WIFSIGNALED(status) ? "crashed: " + signal_text(WTERMSIG(status))
-                              : "crashed: exited with code " + std::to_string(WEXITSTATUS(status));
+        : WEXITSTATUS(status) == 0
+            ? std::string("crashed: the process ended (exit code 0) inside the condition")
+            : "crashed: exited with code " + std::to_string(WEXITSTATUS(status));
     const std::string said = last_line_of(log);
     if (!hung && !said.empty()) why += "; its last words: " + said;
     if (current >= count) {  // in the verifier emulation, after every condition

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 namespace divlab {
@@ -46,6 +47,16 @@ const char* decimal(int64_t v, char (&buf)[24]) {
   return p;
 }
 
+// A kernel that ends the process itself (exit() inside a plug-in) raises no signal, and its
+// exit code (often 0) would pass for a finished run: while a report is alive, exiting writes the
+// same kind of line and the process ends with code 1, its trace left as a killed run's.
+extern "C" void on_exit_during_run() {
+  if (const CrashReport* r = g_active.load()) {
+    r->write_line(0);
+    _exit(1);
+  }
+}
+
 extern "C" void on_fatal_signal(int sig) {
   if (const CrashReport* r = g_active.load()) r->write_line(sig);
   // Die of the signal as before: its default action, raised again.
@@ -68,6 +79,8 @@ CrashReport::CrashReport(const OpNote& note, const std::vector<std::string>& var
   const CrashReport* none = nullptr;
   if (!g_active.compare_exchange_strong(none, this)) return;  // another report is active
   installed_ = true;
+  static const bool exit_hooked = std::atexit(on_exit_during_run) == 0;
+  (void)exit_hooked;
   for (const FatalSignal& f : kFatal) {
     struct sigaction a {};
     a.sa_handler = on_fatal_signal;
@@ -102,7 +115,7 @@ void CrashReport::copy_to(int fd) {
 }
 
 void CrashReport::write_line(int signal) const {
-  const char* name = "a fatal signal";
+  const char* name = signal == 0 ? "the process was ended by a call to exit()" : "a fatal signal";
   for (const FatalSignal& f : kFatal)
     if (f.number == signal) name = f.text;
   put(kPrefix);

@@ -4,7 +4,9 @@
 // "crashed (signal N)" and the resumable trace are unchanged; a sweep copies the line from the
 // cell's log into its manifest). The handler does nothing else: a kernel that wrote out of bounds
 // may have corrupted the heap, and HDF5 is not async-signal-safe, so the trace is not touched and
-// keeps every step before the crash with status "running". Only write(2) runs in the handler:
+// keeps every step before the crash with status "running". A call to exit() while a report is
+// alive (a plug-in ending the process) is reported the same way and ends the process with code 1
+// at once. Only write(2) runs in the handler:
 // every text is formatted when the report is made. Under `divlab train`'s supervisor
 // (experiments/supervise.h) the line also goes down a pipe, and the supervisor, once this process
 // is dead, marks the trace "failed" with it.
@@ -36,7 +38,7 @@ class CrashReport {
   // The prefix a sweep looks for in a cell's log.
   static constexpr const char* kPrefix = "divlab: crashed: ";
 
-  void write_line(int signal) const;  // async-signal-safe
+  void write_line(int signal) const;  // async-signal-safe; signal 0: exit() called in the run
   // Whether `signal` is one of the fatal signals a report writes its line for.
   static bool is_fatal(int signal);
   // Also writes the line to `fd` (the pipe to the process supervising this one; -1: none).

@@ -25,19 +25,30 @@ extern "C" void forward_to_child(int sig) {
   if (g_child > 0) kill(pid_t(g_child), sig);
 }
 
-// What the child's crash report wrote down the pipe (without "divlab: " and the newline).
-std::string crash_line(int fd, int sig) {
+// What the child's crash report wrote down the pipe: "crashed: " and where (without
+// "divlab: " and the newline), or "" if it wrote nothing.
+std::string crash_line(int fd) {
   fcntl(fd, F_SETFL, O_NONBLOCK);  // a grandchild may hold the other end: read what is there
   std::string text;
   char buf[512];
   for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
-  // The line is CrashReport::kPrefix ("divlab: crashed: ") and where; the trace keeps
-  // "crashed: " and where.
-  const std::string prefix = CrashReport::kPrefix, kept = "crashed: ";
-  if (text.rfind(prefix, 0) != 0)
-    return kept + "signal " + std::to_string(sig) + " before the run's first op";
+  const std::string prefix = CrashReport::kPrefix;
+  if (text.rfind(prefix, 0) != 0) return "";
   if (const auto end = text.find('\n'); end != std::string::npos) text.erase(end);
-  return kept + text.substr(prefix.size());
+  return "crashed: " + text.substr(prefix.size());
+}
+
+// Marks a trace whose writer died "failed" with `failure` (a trace already finished, or not
+// there, is left as it is).
+void record_in_trace(const std::string& trace, const std::string& failure) {
+  try {
+    // The child's lock died with it; another writer holding it now owns the trace.
+    WriterLock lock(trace + ".lock", "--out '" + trace + "'");
+    if (record_crash(trace, failure))
+      std::cerr << "divlab: the trace '" << trace << "' records it: status failed, " << failure
+                << std::endl;
+  } catch (const std::exception&) {
+  }
 }
 
 [[noreturn]] void die_of(int sig) {
@@ -87,20 +98,18 @@ void run_supervised(const std::string& trace) {
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) _exit(1);
   if (WIFEXITED(status)) {
+    // Exited inside the run (exit() in a kernel): the crash report's line came down the pipe.
+    if (const std::string failure = crash_line(pipe_fds[0]); !failure.empty() && !trace.empty())
+      record_in_trace(trace, failure);
     std::fflush(nullptr);
     _exit(WEXITSTATUS(status));
   }
   const int sig = WTERMSIG(status);
   if (CrashReport::is_fatal(sig) && !trace.empty()) {
-    const std::string failure = crash_line(pipe_fds[0], sig);
-    try {
-      // The child's lock died with it; another writer holding it now owns the trace.
-      WriterLock lock(trace + ".lock", "--out '" + trace + "'");
-      if (record_crash(trace, failure))
-        std::cerr << "divlab: the trace '" << trace << "' records it: status failed, " << failure
-                  << std::endl;
-    } catch (const std::exception&) {
-    }
+    const std::string failure = crash_line(pipe_fds[0]);
+    record_in_trace(trace, failure.empty() ? "crashed: signal " + std::to_string(sig) +
+                                                 " before the run's first op"
+                                           : failure);
   }
   die_of(sig);
 }

@@ -49,8 +49,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // What a cell that ended badly said last, one line for the manifest: a crash report (naming the
-// op, its variant and the step) for a cell a signal ended; for one that exited with an error, its
-// log's last line when that is divlab's error line (an earlier warning must not pass for it).
+// op, its variant and the step) for a cell a signal or a kernel's exit() ended; for one that
+// exited with an error, its log's last line when that is divlab's error line (an earlier warning
+// must not pass for it).
 std::string last_words(const std::string& log, bool signalled) {
   std::ifstream in(log);
   std::string line, last, crash;
@@ -59,7 +60,9 @@ std::string last_words(const std::string& log, bool signalled) {
       crash = line.substr(std::string(CrashReport::kPrefix).size());
     if (!line.empty()) last = line;
   }
-  std::string said = signalled ? crash : last.rfind("divlab: ", 0) == 0 ? last.substr(8) : "";
+  std::string said = signalled || !crash.empty()      ? crash
+                     : last.rfind("divlab: ", 0) == 0 ? last.substr(8)
+                                                      : "";
   for (char& c : said)
     if (c == '\t' || c == '\r') c = ' ';
   return said;

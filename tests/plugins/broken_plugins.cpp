@@ -2,15 +2,16 @@
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
-// crash verdicts, or read their output or write their input, as training never allows; a
-// soft-cap with its cap written in; a weight kept by address; kernels written for smaller
-// vocabularies, sequences and row counts; a softmax that drops NaNs), and in ABI
-// 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table
-// claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
-// registration function.
+// crash verdicts, or end the process with exit(0), or read their output or write their input, as
+// training never allows; a soft-cap with its cap written in; a weight kept by address; kernels
+// written for smaller vocabularies, sequences and row counts; a softmax that drops NaNs), and in
+// ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2
+// table claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp,
+// exports no registration function.
 #include <cmath>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/plugin_abi.h"
@@ -38,6 +39,12 @@ void segfaults_on_large(float* y, const float* a, const float* b, int64_t n) {
 // grid loop never advances for one size would.
 void hangs_on_one_size(float* y, const float* a, const float* b, int64_t n) {
   for (volatile int64_t i = 0; i < n; i += n == 524288 ? 0 : 1) y[i] = a[i] + b[i];
+}
+// Right on small inputs; past 4096 values it ends the process with exit code 0, as a kernel's
+// "unsupported size" path calling exit() might: no signal, and an exit code that reads as success.
+void exits_on_large(float* y, const float* a, const float* b, int64_t n) {
+  if (n > 4096) std::exit(0);
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 // Adds into its output, as if the caller had zeroed it (training's buffers hold the last step's
 // values).
@@ -151,6 +158,8 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
      "", "", ""},
+    {"add", "exits_on_large", "cpu", reinterpret_cast<void (*)(void)>(&exits_on_large), "", "", "",
+     ""},
     {"add", "reads_its_output", "cpu", reinterpret_cast<void (*)(void)>(&reads_its_output), "", "",
      "", ""},
     {"add", "writes_its_input", "cpu", reinterpret_cast<void (*)(void)>(&writes_its_input), "", "",
@@ -171,7 +180,7 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"cross_entropy", "skips_nonfinite", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 12, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 13, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

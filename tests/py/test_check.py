@@ -127,6 +127,13 @@ class Check(unittest.TestCase):
         self.assertIn("shape aligned", failing(r.stdout))
         # Every condition still has its row: the check went on after each crash.
         self.assertRegex(r.stdout, r"repeat \(bitwise\) .* FAIL: crashed")
+        # exit(0) inside the kernel: no signal and a zero exit code, still not a pass.
+        r = check("add=exits_on_large", "--plugins", lib)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"shape tiny .* ok")
+        self.assertRegex(r.stdout, r"shape aligned .* FAIL: crashed: the process ended \(exit "
+                                   r"code 0\) inside the condition")
+        self.assertRegex(r.stdout, r"repeat \(bitwise\) .* FAIL: crashed")
         r = check("add=hangs_on_one_size", "--plugins", lib, "--time-limit", "2")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")

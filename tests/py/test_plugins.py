@@ -97,26 +97,30 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
                              "example_bf16_rows")
 
     def test_a_kernel_that_crashes_training_is_named(self):
-        # A segfaulting candidate: the run dies of the signal as before (a sweep sees it), its
-        # last line names the op, the variant and the step, and the trace (marked by the run's
-        # supervising process once the run is dead) says "failed" and where.
+        # A segfaulting candidate: the run dies of the signal as before (a sweep sees it). One
+        # that calls exit(0) raises no signal and would read as success: the run exits with code
+        # 1. Either way its last line names the op, the variant and the step, and the trace
+        # (marked by the run's supervising process once the run is dead) says "failed" and where.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        d = tmpdir()
-        out = os.path.join(d, "r.h5")
-        r = run("train", "--set", *SMALL, "model.d_model=128", "kernels.add=segfaults_on_large",
-                "--plugins", lib, "--out", out, "--quiet")
-        self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
-        self.assertIn("divlab: crashed: SIGSEGV (Segmentation fault) in op add "
-                      f"(variant segfaults_on_large, plug-in {lib}) at step 0", r.stderr)
-        with h5py.File(out, "r") as f:
-            self.assertEqual(f.attrs["status"], "failed")
-            self.assertEqual(f.attrs["failure"], "crashed: SIGSEGV (Segmentation fault) in op add "
-                             f"(variant segfaults_on_large, plug-in {lib}) at step 0")
-        self.assertIn(f"the trace '{out}' records it: status failed", r.stderr)
-        # A resume may not swap the kernel that crashed: the steps kept would be mislabelled.
-        r = run("train", "--resume", out, "--set", "kernels.add=reference", "--quiet")
-        self.assertEqual(r.returncode, 2, r.stderr)  # a resumed run may not change its kernels
-        self.assertIn("kernels.add", r.stderr)
+        for variant, code, how in [
+                ("segfaults_on_large", -signal.SIGSEGV, "SIGSEGV (Segmentation fault)"),
+                ("exits_on_large", 1, "the process was ended by a call to exit()")]:
+            with self.subTest(variant):
+                out = os.path.join(tmpdir(), "r.h5")
+                r = run("train", "--set", *SMALL, "model.d_model=128", "kernels.add=" + variant,
+                        "--plugins", lib, "--out", out, "--quiet")
+                self.assertEqual(r.returncode, code, r.stderr)
+                line = f"crashed: {how} in op add (variant {variant}, plug-in {lib}) at step 0"
+                self.assertIn("divlab: " + line, r.stderr)
+                with h5py.File(out, "r") as f:
+                    self.assertEqual(f.attrs["status"], "failed")
+                    self.assertEqual(f.attrs["failure"], line)
+                self.assertIn(f"the trace '{out}' records it: status failed", r.stderr)
+                # A resume may not swap the kernel that crashed: the steps kept would be
+                # mislabelled.
+                r = run("train", "--resume", out, "--set", "kernels.add=reference", "--quiet")
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("kernels.add", r.stderr)
 
     def test_bad_plugins_are_refused(self):
         assert_rejected(self, ["train", "--set", *SMALL, "plugins=[{d}/libnone.so]", "--out",
