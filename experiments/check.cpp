@@ -107,6 +107,13 @@ std::vector<TokenId> make_tokens(const std::string& kind, const OpShape& s, std:
     std::shuffle(ids.begin(), ids.end(), gen);
     return ids;
   }
+  if (kind == "hot") {  // one id (its draw's) at all positions but one in 32, the rest uniform
+    const auto hot = TokenId(gen() % uint64_t(s.V));
+    std::vector<TokenId> ids = uniform_tokens(s, gen);
+    for (int64_t n = 0; n < N; ++n)
+      if (n % 32 != 31) ids[size_t(n)] = hot;
+    return ids;
+  }
   const Dataset* d = streams.get(kind, s, seed, note);
   if (!d) return {};
   const auto count = size_t(N);

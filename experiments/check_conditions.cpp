@@ -108,11 +108,19 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   many_rows.only = every_op_but({Op::attention_forward, Op::attention_backward});
   many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
   list.push_back(many_rows);
+  // One id at 67 914 or more of 70 105 positions: a row taking more contributions than 16 bits
+  // count (a real-text step of 262 144 tokens gives "the" about 16 000; a 16-bit segment length or
+  // count in a sorted scatter wraps past 65 535 and drops the rest).
+  Condition hot = c("row hot (2^16+)", kManyRows);
+  hot.tokens = "hot", hot.draws = 0;
+  hot.only = {Op::embedding_forward, Op::embed_rmsnorm_backward};
+  hot.not_for = "the op does not gather or scatter by token id";
   Condition nans = c("values NaN", kAligned);
   nans.values = Values::NaNs, nans.shrink = true;
   nans.only = every_op_but({Op::embedding_forward});  // every op with activations as inputs
   nans.not_for = "the op's inputs are parameters and ids (no activation to carry a NaN)";
   list.push_back(nans);
+  list.push_back(hot);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

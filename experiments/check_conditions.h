@@ -17,7 +17,7 @@ namespace divlab {
 struct Condition {
   std::string name;
   OpShape shape;
-  std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows
+  std::string tokens = "uniform";  // uniform | zipf:1.1 | brown | rows | hot
   Values values = Values::Normal;
   // The ops it applies to (empty: every op), and what it says for the others.
   std::vector<Op> only;

@@ -4,7 +4,8 @@
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
 // crash verdicts, or end the process with exit(0), or read their output or write their input, as
 // training never allows; a soft-cap with its cap written in; a weight kept by address; kernels
-// written for smaller vocabularies, sequences and row counts; a softmax that drops NaNs), and in
+// written for smaller vocabularies, sequences and row counts, and for rows of fewer than 65 536
+// contributions; a softmax that drops NaNs), and in
 // ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2
 // table claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp,
 // exports no registration function.
@@ -126,6 +127,40 @@ void rmsnorm_rows_u16(float* y, float* rstd, const float* x, const float* w, int
     rstd[row] = r;
   }
 }
+// The embedding gradient as a sorted scatter: positions grouped by id (a counting sort), each
+// id's segment summed in position order. Its per-id counts are 16 bits wide: right while no id
+// takes more than 65 535 positions (every real-text step divlab runs), and past that the count
+// wraps and the segment loses most of its contributions.
+void embed_backward_u16_counts(float* dwte, float* dwpe, float* dw_norm, const float* dy,
+                               const float* dresid, const float* x0, const float* w,
+                               const float* rstd, const divlab_token* tokens, int B, int T, int C,
+                               int V) {
+  const int64_t N = int64_t(B) * T;
+  std::vector<float> dx(size_t(N) * C);
+  for (int64_t n = 0; n < N; ++n) {  // dx0 = dresid + the RMSNorm backward
+    const float *d = dy + n * C, *x = x0 + n * C;
+    double dot = 0;
+    for (int c = 0; c < C; ++c) dot += double(d[c]) * w[c] * x[c];
+    const double r = rstd[n], k = r * r * r * dot / C;
+    for (int c = 0; c < C; ++c) {
+      dx[size_t(n * C + c)] = float(dresid[n * C + c] + r * w[c] * d[c] - x[c] * k);
+      dw_norm[c] += float(double(d[c]) * x[c] * r);
+      dwpe[(n % T) * C + c] += dx[size_t(n * C + c)];
+    }
+  }
+  std::vector<uint16_t> count(size_t(V), 0);
+  for (int64_t n = 0; n < N; ++n) ++count[size_t(tokens[n])];
+  std::vector<int64_t> start(size_t(V) + 1, 0);
+  for (int v = 0; v < V; ++v) start[size_t(v) + 1] = start[size_t(v)] + count[size_t(v)];
+  std::vector<int64_t> order(size_t(N), -1), fill(start.begin(), start.end() - 1);
+  for (int64_t n = 0; n < N; ++n) {
+    const auto v = size_t(tokens[n]);
+    if (fill[v] < start[v + 1]) order[size_t(fill[v]++)] = n;
+  }
+  for (int v = 0; v < V; ++v)
+    for (int64_t i = start[size_t(v)]; i < start[size_t(v) + 1]; ++i)
+      for (int c = 0; c < C; ++c) dwte[int64_t(v) * C + c] += dx[size_t(order[size_t(i)] * C + c)];
+}
 // A "safe" softmax: non-finite logits are treated as masked (-inf) instead of passed on, so a
 // step whose logits blew up reports a finite loss.
 void cross_entropy_skips_nonfinite(float* losses, float* dlogits, const float* logits,
@@ -158,6 +193,8 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"add", "hangs_on_one_size", "cpu", reinterpret_cast<void (*)(void)>(&hangs_on_one_size), "",
      "", "", ""},
+    {"embed_rmsnorm_backward", "u16_row_counts", "cpu",
+     reinterpret_cast<void (*)(void)>(&embed_backward_u16_counts), "", "", "", ""},
     {"add", "exits_on_large", "cpu", reinterpret_cast<void (*)(void)>(&exits_on_large), "", "", "",
      ""},
     {"add", "reads_its_output", "cpu", reinterpret_cast<void (*)(void)>(&reads_its_output), "", "",
@@ -180,7 +217,7 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"cross_entropy", "skips_nonfinite", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 13, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 14, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
