@@ -452,14 +452,14 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    if (cond.in_place) {
-      // A first call on other values (other ids too) in the same arrays.
+    if (cond.earlier_calls > 0) {
+      // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
       first.scalars = x.scalars;
       if (round_inputs)
         for (auto& v : first.values) round_to_bf16(v);
       try {
-        got = call_op_twice_in_place(op, variant, first, x, s);
+        got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s);
       } catch (const std::exception& e) {
         r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
         return r;
@@ -515,10 +515,13 @@ struct Checker {
       if (!r.deterministic && r.note.empty()) r.note = "not bitwise repeatable";
     }
     judge(r);
-    if (cond.in_place && r.failed)
+    if (cond.earlier_calls == 1 && r.failed)
       r.why +=
           " (after a first call on other values in the same arrays: kept by address? scratch "
           "read before it is written?)";
+    if (cond.earlier_calls > 1 && r.failed)
+      r.why += " (after " + std::to_string(cond.earlier_calls) +
+               " calls on other values: a path taken after warm-up? state built up over calls?)";
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
       if (r.failed)
         r.why += " (" + moved +

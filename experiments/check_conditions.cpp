@@ -81,7 +81,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   // Training refills the same buffers every step: a kernel that keeps anything by address (a
   // weight prepared once per pointer) computes the second call with the first's values.
   Condition reused = c("arrays refilled", kAligned);
-  reused.in_place = true, reused.shrink = true;
+  reused.earlier_calls = 1, reused.shrink = true;
   list.push_back(reused);
   Condition rep = c("repeat (bitwise)", kAligned);
   rep.repeat = true;
@@ -115,12 +115,18 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   hot.tokens = "hot", hot.draws = 0;
   hot.only = {Op::embedding_forward, Op::embed_rmsnorm_backward};
   hot.not_for = "the op does not gather or scatter by token id";
+  // A kernel that changes with its call count (an autotuner switching algorithms after warm-up,
+  // a cache filled after N calls, a counter that wraps) passes every condition of a few calls
+  // and changes mid-run: judged at the 257th call, as a run's fifth step at the latest.
+  Condition warmed = c("call 257 (warmed up)", kAligned);
+  warmed.earlier_calls = 256, warmed.draws = 0;
   Condition nans = c("values NaN", kAligned);
   nans.values = Values::NaNs, nans.shrink = true;
   nans.only = every_op_but({Op::embedding_forward});  // every op with activations as inputs
   nans.not_for = "the op's inputs are parameters and ids (no activation to carry a NaN)";
   list.push_back(nans);
   list.push_back(hot);
+  list.push_back(warmed);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

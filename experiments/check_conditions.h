@@ -29,9 +29,9 @@ struct Condition {
   bool from_trace = false;     // the draws are calls recorded from --trace's run, one each
   bool concurrent = false;     // on a device: copies at once on several streams, under load
   bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
-  bool in_place = false;       // judged on a second call into the arrays of a first, refilled
-  bool shapes_only = false;    // plain normal values at a shape: what check's racecheck pass runs
-  int draws = 1;               // x CheckOptions::draws; 0: one draw (the costly shapes)
+  int earlier_calls = 0;     // judged on the call after this many on other values, arrays refilled
+  bool shapes_only = false;  // plain normal values at a shape: what check's racecheck pass runs
+  int draws = 1;             // x CheckOptions::draws; 0: one draw (the costly shapes)
 
   bool applies_to(Op op) const {
     return only.empty() || std::find(only.begin(), only.end(), op) != only.end();

@@ -626,16 +626,18 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
 }
 
 template <class KS>
-OpRun call_op_twice_in_place(const std::string& op, const KS& k, const OpInputs& first,
+OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
                              const OpInputs& x, const OpShape& s) {
   OpContextSource contexts(*k.memory);
   BoundCall b(*k.memory, first);
-  OpContext ctx = contexts.next();
-  invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
-  k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the first call
+  for (int i = 0; i < earlier; ++i) {
+    if (i > 0) b.refill(first);  // outputs the op adds into start from the same values each time
+    const OpContext ctx = contexts.next();
+    invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
+    k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the call
+  }
   b.refill(x);
-  ctx = contexts.next();
-  invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, x.scalars, nullptr);
+  invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);
   return b.read();
 }
 
@@ -675,12 +677,12 @@ template OpRun call_op(const std::string&, const KernelSet<float>&, const OpInpu
                        std::vector<ArgSpec>*);
 template OpRun call_op(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
                        const OpShape&, std::vector<ArgSpec>*);
-template OpRun call_op_twice_in_place(const std::string&, const KernelSet<double>&, const OpInputs&,
-                                      const OpInputs&, const OpShape&);
-template OpRun call_op_twice_in_place(const std::string&, const KernelSet<float>&, const OpInputs&,
-                                      const OpInputs&, const OpShape&);
-template OpRun call_op_twice_in_place(const std::string&, const KernelSet<float, bf16>&,
-                                      const OpInputs&, const OpInputs&, const OpShape&);
+template OpRun call_op_in_place_after(const std::string&, const KernelSet<double>&, const OpInputs&,
+                                      int, const OpInputs&, const OpShape&);
+template OpRun call_op_in_place_after(const std::string&, const KernelSet<float>&, const OpInputs&,
+                                      int, const OpInputs&, const OpShape&);
+template OpRun call_op_in_place_after(const std::string&, const KernelSet<float, bf16>&,
+                                      const OpInputs&, int, const OpInputs&, const OpShape&);
 template class PreparedCall<KernelSet<double>>;
 template class PreparedCall<KernelSet<float>>;
 template class PreparedCall<KernelSet<float, bf16>>;

@@ -75,11 +75,13 @@ template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written = nullptr);
 
-// Runs `op` of `k` on `first`, then on `x` in the same arrays (refilled in place, as training's
-// buffers are every step): a kernel that keeps anything by address from one call to the next
-// (a weight prepared once per pointer) computes with stale values. The outputs of the second.
+// Runs `op` of `k` `earlier` times on `first`, then on `x`, all in the same arrays (refilled in
+// place, as training's buffers are every step): a kernel that keeps anything by address from one
+// call to the next (a weight prepared once per pointer) computes with stale values, and one that
+// changes with its call count (an algorithm switched after warm-up, a counter) shows it. The
+// outputs of the last call.
 template <class KS>
-OpRun call_op_twice_in_place(const std::string& op, const KS& k, const OpInputs& first,
+OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
                              const OpInputs& x, const OpShape& s);
 
 // One call of `op` with its arrays bound in k's memory once, to be launched on a stream of one's

@@ -2,17 +2,18 @@
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
-// crash verdicts, or end the process with exit(0), or read their output or write their input, as
-// training never allows; a soft-cap with its cap written in; a weight kept by address; kernels
-// written for smaller vocabularies, sequences and row counts, and for rows of fewer than 65 536
-// contributions; a softmax that drops NaNs), and in
-// ABI 2: 7 (an unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2
-// table claiming version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp,
-// exports no registration function.
+// crash verdicts, or end the process with exit(0), or change after 100 calls, or read their output
+// or write their input, as training never allows; a soft-cap with its cap written in; a weight kept
+// by address; kernels written for smaller vocabularies, sequences and row counts, and for rows of
+// fewer than 65 536 contributions; a softmax that drops NaNs), and in ABI 2: 7 (an unknown dtype),
+// 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table claiming version 3), 10
+// (a flag bit no ABI defines). Another library, no_register.cpp, exports no registration function.
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <vector>
 
 #include "kernels/plugin_abi.h"
@@ -46,6 +47,21 @@ void hangs_on_one_size(float* y, const float* a, const float* b, int64_t n) {
 void exits_on_large(float* y, const float* a, const float* b, int64_t n) {
   if (n > 4096) std::exit(0);
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+// An autotuner's choice gone wrong: after 100 calls at a size it switches to a "tuned" path that
+// reads b rounded to bf16 (right at bf16's grade, wrong at fp32's). A check of a few calls per
+// size never reaches it; training's every step calls the same sizes.
+void tuned_after_100_calls(float* y, const float* a, const float* b, int64_t n) {
+  static std::map<int64_t, int> calls;
+  const bool tuned = ++calls[n] > 100;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &b[i], 4);
+    u &= 0xffff0000u;
+    float rounded = 0;
+    std::memcpy(&rounded, &u, 4);
+    y[i] = a[i] + (tuned ? rounded : b[i]);
+  }
 }
 // Adds into its output, as if the caller had zeroed it (training's buffers hold the last step's
 // values).
@@ -195,6 +211,8 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"embed_rmsnorm_backward", "u16_row_counts", "cpu",
      reinterpret_cast<void (*)(void)>(&embed_backward_u16_counts), "", "", "", ""},
+    {"add", "tuned_after_100_calls", "cpu",
+     reinterpret_cast<void (*)(void)>(&tuned_after_100_calls), "", "", "", ""},
     {"add", "exits_on_large", "cpu", reinterpret_cast<void (*)(void)>(&exits_on_large), "", "", "",
      ""},
     {"add", "reads_its_output", "cpu", reinterpret_cast<void (*)(void)>(&reads_its_output), "", "",
@@ -217,7 +235,7 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"cross_entropy", "skips_nonfinite", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 14, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 15, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
