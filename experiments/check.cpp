@@ -128,6 +128,28 @@ std::string fmt(double x) {
   return b;
 }
 
+// Memory that kept growing after the first calls (check_conditions.h: "call 257"): a kernel that
+// allocates at every call and never releases (a workspace of its own instead of its context's)
+// ends a long run out of memory. Below the bars: allocator noise, a cache that settled.
+constexpr int64_t kLeakHostBytes = 64 << 10, kLeakHostBytesPerCall = 256;
+constexpr int64_t kLeakDeviceBytes = 16 << 20;  // the device's pages are 2 MiB
+std::string leak_text(const MemoryGrowth& g) {
+  const auto mib = [](int64_t bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
+    return std::string(b);
+  };
+  std::string where;
+  if (g.host >= kLeakHostBytes && g.host >= kLeakHostBytesPerCall * g.calls)
+    where = "host heap +" + mib(g.host);
+  if (g.device >= kLeakDeviceBytes)
+    where += (where.empty() ? "" : ", ") + std::string("device memory +") + mib(g.device);
+  if (where.empty()) return "";
+  return "leaks memory: " + where + " over calls " + std::to_string(kLeakFrom + 1) + "-" +
+         std::to_string(kLeakFrom + g.calls) +
+         " (allocated at every call and never released? the context's workspace is reused)";
+}
+
 const char* row_label(RowKey key) {
   return key == RowKey::TokenId ? "token id" : key == RowKey::Position ? "position" : "row";
 }
@@ -431,6 +453,7 @@ struct Checker {
       }
     }
     std::vector<ArgSpec> written;
+    MemoryGrowth growth;
     OpRun ref = call_op(op, reference, x, s, &written);
     if (cond.prefill) {
       // At the scale of the op's own contribution, in values both fp32 and bf16 hold exactly,
@@ -459,7 +482,7 @@ struct Checker {
       if (round_inputs)
         for (auto& v : first.values) round_to_bf16(v);
       try {
-        got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s);
+        got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s, &growth);
       } catch (const std::exception& e) {
         r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
         return r;
@@ -522,6 +545,8 @@ struct Checker {
     if (cond.earlier_calls > 1 && r.failed)
       r.why += " (after " + std::to_string(cond.earlier_calls) +
                " calls on other values: a path taken after warm-up? state built up over calls?)";
+    if (const std::string leak = leak_text(growth); !leak.empty())
+      r.failed = true, r.why = r.why.empty() ? leak : r.why + "; " + leak;
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
       if (r.failed)
         r.why += " (" + moved +

@@ -1,5 +1,7 @@
 #include "kernels/op_cases.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -625,16 +627,34 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
   });
 }
 
+namespace {
+// The heap's bytes in use (malloc'd and mmap'd chunks: exact, whatever the heap returns to the
+// system) and the device's.
+MemoryGrowth memory_in_use(const MemoryOps& memory) {
+  const struct mallinfo2 heap = mallinfo2();
+  MemoryGrowth m;
+  m.host = int64_t(heap.uordblks + heap.hblkhd);
+  m.device = memory.bytes_in_use ? int64_t(memory.bytes_in_use()) : 0;
+  return m;
+}
+}  // namespace
+
 template <class KS>
 OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
-                             const OpInputs& x, const OpShape& s) {
+                             const OpInputs& x, const OpShape& s, MemoryGrowth* leak) {
   OpContextSource contexts(*k.memory);
   BoundCall b(*k.memory, first);
+  MemoryGrowth from;
   for (int i = 0; i < earlier; ++i) {
     if (i > 0) b.refill(first);  // outputs the op adds into start from the same values each time
     const OpContext ctx = contexts.next();
     invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
     k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the call
+    if (leak && i + 1 == kLeakFrom) from = memory_in_use(*k.memory);
+    if (leak && i + 1 == earlier && earlier > kLeakFrom) {
+      *leak = memory_in_use(*k.memory);
+      leak->host -= from.host, leak->device -= from.device, leak->calls = earlier - kLeakFrom;
+    }
   }
   b.refill(x);
   invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);
@@ -678,11 +698,12 @@ template OpRun call_op(const std::string&, const KernelSet<float>&, const OpInpu
 template OpRun call_op(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
                        const OpShape&, std::vector<ArgSpec>*);
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<double>&, const OpInputs&,
-                                      int, const OpInputs&, const OpShape&);
+                                      int, const OpInputs&, const OpShape&, MemoryGrowth*);
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<float>&, const OpInputs&,
-                                      int, const OpInputs&, const OpShape&);
+                                      int, const OpInputs&, const OpShape&, MemoryGrowth*);
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<float, bf16>&,
-                                      const OpInputs&, int, const OpInputs&, const OpShape&);
+                                      const OpInputs&, int, const OpInputs&, const OpShape&,
+                                      MemoryGrowth*);
 template class PreparedCall<KernelSet<double>>;
 template class PreparedCall<KernelSet<float>>;
 template class PreparedCall<KernelSet<float, bf16>>;

@@ -80,9 +80,16 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
 // call to the next (a weight prepared once per pointer) computes with stale values, and one that
 // changes with its call count (an algorithm switched after warm-up, a counter) shows it. The
 // outputs of the last call.
+// With `leak`: the memory in use after call kLeakFrom and after the last earlier call, host heap
+// and device, for a kernel that allocates at every call and never releases.
+struct MemoryGrowth {
+  int64_t host = 0, device = 0;  // bytes
+  int calls = 0;                 // between the two readings
+};
+constexpr int kLeakFrom = 16;  // first calls may build caches and grow scratch once
 template <class KS>
 OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
-                             const OpInputs& x, const OpShape& s);
+                             const OpInputs& x, const OpShape& s, MemoryGrowth* leak = nullptr);
 
 // One call of `op` with its arrays bound in k's memory once, to be launched on a stream of one's
 // choosing without waiting (several on several streams run at once: check's concurrent-load

@@ -256,6 +256,12 @@ void device_release_graph(void* graph) {
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));  // never throws: destructors call it
 }
 
+size_t device_bytes_in_use() {
+  size_t free = 0, total = 0;
+  DIVLAB_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total - free;
+}
+
 std::unique_ptr<Workspace> device_workspace() {
   return std::make_unique<DeviceWorkspace>();
 }
@@ -286,7 +292,8 @@ const MemoryOps& device_memory() {
                              device_begin_capture,
                              device_end_capture,
                              device_replay,
-                             device_release_graph};
+                             device_release_graph,
+                             device_bytes_in_use};
   return ops;
 }
 

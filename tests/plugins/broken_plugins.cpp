@@ -2,12 +2,13 @@
 // BROKEN_KIND = 1 (wrong ABI version), 2 (a name clashing with a built-in variant), 3 (an unknown
 // op), 4 (crashes in its registration function), 5 (crashes while the library is loaded, in a
 // static constructor), 6 (loads fine; its `add` kernels crash or hang on some sizes, for check's
-// crash verdicts, or end the process with exit(0), or change after 100 calls, or read their output
-// or write their input, as training never allows; a soft-cap with its cap written in; a weight kept
-// by address; kernels written for smaller vocabularies, sequences and row counts, and for rows of
-// fewer than 65 536 contributions; a softmax that drops NaNs), and in ABI 2: 7 (an unknown dtype),
-// 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table claiming version 3), 10
-// (a flag bit no ABI defines). Another library, no_register.cpp, exports no registration function.
+// crash verdicts, or end the process with exit(0), or change after 100 calls, or leak, or read
+// their output or write their input, as training never allows; a soft-cap with its cap written in;
+// a weight kept by address; kernels written for smaller vocabularies, sequences and row counts, and
+// for rows of fewer than 65 536 contributions; a softmax that drops NaNs), and in ABI 2: 7 (an
+// unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table claiming
+// version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
+// registration function.
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -62,6 +63,13 @@ void tuned_after_100_calls(float* y, const float* a, const float* b, int64_t n) 
     std::memcpy(&rounded, &u, 4);
     y[i] = a[i] + (tuned ? rounded : b[i]);
   }
+}
+// Right values through scratch of its own, allocated at every call and never released: 128 KiB a
+// call at check's aligned shape, gigabytes over a run.
+void leaks_its_scratch(float* y, const float* a, const float* b, int64_t n) {
+  auto* scratch = static_cast<float*>(std::malloc(sizeof(float) * size_t(n)));
+  for (int64_t i = 0; i < n; ++i) scratch[i] = a[i] + b[i];
+  std::memcpy(y, scratch, sizeof(float) * size_t(n));
 }
 // Adds into its output, as if the caller had zeroed it (training's buffers hold the last step's
 // values).
@@ -213,6 +221,8 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&embed_backward_u16_counts), "", "", "", ""},
     {"add", "tuned_after_100_calls", "cpu",
      reinterpret_cast<void (*)(void)>(&tuned_after_100_calls), "", "", "", ""},
+    {"add", "leaks_its_scratch", "cpu", reinterpret_cast<void (*)(void)>(&leaks_its_scratch), "",
+     "", "", ""},
     {"add", "exits_on_large", "cpu", reinterpret_cast<void (*)(void)>(&exits_on_large), "", "", "",
      ""},
     {"add", "reads_its_output", "cpu", reinterpret_cast<void (*)(void)>(&reads_its_output), "", "",
@@ -235,7 +245,7 @@ const divlab_variant kVariants[] = {
      "", "", ""},
     {"cross_entropy", "skips_nonfinite", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 15, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 16, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -189,15 +189,21 @@ class Check(unittest.TestCase):
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
                 self.assertEqual(failing(r.stdout), [condition], r.stdout)
 
-    def test_a_kernel_that_changes_after_warm_up_fails_at_the_257th_call(self):
-        # Right for its first 100 calls at a size, then a "tuned" path that is not: only the
-        # condition that calls it 257 times in the same arrays sees it.
+    def test_what_many_calls_change_fails_at_the_257th_call(self):
+        # Right for its first 100 calls at a size, then a "tuned" path that is not; right values
+        # through scratch malloc'd at every call and never freed (128 KiB a call). Only the
+        # condition that calls a kernel 257 times in the same arrays sees either.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        r = check("add=tuned_after_100_calls", "--plugins", lib)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertEqual(failing(r.stdout), ["call 257 (warmed up)"], r.stdout)
-        self.assertRegex(r.stdout, r"call 257 \(warmed up\) .* FAIL: .*after 256 calls on other "
-                                   r"values: a path taken after warm-up\?")
+        for variant, why in [("tuned_after_100_calls",
+                              r"FAIL: .*after 256 calls on other values: a path taken after "
+                              r"warm-up\?"),
+                             ("leaks_its_scratch",
+                              r"FAIL: leaks memory: host heap \+30\.0 MiB over calls 17-256")]:
+            with self.subTest(variant):
+                r = check("add=" + variant, "--plugins", lib)
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertEqual(failing(r.stdout), ["call 257 (warmed up)"], r.stdout)
+                self.assertRegex(r.stdout, r"call 257 \(warmed up\) .* " + why)
 
     def test_a_kernel_that_drops_nans_fails_on_nan_inputs(self):
         # Right on every finite input; fed a step's NaNs it reports a finite loss, and a run
