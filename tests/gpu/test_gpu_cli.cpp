@@ -322,6 +322,29 @@ TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
   }
 }
 
+// A kernel that allocates device scratch at every call and never releases it gives the right
+// values at every condition; the 257th call sees the device's memory grow (128 KiB a call at the
+// aligned shape). The built-in reference does not grow it.
+TEST(GpuCheck, DeviceMemoryThatGrowsAtEveryCallFailsTheWarmedUpCall) {
+  REQUIRE_GPU();
+  CheckOptions opt;
+  opt.target = "add=leaks_device_scratch", opt.backend = Backend::Cuda;
+  opt.plugins = {DIVLAB_RACY_CUDA_PLUGIN};
+  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  const CheckReport leaking = run_check(opt);
+  EXPECT_EQ(leaking.failing, std::vector<std::string>{"call 257 (warmed up)"})
+      << format_check(leaking);
+  // (The host heap grows a little too: the driver's record of every allocation.)
+  const std::string report = format_check(leaking);
+  EXPECT_NE(report.find("leaks memory: "), std::string::npos) << report;
+  EXPECT_NE(report.find("device memory +"), std::string::npos) << report;
+  for (const char* target : {"add=reference", "linear_backward=reference"}) {
+    opt.target = target;
+    const CheckReport ok = run_check(opt);
+    EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+  }
+}
+
 // check's compute-sanitizer pass: a kernel that reuses a shared-memory tile without the barrier
 // after it is read computes the right values (the warps of a block keep close) and racecheck
 // reports the hazard: the check fails it as "sanitizer racecheck", naming the race. The

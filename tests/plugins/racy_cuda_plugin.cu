@@ -6,6 +6,8 @@
 //   tile is read: a warp's next tile can overwrite values a slower warp has yet to read. Warps of
 //   a block stay close enough that the values come out right; compute-sanitizer's racecheck
 //   reports the hazard every time, and check's sanitizer pass must fail it.
+// And one fault no single call shows: `add` through device scratch of its own, allocated at every
+// call and never released; check's "call 257 (warmed up)" must fail it on the device's memory.
 // (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
 
@@ -38,6 +40,15 @@ void add_staged(const divlab_op_context* ctx, float* y, const float* a, const fl
   }
   stage_sum<<<blocks, 256, 0, stream>>>(a, b, n);
   copy_out<<<blocks, 256, 0, stream>>>(y, n);
+}
+
+void add_leaking(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                 int64_t n) {
+  const auto stream = static_cast<cudaStream_t>(ctx->stream);
+  float* scratch = nullptr;
+  if (cudaMalloc(&scratch, sizeof(float) * size_t(n)) != cudaSuccess) return;
+  add_direct<<<unsigned((n + 255) / 256), 256, 0, stream>>>(scratch, a, b, n);
+  cudaMemcpyAsync(y, scratch, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream);
 }
 
 // One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
@@ -86,8 +97,13 @@ const divlab_variant2 kVariants[] = {
      "no barrier after a tile is read: the next tile may overwrite values not yet read",
      "rows wider than one tile, when a warp falls behind the others of its block",
      "rows of at most 128 values"},
+    {"add", "leaks_device_scratch", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&add_leaking),
+     "y = a + b through device scratch of its own (cudaMalloc at every call)",
+     "the scratch is never released: device memory runs out a long run in",
+     "many calls (every training step calls it)", "a few calls"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 3, kVariants};
 
 }  // namespace
 
