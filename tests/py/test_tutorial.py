@@ -1,5 +1,6 @@
 """docs/tutorial.md, run as a class would: every command in its sh blocks, in a scratch folder,
 and the claims the page makes about their outputs."""
+import math
 import os
 import re
 import shlex
@@ -71,7 +72,11 @@ class Tutorial(unittest.TestCase):
         ranks_gap = run("ranks-bug") - run("ranks-reference")
         self.assertGreater(ranks_gap, 0.05)
         self.assertLess(ranks_gap, run("sgd-bug") - run("sgd-reference"))
-        self.assertGreater(run("ranks-sum") - run("ranks-reference"), 1.0)
+        # (Four times the step without clipping sits at the uniform guess or, with another CPU's
+        # GEMM rounding, blows up to NaN: either way it never learns.)
+        never_learns = run("ranks-sum")
+        self.assertTrue(math.isnan(never_learns) or never_learns - run("ranks-reference") > 1.0,
+                        never_learns)
         self.assertLess(abs(run("adamw-ranks-sum") - run("adamw-reference")), 0.01)
 
 
