@@ -293,16 +293,24 @@ TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
   EXPECT_NE(text.find("6 completed"), std::string::npos) << text;
 }
 
+// A check of one of the racy CUDA plug-in's kernels, in this process, without the sanitizer pass.
+namespace {
+CheckOptions racy_plugin_check(const std::string& target) {
+  CheckOptions opt;
+  opt.target = target, opt.backend = Backend::Cuda;
+  opt.plugins = {DIVLAB_RACY_CUDA_PLUGIN};
+  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  return opt;
+}
+}  // namespace
+
 // check's concurrent-load condition: a kernel that stages its sums in device memory every call
 // shares is exact one call at a time and fails only when calls run at once on several streams
 // while GEMMs load the device; the references, and a kernel whose float atomics vary the order,
 // pass it.
 TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
   REQUIRE_GPU();
-  CheckOptions opt;
-  opt.target = "add=racy_staging", opt.backend = Backend::Cuda;
-  opt.plugins = {DIVLAB_RACY_CUDA_PLUGIN};
-  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  CheckOptions opt = racy_plugin_check("add=racy_staging");
   const CheckReport racy = run_check(opt);
   EXPECT_EQ(racy.failing, std::vector<std::string>{"concurrent load"}) << format_check(racy);
   EXPECT_NE(format_check(racy).find("a race on shared scratch"), std::string::npos)
@@ -327,10 +335,7 @@ TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
 // aligned shape). The built-in reference does not grow it.
 TEST(GpuCheck, DeviceMemoryThatGrowsAtEveryCallFailsTheWarmedUpCall) {
   REQUIRE_GPU();
-  CheckOptions opt;
-  opt.target = "add=leaks_device_scratch", opt.backend = Backend::Cuda;
-  opt.plugins = {DIVLAB_RACY_CUDA_PLUGIN};
-  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  CheckOptions opt = racy_plugin_check("add=leaks_device_scratch");
   const CheckReport leaking = run_check(opt);
   EXPECT_EQ(leaking.failing, std::vector<std::string>{"call 257 (warmed up)"})
       << format_check(leaking);
