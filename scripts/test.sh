@@ -11,18 +11,31 @@
 # 29 min 56 s on 2026-11-25's VM with a fresh one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, so that a slow CI run shows where its minutes went.
+last=$SECONDS
+took() {
+  echo "test.sh: $1 took $((SECONDS - last)) s ($SECONDS s in all)"
+  last=$SECONDS
+}
 scripts/setup.sh
+took setup
 scripts/build.sh cpu
-# Format (clang-format) and lint (clang-tidy: .clang-tidy), ~6 min on 2 cores.
+took "cpu build"
+# Format (clang-format) and lint (clang-tidy: .clang-tidy, sources in batches), ~3 min on 2 cores.
 scripts/lint.sh > /dev/null || { tail -40 build/cpu/lint.log 2> /dev/null; echo "lint failed"; exit 1; }
+took lint
 ctest --preset cpu -j "$(nproc)" --timeout 900
+took "cpu tests"
 # The cuda preset compiles wherever the CUDA toolkit is (CI's machine has one and no GPU); there
 # the gpu-labelled tests must report themselves skipped, not failed.
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null || true)
 if [ -n "$nvcc" ]; then
   CUDACXX=$nvcc scripts/build.sh cuda > /dev/null
   ctest --preset cuda -L gpu --timeout 300
+  took "cuda build and its skipped tests"
 fi
 scripts/fuzz.sh "${DIVLAB_FUZZ_SECONDS:-60}"
+took "fuzz build and fuzzing"
 cmake --build --preset fuzz -j "$(nproc)" > /dev/null
 ASAN_OPTIONS=detect_leaks=0 ctest --preset fuzz -E '^py[.]' -j "$(nproc)" --timeout 900
+took "tests under the sanitizers"
