@@ -32,26 +32,38 @@ void gelu_gates(const ConstArrayMap<T>& X, Array<T>& s, Array<T>& one_minus_s) {
   one_minus_s = (u >= T(0)).select(small, big);
 }
 
+// Eigen evaluates each line of gelu_gates() into a temporary array. Over a whole chunk (16 384
+// values, 64 KB a temporary) that ran 5x slower than over blocks of 1024 that stay in L1 (the
+// temporaries' allocations and cache misses); every value is computed on its own, so the block
+// size changes no bit.
+constexpr int64_t kGeluBlock = 1024;
+
 template <class T>
 void gelu_forward_reference(T* y, const T* x, int64_t n) {
-  parallel_chunks(n, kElemChunk, [&](int64_t i0, int64_t i1) {
-    const ConstArrayMap<T> X(x + i0, i1 - i0);
-    Array<T> s, one_minus_s;
-    gelu_gates(X, s, one_minus_s);
-    ArrayMap<T>(y + i0, i1 - i0) = X * s;
+  parallel_chunks(n, kElemChunk, [&](int64_t c0, int64_t c1) {
+    Array<T> s(kGeluBlock), one_minus_s(kGeluBlock);
+    for (int64_t i0 = c0; i0 < c1; i0 += kGeluBlock) {
+      const int64_t m = std::min(kGeluBlock, c1 - i0);
+      const ConstArrayMap<T> X(x + i0, m);
+      gelu_gates(X, s, one_minus_s);
+      ArrayMap<T>(y + i0, m) = X * s;
+    }
   });
 }
 
 template <class T>
 void gelu_backward_reference(T* dx, const T* dy, const T* x, int64_t n) {
   const T k = T(0.7978845608028654), a = T(0.044715);
-  parallel_chunks(n, kElemChunk, [&](int64_t i0, int64_t i1) {
-    const ConstArrayMap<T> X(x + i0, i1 - i0), DY(dy + i0, i1 - i0);
-    Array<T> s, one_minus_s;
-    gelu_gates(X, s, one_minus_s);
-    // d/dx [x s] = s + x * 2 s (1 - s) * du/dx
-    ArrayMap<T>(dx + i0, i1 - i0) =
-        DY * (s + T(2) * X * s * one_minus_s * k * (T(1) + T(3) * a * X.square()));
+  parallel_chunks(n, kElemChunk, [&](int64_t c0, int64_t c1) {
+    Array<T> s(kGeluBlock), one_minus_s(kGeluBlock);
+    for (int64_t i0 = c0; i0 < c1; i0 += kGeluBlock) {
+      const int64_t m = std::min(kGeluBlock, c1 - i0);
+      const ConstArrayMap<T> X(x + i0, m), DY(dy + i0, m);
+      gelu_gates(X, s, one_minus_s);
+      // d/dx [x s] = s + x * 2 s (1 - s) * du/dx
+      ArrayMap<T>(dx + i0, m) =
+          DY * (s + T(2) * X * s * one_minus_s * k * (T(1) + T(3) * a * X.square()));
+    }
   });
 }
 

@@ -44,7 +44,7 @@ n_heads = 2
 seq_len = 32
 [train]
 batch = 512
-steps = 100
+steps = 60
 optimizer = "sgd"
 lr = 0.3
 momentum = 0.9
