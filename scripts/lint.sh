@@ -5,7 +5,7 @@
 #   scripts/lint.sh            every tracked source (CI). clang-tidy reads the lint preset's
 #                              compile database: the cpu preset's flags with each target's sources
 #                              in batches of 16 (a unity build, configured only, never compiled),
-#                              so Eigen, GoogleTest and HDF5 are parsed once per batch: about 2.5
+#                              so Eigen, GoogleTest and HDF5 are parsed once per batch: about 3
 #                              min on 2 cores, against 11 file by file. Diagnostics in the batched
 #                              .cpp files are kept by the header filter below.
 #   scripts/lint.sh FILES...   only these, file by file, over build/cpu's database (scripts/build.sh
@@ -15,17 +15,15 @@ cd "$(dirname "$0")/.."
 # Where a diagnostic counts: the project's headers and, in a batch, the sources it includes.
 filter="--header-filter=^$PWD/(common|kernels|model|datasets|io|analysis|experiments|tests|bench|examples|fuzz)/.*\.(h|cpp)\$"
 tidy_args=(--quiet --extra-arg=-Wno-unknown-warning-option)
+if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh'); fi
+clang-format --dry-run --Werror "${files[@]}"
 if [ $# -gt 0 ]; then
-  files=("$@")
-  clang-format --dry-run --Werror "${files[@]}"
   db=build/cpu
   units=()
   for f in "${files[@]}"; do
     case $f in *.cpp) grep -q "\"file\": \"$PWD/$f\"" $db/compile_commands.json && units+=("$f") ;; esac
   done
 else
-  mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
-  clang-format --dry-run --Werror "${files[@]}"
   db=build/lint
   cmake --preset lint > /dev/null
   # A batch is a .cxx that includes .cpp files: by design here, so that check is off.

@@ -38,33 +38,37 @@ void gelu_gates(const ConstArrayMap<T>& X, Array<T>& s, Array<T>& one_minus_s) {
 // size changes no bit.
 constexpr int64_t kGeluBlock = 1024;
 
-template <class T>
-void gelu_forward_reference(T* y, const T* x, int64_t n) {
+// body(i0, m, X, s, one_minus_s) for each block of m <= kGeluBlock values from i0.
+template <class T, class Body>
+void gelu_blocks(const T* x, int64_t n, Body&& body) {
   parallel_chunks(n, kElemChunk, [&](int64_t c0, int64_t c1) {
     Array<T> s(kGeluBlock), one_minus_s(kGeluBlock);
     for (int64_t i0 = c0; i0 < c1; i0 += kGeluBlock) {
       const int64_t m = std::min(kGeluBlock, c1 - i0);
       const ConstArrayMap<T> X(x + i0, m);
       gelu_gates(X, s, one_minus_s);
-      ArrayMap<T>(y + i0, m) = X * s;
+      body(i0, m, X, s, one_minus_s);
     }
+  });
+}
+
+template <class T>
+void gelu_forward_reference(T* y, const T* x, int64_t n) {
+  gelu_blocks(x, n, [&](int64_t i0, int64_t m, const auto& X, const auto& s, const auto&) {
+    ArrayMap<T>(y + i0, m) = X * s;
   });
 }
 
 template <class T>
 void gelu_backward_reference(T* dx, const T* dy, const T* x, int64_t n) {
   const T k = T(0.7978845608028654), a = T(0.044715);
-  parallel_chunks(n, kElemChunk, [&](int64_t c0, int64_t c1) {
-    Array<T> s(kGeluBlock), one_minus_s(kGeluBlock);
-    for (int64_t i0 = c0; i0 < c1; i0 += kGeluBlock) {
-      const int64_t m = std::min(kGeluBlock, c1 - i0);
-      const ConstArrayMap<T> X(x + i0, m), DY(dy + i0, m);
-      gelu_gates(X, s, one_minus_s);
-      // d/dx [x s] = s + x * 2 s (1 - s) * du/dx
-      ArrayMap<T>(dx + i0, m) =
-          DY * (s + T(2) * X * s * one_minus_s * k * (T(1) + T(3) * a * X.square()));
-    }
-  });
+  gelu_blocks(x, n,
+              [&](int64_t i0, int64_t m, const auto& X, const auto& s, const auto& one_minus_s) {
+                // d/dx [x s] = s + x * 2 s (1 - s) * du/dx
+                ArrayMap<T>(dx + i0, m) =
+                    ConstArrayMap<T>(dy + i0, m) *
+                    (s + T(2) * X * s * one_minus_s * k * (T(1) + T(3) * a * X.square()));
+              });
 }
 
 template <class T>
