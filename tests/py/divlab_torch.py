@@ -78,6 +78,14 @@ def head_loss(model, x, targets):
     return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def loss_after_embedding(model, x, targets):
+    """The blocks, the final norm, the head and the loss on the embedding sum x (either family):
+    a twin of an embedding-gradient kernel takes the gradient of x and scatters it itself."""
+    for block in model.blocks:
+        x = block(x)
+    return head_loss(model, x, targets)
+
+
 class Transformer(nn.Module):
     def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5, sdpa=False,
                  tied=False, softcap=0.0):
@@ -87,12 +95,11 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(d_model, n_heads, eps, sdpa) for _ in range(n_layers))
         add_head(self, vocab, d_model, eps, tied, softcap)
 
+    def embed(self, idx):
+        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+
     def forward(self, idx, targets):
-        T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return head_loss(self, x, targets)
+        return loss_after_embedding(self, self.embed(idx), targets)
 
 
 def rotary(x, base):
@@ -165,11 +172,11 @@ class Llama(nn.Module):
                                                eps, sdpa) for _ in range(n_layers))
         add_head(self, vocab, d_model, eps, tied, softcap)
 
+    def embed(self, idx):
+        return self.wte(idx)
+
     def forward(self, idx, targets):
-        x = self.wte(idx)
-        for block in self.blocks:
-            x = block(x)
-        return head_loss(self, x, targets)
+        return loss_after_embedding(self, self.embed(idx), targets)
 
 
 def from_config(m, sdpa=False):
