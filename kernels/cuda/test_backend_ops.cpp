@@ -4,6 +4,7 @@
 // normalised error measure, guard regions around every output, a fixed shape that is a multiple
 // of nothing and random ones, fresh inputs each run. Then every GPU variant against its CPU
 // namesake, and the documented failures of the GPU-only candidates (atomics) at their dose.
+#include <cmath>
 #include <functional>
 #include <random>
 #include <set>
@@ -525,6 +526,44 @@ TEST(GpuEmbedScatter, RoundingVariantsBiasTheHotRowAsDocumented) {
   EXPECT_LT(trunc, rne);             // truncation drops whole ulps, so it stalls earlier
   EXPECT_LT(std::abs(fresh), 0.05);  // fresh bits: unbiased on average over the channels
   EXPECT_GT(std::abs(reused), 5 * std::abs(fresh));  // one fixed threshold per channel
+}
+
+// The low-precision candidates' definition is the CPU's (variants.cpp, scatter_rounded): each
+// row of dwte and of dwpe accumulates in the format starting from what the buffer holds (a tied
+// head's dense gradient), and a row nothing is added to keeps its fp32 value. Only the order of
+// the additions differs (the atomics'), so each variant's error is its CPU namesake's within a
+// factor of two. Here the start is large against the additions (N(0, 100) against ~1): started
+// from zero in a buffer of its own, a row's error would be a few bf16 roundings of a small sum,
+// about a tenth of what rounding against the start gives.
+TEST(GpuEmbedScatter, LowPrecisionRowsAccumulateFromTheBufferAsOnTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937_64 gen(test_seed());
+  Scatter s(gen, false);
+  for (auto& id : s.x.ids) id = TokenId(gen() % (s.V / 2));  // the upper half never added to
+  s.x.outputs[0] = normal(size_t(s.V) * s.C, gen, 100.0);
+  s.x.outputs[1] = normal(size_t(s.T) * s.C, gen, 100.0);
+  const auto ref = run_checked<double>(cpu_catalogue<double>().select({}), s.x, s.call());
+  auto l2 = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double e = 0;
+    for (size_t i = 0; i < a.size(); ++i) e += (a[i] - b[i]) * (a[i] - b[i]);
+    return std::sqrt(e);
+  };
+  for (const std::string v : {"bf16_accum", "fp16_accum", "bf16_truncate_accum",
+                              "bf16_stochastic_accum", "bf16_stochastic_reused_seed"}) {
+    const auto got =
+        run_checked<float>(gpu().select({{"embed_rmsnorm_backward", v}}), s.x, s.call());
+    const auto cpu = run_checked<float>(
+        cpu_catalogue<float>().select({{"embed_rmsnorm_backward", v}}), s.x, s.call());
+    const size_t half = size_t(s.V / 2) * s.C;
+    for (size_t i = half; i < got[0].size(); ++i)
+      ASSERT_EQ(got[0][i], float(s.x.outputs[0][i])) << v << ": untouched dwte element " << i;
+    for (int t : {0, 1}) {
+      const double mine = l2(got[t], ref[t]), theirs = l2(cpu[t], ref[t]);
+      const char* table = t == 0 ? "dwte" : "dwpe";
+      EXPECT_GT(mine, 0.5 * theirs) << v << " " << table << ": GPU " << mine << ", CPU " << theirs;
+      EXPECT_LT(mine, 2.0 * theirs) << v << " " << table << ": GPU " << mine << ", CPU " << theirs;
+    }
+  }
 }
 
 TEST(GpuEmbedScatter, RacyScatterLosesUpdatesOnTheHotRow) {

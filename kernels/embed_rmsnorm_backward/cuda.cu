@@ -9,13 +9,15 @@
 //                    pieces are added in chunk order: deterministic.
 //   fp64_accum       the same segments summed in double (a benign control).
 //   fp32_reordered   float atomicAdd straight into dwte: fp32, order varies run to run (control).
-//   bf16_accum       atomicAdd into a bf16 gradient buffer, converted and added at the end: the
-//                    seed bug. A frequent token's row collects thousands of adds; once its sum
-//                    is 2^8 times a term, the term rounds away.
-//   fp16_accum       the same with an fp16 buffer (11 bits; overflows at 65504).
+//   bf16_accum       the seed bug as written in the wild: bf16 atomicAdd, with every row of dwte
+//                    (by token) and dwpe (by position) its own bf16 accumulator, starting from
+//                    what the buffer holds (a tied head's gradient), as the CPU's namesake. A
+//                    frequent token's row collects thousands of adds; once its sum is 2^8
+//                    times a term, the term rounds away.
+//   fp16_accum       the same in fp16 (11 bits; overflows at 65504).
 //   bf16_truncate_accum, bf16_stochastic_accum, bf16_stochastic_reused_seed
-//                    bf16 accumulation with another rounding after each addition, written as a
-//                    compare-and-swap loop on the 16-bit word (hardware bf16 atomicAdd only
+//                    the same accumulators with another rounding after each addition, written
+//                    as a compare-and-swap loop on the 16-bit word (hardware bf16 atomicAdd only
 //                    rounds to nearest); the rounding is lowp.h's, bit for bit, as on the CPU.
 //   racy_scatter     non-atomic read-add-write into dwte from every position (lost updates when
 //                    two positions of one token race), and a per-block position-gradient sum in
@@ -186,37 +188,12 @@ void sorted_variant(const OpContext& ctx, float* dwte, float* dwpe, float* dw_no
   sorted_scatter<Acc>(ctx, dwte, r.dx0, tokens, N, C, V);
 }
 
-// --- atomics: into dwte itself (fp32) or into a low-precision buffer --------------------------
+// --- fp32 atomics straight into dwte (the control) --------------------------------------------
 __global__ void atomic_scatter_f32(float* dwte, const float* dx0, const TokenId* tokens, int C,
                                    int64_t total) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   atomicAdd(&dwte[int64_t(tokens[i / C]) * C + i % C], dx0[i]);
-}
-
-template <class Low>
-__device__ inline Low to_low(float x);
-template <>
-__device__ inline __nv_bfloat16 to_low(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half to_low(float x) {
-  return __float2half_rn(x);
-}
-
-template <class Low>
-__global__ void atomic_scatter_low(Low* acc, const float* dx0, const TokenId* tokens, int C,
-                                   int64_t total) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  atomicAdd(&acc[int64_t(tokens[i / C]) * C + i % C], to_low<Low>(dx0[i]));
-}
-
-template <class Low>
-__global__ void add_low(float* dwte, const Low* acc, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dwte[i] += float(acc[i]);
 }
 
 template <class A>
@@ -232,30 +209,70 @@ void fp32_reordered(const OpContext& ctx, float* dwte, float* dwpe, float* dw_no
   DIVLAB_LAUNCHED(ctx, "atomic_scatter_f32");
 }
 
-template <class Low, class A>
-void low_precision_accum(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
-                         const A* dy_norm, const float* dresid, const float* x0,
-                         const float* w_norm, const float* rstd, const TokenId* tokens, int B,
-                         int T_, int C, int V) {
-  const int N = B * T_;
-  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(ctx, dwpe, r.dx0, B, T_, C);
-  const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
-  Low* acc = static_cast<Low*>(scratch(ctx, Scratch::F, sizeof(Low) * size_t(table)));
-  DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(Low) * size_t(table), stream_of(ctx)));
-  atomic_scatter_low<Low>
-      <<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C, total);
-  DIVLAB_LAUNCHED(ctx, "atomic_scatter (low precision)");
-  add_low<Low><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(dwte, acc, table);
-  DIVLAB_LAUNCHED(ctx, "add_low");
+// --- accumulation in a 16-bit format, the gradient's rows themselves the accumulators ---------
+// As on the CPU (variants.cpp, scatter_rounded): each row of dwte (by token) and of dwpe (by
+// position) accumulates in the format, starting from what the buffer holds (a tied head's dense
+// gradient, rounded once to the format here), rounded after every addition; a row that nothing
+// is added to keeps its fp32 value. What differs from the CPU is the order (the atomics') and,
+// for bf16_accum and fp16_accum, the hardware's 16-bit atomicAdd, whose addend is rounded to the
+// format before it is added. The rows travel as a 16-bit copy and are written back at the end.
+
+// The row position n adds to, and the index its rounding's random bits are keyed on (the CPU's:
+// the position for a token row, the batch row for a position row).
+struct TokenRows {
+  const TokenId* tokens;
+  __device__ int64_t row(int64_t n) const { return tokens[n]; }
+  __device__ int64_t key(int64_t n) const { return n; }
+};
+struct PositionRows {
+  int T;
+  __device__ int64_t row(int64_t n) const { return n % T; }
+  __device__ int64_t key(int64_t n) const { return n / T; }
+};
+
+template <class Low>
+__device__ inline Low to_low(float x);
+template <>
+__device__ inline __nv_bfloat16 to_low(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ inline __half to_low(float x) {
+  return __float2half_rn(x);
 }
 
-// --- bf16 accumulation with a custom rounding: compare-and-swap on the 16-bit word ------------
-// Each rounding gets the sum, the position n and the channel c (the random bits' inputs).
+template <class Low>
+__global__ void load_low(Low* acc, unsigned char* touched, const float* table, int64_t rows,
+                         int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * C) return;
+  acc[i] = to_low<Low>(table[i]);
+  if (i % C == 0) touched[i / C] = 0;
+}
+
+template <class Low>
+__global__ void store_low(float* table, const Low* acc, const unsigned char* touched, int64_t rows,
+                          int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * C && touched[i / C]) table[i] = float(acc[i]);
+}
+
+template <class Low, class RowOf>
+__global__ void atomic_scatter_low(Low* acc, unsigned char* touched, const float* dx0, RowOf rows,
+                                   int C, int64_t total) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t r = rows.row(i / C), c = i % C;
+  if (c == 0) touched[r] = 1;
+  atomicAdd(&acc[r * C + c], to_low<Low>(dx0[i]));
+}
+
+// Other roundings than the hardware's: a compare-and-swap loop on the bf16 word, each rounding
+// given the sum, its key and the channel (the random bits' inputs); lowp.h's, bit for bit.
 struct Truncate {
   __device__ float operator()(float s, int64_t, int64_t) const { return lowp::bf16_truncate(s); }
 };
-struct StochasticFresh {  // fresh bits per (call seed, position, channel), as on the CPU
+struct StochasticFresh {  // fresh bits per (call seed, key, channel), as on the CPU
   uint64_t seed;
   int64_t C;
   __device__ float operator()(float s, int64_t n, int64_t c) const {
@@ -268,46 +285,79 @@ struct StochasticReusedSeed {  // the same bits for every addition to a channel,
   }
 };
 
-template <class Round>
-__global__ void rounded_scatter_bf16(unsigned short* acc, const float* dx0, const TokenId* tokens,
-                                     int C, int64_t total, Round round) {
+template <class Round, class RowOf>
+__global__ void rounded_scatter_bf16(unsigned short* acc, unsigned char* touched, const float* dx0,
+                                     RowOf rows, int C, int64_t total, Round round) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
-  const int64_t n = i / C, c = i % C;
-  unsigned short* word = &acc[int64_t(tokens[n]) * C + c];
+  const int64_t n = i / C, c = i % C, r = rows.row(n);
+  if (c == 0) touched[r] = 1;
+  unsigned short* word = &acc[r * C + c];
   unsigned short seen = *word, assumed;
   do {
     assumed = seen;
     const float sum = lowp::from_bits(uint32_t(assumed) << 16) + dx0[i];
-    const auto next = static_cast<unsigned short>(lowp::bits(round(sum, n, c)) >> 16);
+    const auto next = static_cast<unsigned short>(lowp::bits(round(sum, rows.key(n), c)) >> 16);
     seen = atomicCAS(word, assumed, next);
   } while (seen != assumed);
 }
 
-template <class Round, class A>
-void rounded_bf16_accum(const OpContext& ctx, float* dwte, float* dwpe, float* dw_norm,
-                        const A* dy_norm, const float* dresid, const float* x0, const float* w_norm,
-                        const float* rstd, const TokenId* tokens, int B, int T_, int C, int V,
-                        Round round) {
-  const int N = B * T_;
-  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C);
-  position_grad(ctx, dwpe, r.dx0, B, T_, C);
-  const int64_t table = int64_t(V) * C, total = int64_t(N) * C;
-  auto* acc = static_cast<unsigned short*>(scratch(ctx, Scratch::F, 2 * size_t(table)));
-  DIVLAB_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * size_t(table), stream_of(ctx)));
-  rounded_scatter_bf16<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(acc, r.dx0, tokens, C,
-                                                                           total, round);
-  DIVLAB_LAUNCHED(ctx, "rounded_scatter_bf16");
-  // A bf16 is the upper half of a float: the buffer reads as __nv_bfloat16.
-  add_low<__nv_bfloat16><<<blocks_for(table, 256), 256, 0, stream_of(ctx)>>>(
-      dwte, reinterpret_cast<const __nv_bfloat16*>(acc), table);
-  DIVLAB_LAUNCHED(ctx, "add_low");
+// One table (dwte or dwpe): its rows loaded into the format, every position's row of dx0 added
+// by `scatter(acc, touched, rows)`, the rows added to written back.
+template <class Low, class Scatter, class RowOf>
+void accumulate_rows(const OpContext& ctx, Scratch slot, float* table, int64_t rows, int C,
+                     RowOf row_of, Scatter scatter) {
+  const int64_t n = rows * C;
+  auto* acc = static_cast<Low*>(scratch(ctx, slot, sizeof(Low) * size_t(n) + size_t(rows)));
+  auto* touched = reinterpret_cast<unsigned char*>(acc + n);
+  load_low<Low><<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(acc, touched, table, rows, C);
+  DIVLAB_LAUNCHED(ctx, "load_low");
+  scatter(acc, touched, row_of);
+  store_low<Low><<<blocks_for(n, 256), 256, 0, stream_of(ctx)>>>(table, acc, touched, rows, C);
+  DIVLAB_LAUNCHED(ctx, "store_low");
+}
+
+// Both tables, token rows then position rows, each with its own scratch.
+template <class Low, class Scatter>
+void accumulate_tables(const OpContext& ctx, float* dwte, float* dwpe, const TokenId* tokens, int B,
+                       int T_, int C, int V, Scatter scatter) {
+  accumulate_rows<Low>(ctx, Scratch::F, dwte, V, C, TokenRows{tokens}, scatter);
+  accumulate_rows<Low>(ctx, Scratch::E, dwpe, T_, C, PositionRows{T_}, scatter);
 }
 
 #define DIVLAB_SCATTER_ARGS                                                         \
   const OpContext &ctx, float *dwte, float *dwpe, float *dw_norm, const A *dy_norm, \
       const float *dresid, const float *x0, const float *w_norm, const float *rstd, \
       const TokenId *tokens, int B, int T_, int C, int V
+#define DIVLAB_DX0_ROWS                 \
+  const int N = B * T_;                 \
+  const int64_t total = int64_t(N) * C; \
+  const Rows r = shared_rows(ctx, dw_norm, dy_norm, dresid, x0, w_norm, rstd, N, C)
+
+template <class Low, class A>
+void low_precision_accum(DIVLAB_SCATTER_ARGS) {
+  DIVLAB_DX0_ROWS;
+  accumulate_tables<Low>(ctx, dwte, dwpe, tokens, B, T_, C, V,
+                         [&](Low* acc, unsigned char* touched, auto rows) {
+                           atomic_scatter_low<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(
+                               acc, touched, r.dx0, rows, C, total);
+                           DIVLAB_LAUNCHED(ctx, "atomic_scatter (low precision)");
+                         });
+}
+
+template <class Round, class A>
+void rounded_bf16_accum(DIVLAB_SCATTER_ARGS, Round round) {
+  DIVLAB_DX0_ROWS;
+  // A bf16 is the upper half of a float: the compare-and-swap loop works on its 16-bit word.
+  accumulate_tables<__nv_bfloat16>(
+      ctx, dwte, dwpe, tokens, B, T_, C, V,
+      [&](__nv_bfloat16* acc, unsigned char* touched, auto rows) {
+        rounded_scatter_bf16<<<blocks_for(total, 256), 256, 0, stream_of(ctx)>>>(
+            reinterpret_cast<unsigned short*>(acc), touched, r.dx0, rows, C, total, round);
+        DIVLAB_LAUNCHED(ctx, "rounded_scatter_bf16");
+      });
+}
+
 #define DIVLAB_SCATTER_PASS \
   ctx, dwte, dwpe, dw_norm, dy_norm, dresid, x0, w_norm, rstd, tokens, B, T_, C, V
 template <class A>
@@ -324,6 +374,7 @@ void bf16_stochastic_reused_seed(DIVLAB_SCATTER_ARGS) {
   rounded_bf16_accum(DIVLAB_SCATTER_PASS, StochasticReusedSeed{});
 }
 #undef DIVLAB_SCATTER_ARGS
+#undef DIVLAB_DX0_ROWS
 #undef DIVLAB_SCATTER_PASS
 
 // --- racy ---------------------------------------------------------------------------------
@@ -373,17 +424,25 @@ void register_embed_rmsnorm_backward(Catalogue<float, A>& cat) {
          {"stable radix sort by token, one block per token segment, fp32 in position order", "", "",
           ""});
   op.add("bf16_accum", low_precision_accum<__nv_bfloat16, A>,
-         {"atomicAdd of each row into a bf16 [V, C] buffer, added to dwte at the end", "", "", ""});
-  op.add(
-      "fp16_accum", low_precision_accum<__half, A>,
-      {"atomicAdd of each row into an fp16 [V, C] buffer, added to dwte at the end", "", "", ""});
+         {"bf16 atomicAdd into a bf16 copy of dwte's and dwpe's rows (starting from their "
+          "contents), written back at the end; the addend rounded to bf16 too",
+          "", "", ""});
+  op.add("fp16_accum", low_precision_accum<__half, A>,
+         {"fp16 atomicAdd into an fp16 copy of dwte's and dwpe's rows (starting from their "
+          "contents), written back at the end; the addend rounded to fp16 too",
+          "", "", ""});
   op.add("bf16_truncate_accum", bf16_truncate_accum<A>,
-         {"compare-and-swap bf16 accumulation, truncating after every addition", "", "", ""});
+         {"compare-and-swap bf16 accumulation of dwte's and dwpe's rows, truncating after every "
+          "addition",
+          "", "", ""});
   op.add("bf16_stochastic_accum", bf16_stochastic_accum<A>,
-         {"compare-and-swap bf16 accumulation, stochastic rounding with fresh bits", "", "", ""});
-  op.add(
-      "bf16_stochastic_reused_seed", bf16_stochastic_reused_seed<A>,
-      {"compare-and-swap bf16 accumulation, stochastic rounding with one fixed seed", "", "", ""});
+         {"compare-and-swap bf16 accumulation of dwte's and dwpe's rows, stochastic rounding "
+          "with fresh bits",
+          "", "", ""});
+  op.add("bf16_stochastic_reused_seed", bf16_stochastic_reused_seed<A>,
+         {"compare-and-swap bf16 accumulation of dwte's and dwpe's rows, stochastic rounding "
+          "with one fixed seed",
+          "", "", ""});
   op.add("racy_scatter", racy_scatter<A>,
          {"non-atomic read-add-write into dwte; shared-memory position sum without atomics", "", "",
           ""});
