@@ -29,6 +29,24 @@ ADAMW = ["train.optimizer=adamw", "train.lr=3e-3", "train.weight_decay=0.1",
 TOL = {"fp32": 1e-5, "fp64": 1e-10}
 
 
+def torch_model(f, dtype, device="cpu"):
+    """The PyTorch twin of a parity dump's model, with the dump's initial weights."""
+    cfg = tomllib.loads(f.attrs["config_toml"])
+    model = from_config(cfg["model"]).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
+    return model.to(device), cfg
+
+
+def batches(f, cfg):
+    """A parity dump's batches as (steps, B, T) inputs and targets."""
+    B, T = cfg["train"]["batch"], cfg["model"]["seq_len"]
+    inputs = torch.from_numpy(f["batches/inputs"][:]).view(-1, B, T)
+    targets = torch.from_numpy(f["batches/targets"][:]).view(-1, B, T)
+    return inputs, targets
+
+
 def normalised_error(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
@@ -44,25 +62,10 @@ class Parity(unittest.TestCase):
         subprocess.run([DUMP, path] + keys, check=True)
         return h5py.File(path, "r")
 
-    def torch_model(self, f, dtype, device="cpu"):
-        cfg = tomllib.loads(f.attrs["config_toml"])
-        m = cfg["model"]
-        model = from_config(m).to(dtype)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
-        return model.to(device), cfg
-
-    def batches(self, f, cfg):
-        B, T = cfg["train"]["batch"], cfg["model"]["seq_len"]
-        inputs = torch.from_numpy(f["batches/inputs"][:]).view(-1, B, T)
-        targets = torch.from_numpy(f["batches/targets"][:]).view(-1, B, T)
-        return inputs, targets
-
     def check_one_batch(self, precision, dtype):
         f = self.run_dump(precision, ["train.optimizer=sgd"], 1)
-        model, cfg = self.torch_model(f, dtype)
-        inputs, targets = self.batches(f, cfg)
+        model, cfg = torch_model(f, dtype)
+        inputs, targets = batches(f, cfg)
         loss = model(inputs[0], targets[0])
         loss.backward()
         tol = TOL[precision]
@@ -73,8 +76,8 @@ class Parity(unittest.TestCase):
             self.assertLess(err, tol, f"{precision} gradient of {name}: normalised error {err}")
 
     def torch_losses(self, f, dtype, steps, device="cpu"):
-        model, cfg = self.torch_model(f, dtype, device)
-        inputs, targets = self.batches(f, cfg)
+        model, cfg = torch_model(f, dtype, device)
+        inputs, targets = batches(f, cfg)
         inputs, targets = inputs.to(device), targets.to(device)
         opt, sched = optimizer_for(model, cfg)
         clip = cfg["train"]["grad_clip"]

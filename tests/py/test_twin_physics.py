@@ -9,14 +9,14 @@ losses step by step, and AdamW masking the bug in both."""
 import os
 import subprocess
 import tempfile
-import tomllib
 import unittest
 
 import h5py
 import numpy as np
 import torch
 
-from divlab_torch import from_config, loss_after_embedding, optimizer_for
+from divlab_torch import loss_after_embedding, optimizer_for
+from test_parity import batches, torch_model
 
 DUMP = os.environ["DIVLAB_PARITY_DUMP"]
 # configs/reproduce.toml's cell (its skewed chain: the hottest of 64 ids is a third of the
@@ -98,15 +98,8 @@ class TwinPhysics(unittest.TestCase):
         self.seed = int(np.random.randint(1 << 30))
 
     def twin(self, f, dtype=torch.float32):
-        cfg = tomllib.loads(f.attrs["config_toml"])
-        model = from_config(cfg["model"]).to(dtype)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(torch.from_numpy(f["params/" + name][:]).view(p.shape))
-        B, T = cfg["train"]["batch"], cfg["model"]["seq_len"]
-        inputs = torch.from_numpy(f["batches/inputs"][:]).view(-1, B, T)
-        targets = torch.from_numpy(f["batches/targets"][:]).view(-1, B, T)
-        return model, cfg, inputs, targets
+        model, cfg = torch_model(f, dtype)
+        return (model, cfg) + batches(f, cfg)
 
     def check_gradients(self, model_keys, variant="bf16_accum"):
         f = self.dump(SGD + [f"kernels.embed_rmsnorm_backward={variant}"] + model_keys, 1)
