@@ -144,6 +144,12 @@ const std::vector<KeySpec>& schema() {
           "step, run one after another on this device, and the grad_reduce op averages their "
           "gradients",
           Range::Positive),
+      key("train.micro_batches", DIVLAB_AT(micro_batches), "1",
+          "gradient accumulation: each rank's B / R sequences run as this many micro-batches, "
+          "each adding its gradient into the step's (in place, as llm.c does: a kernel that "
+          "accumulates in low precision keeps accumulating, so micro-batches, unlike ranks, do "
+          "not divide the dose); the memory of one micro-batch",
+          Range::Positive),
       key("train.data_parallel", DIVLAB_AT(data_parallel), "simulated",
           "where the ranks run: simulated (one after another on this device) | nccl (one "
           "process per GPU, backend = \"cuda\") | processes (one process per rank on this "
@@ -493,6 +499,10 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     throw InputError("config key 'train.ranks' = " + std::to_string(cfg.ranks) +
                      " does not divide 'train.batch' = " + std::to_string(cfg.batch) +
                      " (every rank takes an equal shard of the batch)");
+  if (cfg.batch % (int64_t(cfg.ranks) * cfg.micro_batches) != 0)
+    throw InputError("config key 'train.micro_batches' = " + std::to_string(cfg.micro_batches) +
+                     " does not divide the " + std::to_string(cfg.batch / cfg.ranks) +
+                     " sequences of a rank's shard ('train.batch' / 'train.ranks')");
   if (cfg.data_parallel == RankTransport::Nccl && cfg.backend != Backend::Cuda)
     throw InputError(
         "config key 'train.data_parallel' = \"nccl\" needs 'backend' = \"cuda\" (one GPU "
@@ -523,8 +533,13 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     throw InputError("config: model.vocab, model.d_model, model.n_layers and model.seq_len give " +
                      std::string(count) + " parameters (at most 2^40)");
   }
-  // The widest activation (logits, the MLP's input or q, k and v) is indexed with 32 bits.
-  const int64_t tokens = int64_t(cfg.batch) * m.seq_len;
+  // A step's positions, and the widest activation of the batch the model holds (logits, the
+  // MLP's input or q, k and v), are indexed with 32 bits.
+  if (int64_t(cfg.batch) * m.seq_len >= (int64_t(1) << 31))
+    throw InputError(
+        "config: train.batch * model.seq_len = " + std::to_string(int64_t(cfg.batch) * m.seq_len) +
+        " positions in a step (at most 2^31 - 1)");
+  const int64_t tokens = int64_t(cfg.model_batch()) * m.seq_len;
   const double width = std::max({double(m.vocab), F_in, 3 * C});
   if (double(tokens) * width > std::ldexp(1.0, 31)) {
     const std::string widest =
@@ -533,9 +548,12 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
                                " (from model.d_model = " + std::to_string(m.d_model) + ")";
     char count[32];
     std::snprintf(count, sizeof count, "%.3g", double(tokens) * width);
-    throw InputError("config: train.batch * model.seq_len = " + std::to_string(tokens) +
-                     " positions times " + widest + " give an activation of " + count +
-                     " elements (at most 2^31)");
+    const std::string held = cfg.ranks * cfg.micro_batches > 1
+                                 ? "the model's batch (train.batch / (train.ranks * "
+                                   "train.micro_batches)) * model.seq_len = "
+                                 : "train.batch * model.seq_len = ";
+    throw InputError("config: " + held + std::to_string(tokens) + " positions times " + widest +
+                     " give an activation of " + count + " elements (at most 2^31)");
   }
   if (cfg.shadow_every > 0 && cfg.shadow_variants.empty())
     throw InputError("config key 'shadow.every' = " + std::to_string(cfg.shadow_every) +

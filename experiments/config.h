@@ -49,7 +49,8 @@ struct RunConfig {
   ModelConfig model;
   OptimConfig optim;
   int batch = 8;
-  int ranks = 1;  // data-parallel ranks, each a shard of every step's batch
+  int ranks = 1;          // data-parallel ranks, each a shard of every step's batch
+  int micro_batches = 1;  // each rank's shard run as this many batches, accumulated in place
   RankTransport data_parallel = RankTransport::Simulated;
   int64_t steps = 100;
   uint64_t seed = 0;
@@ -61,6 +62,8 @@ struct RunConfig {
   int64_t shadow_every = 0;
   std::vector<std::string> shadow_variants;
   ShadowReference shadow_reference = ShadowReference::Auto;
+  // The sequences the model holds: one micro-batch of one rank's shard.
+  int model_batch() const { return int(batch / (int64_t(ranks) * micro_batches)); }
   // shadow_reference with auto resolved for the backend.
   bool shadow_on_device() const {
     return shadow_reference == ShadowReference::Fp32Device ||

@@ -48,22 +48,33 @@ struct RankReport {
 // Simulated ranks (no communicator) run their shards one after another on this device. Ranks
 // over NCCL run their own shard each and fill `stacked_` by an all-gather: the same bits in the
 // same rows, reduced by the same kernel, so both give the same numbers, every variant included.
+//
+// With M micro-batches (train.micro_batches) each shard is M batches of the model's size, run
+// one after another, each adding its gradient into the model's buffer (gradient accumulation as
+// llm.c does it, in place). The two ways of splitting a batch differ for a kernel that
+// accumulates in low precision: a rank's gradient starts from zero and the ranks' are averaged
+// by grad_reduce (in fp32 for the reference, as PyTorch's autograd adds a fresh gradient into
+// .grad), so ranks divide the dose one accumulator receives; micro-batches go on adding into the
+// same rows, so they do not.
 template <class T, class A>
 class DataParallelStep {
  public:
-  DataParallelStep(Transformer<T, A>& model, int ranks, Communicator* comm = nullptr)
+  DataParallelStep(Transformer<T, A>& model, int ranks, int micro_batches = 1,
+                   Communicator* comm = nullptr)
       : model_(model),
         ranks_(ranks),
         comm_(comm),
         n_(model.grads().size()),
         stacked_(*model.kernels().memory, ranks > 1 ? int64_t(ranks) * n_ : 0),
-        reports_(size_t(ranks)) {}
+        reports_(size_t(ranks)) {
+    model.set_micro_batches(micro_batches);
+  }
   // Extra memory beyond the model's: the stacked gradients.
   static int64_t extra_bytes(int ranks, int64_t params) {
     return ranks > 1 ? int64_t(ranks) * params * int64_t(sizeof(T)) : 0;
   }
-  // `before(r)` and `after(r)` run around rank r's forward and backward (shadow mode taps rank
-  // 0's shard); `in` and `tgt` hold the whole batch.
+  // `before(r)` and `after(r)` run around rank r's forward and backward (of its first
+  // micro-batch: shadow mode taps rank 0's); `in` and `tgt` hold the whole batch.
   template <class Before, class After>
   T run(const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step, Before before,
         After after) {
@@ -141,22 +152,35 @@ class DataParallelStep {
   }
 
  private:
-  // Rank r's shard's mean loss (the model's forward on its sequences of the whole batch).
+  // The tokens of the model's batch (one micro-batch), and of one rank's shard.
+  int64_t micro_tokens() const { return int64_t(model_.batch()) * model_.config().seq_len; }
+  int64_t shard_tokens() const { return micro_tokens() * model_.micro_batches(); }
+  // Rank r's shard's mean loss (the model's forward on its sequences of the whole batch, micro-
+  // batch by micro-batch; the mean of theirs, in order).
   double shard_loss(int r, const TokenId* in, const TokenId* tgt, bool training) {
-    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
-    return double(model_.forward(in + r * shard, tgt + r * shard, training));
+    double sum = 0;
+    for (int m = 0; m < model_.micro_batches(); ++m) {
+      const int64_t at = r * shard_tokens() + m * micro_tokens();
+      sum += double(model_.forward(in + at, tgt + at, training));
+    }
+    return sum / model_.micro_batches();
   }
-  // Rank r's forward and backward with its own op seed: its gradient in the model's buffer.
+  // Rank r's forward and backward with its own op seed (its micro-batches' calls drawing the
+  // seeds after it in turn): its gradient in the model's buffer.
   template <class Before, class After>
   double train_shard(int r, const TokenId* in, const TokenId* tgt, uint64_t run_seed, int64_t step,
                      Before& before, After& after) {
     before(r);
     model_.reseed(rank_op_seed(run_seed, step, r));
-    // The backward is queued before the loss is waited for: no bubble between the two.
-    const int64_t shard = int64_t(model_.batch()) * model_.config().seq_len;
-    model_.start_step(in + r * shard, tgt + r * shard);
-    after(r);
-    return double(model_.loss());
+    double sum = 0;
+    for (int m = 0; m < model_.micro_batches(); ++m) {
+      // The backward is queued before the loss is waited for: no bubble between the two.
+      const int64_t at = r * shard_tokens() + m * micro_tokens();
+      model_.start_step(in + at, tgt + at, m > 0);
+      if (m == 0) after(r);
+      sum += double(model_.loss());
+    }
+    return sum / model_.micro_batches();
   }
 
   Transformer<T, A>& model_;
@@ -168,8 +192,9 @@ class DataParallelStep {
 };
 
 // The step's token statistics (every token counted into `counts`). The dose, the most additions
-// one embedding row receives, is per kernel call: with data-parallel ranks, the largest of the
-// shards' (each rank's embedding backward sees its own shard only).
+// one embedding row receives from zero: with data-parallel ranks, the largest of the shards'
+// (each rank's embedding backward sees its own shard only); micro-batches do not divide it (each
+// adds into the rows the one before left).
 inline BatchStats dose_of(const TokenId* tokens, int B, int T_, int ranks, int vocab,
                           std::vector<int64_t>* counts) {
   BatchStats whole = batch_stats(tokens, int64_t(B) * T_, vocab, counts);

@@ -350,7 +350,7 @@ std::vector<double> widen(const Buffer<T>& b, void* stream) {
 template <class T, class A>
 int64_t predicted_bytes(const RunConfig& cfg, int64_t params) {
   const ModelConfig& m = cfg.model;
-  const int64_t batch = cfg.batch / cfg.ranks;  // the model holds one rank's shard
+  const int64_t batch = cfg.model_batch();
   const int64_t N = batch * m.seq_len, C = m.d_model;
   const int64_t rows = batch * m.n_heads * m.seq_len, square = rows * m.seq_len;
   const int64_t t = sizeof(T), a = sizeof(A);
@@ -376,7 +376,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const bool lead = launch == nullptr || launch->world.rank == 0;
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, Tn = m.seq_len;
-  const int B_rank = B / cfg.ranks;  // the sequences one data-parallel rank (the model) holds
+  const int B_model = cfg.model_batch();
   const int64_t N = int64_t(B) * Tn;
   const Catalogue<T, A>& catalogue = backend_catalogue<T, A>(cfg.backend, cfg.precision);
   const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
@@ -391,12 +391,15 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
   const int64_t bytes =
-      Transformer<T, A>::allocated_bytes(m, B_rank) + predicted_bytes<T, A>(cfg, param_count(m)) +
+      Transformer<T, A>::allocated_bytes(m, B_model) + predicted_bytes<T, A>(cfg, param_count(m)) +
       checkpoint_bytes +
       (launch && cfg.data_parallel == RankTransport::Nccl ? kNcclReserveBytes : 0);
-  check_backend_fits(cfg.backend, size_t(bytes),
-                     "this model at train.batch = " + std::to_string(B) +
-                         (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : ""));
+  check_backend_fits(
+      cfg.backend, size_t(bytes),
+      "this model at train.batch = " + std::to_string(B) +
+          (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : "") +
+          (cfg.micro_batches > 1 ? " in train.micro_batches = " + std::to_string(cfg.micro_batches)
+                                 : ""));
   // Every rank has read what it needs of a resumed trace before rank 0 writes it: joining is the
   // ranks' barrier.
   std::unique_ptr<Communicator> comm;
@@ -434,15 +437,16 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   std::unique_ptr<Optimizer<T>> owned_optim;
   std::unique_ptr<DataParallelStep<T, A>> owned_step;
   try {
-    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_rank);
+    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_model);
     owned->set_stream(stream.get());
     owned->set_sync_each_launch(cfg.sync_kernels);
     owned->set_graph_steps(graph_steps(cfg, opt.profile, catalogue, kernels));
     owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
-    owned_step = std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, comm.get());
+    owned_step =
+        std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, cfg.micro_batches, comm.get());
   } catch (const OutOfMemory& e) {
     throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
-                     "; try a smaller batch or model)");
+                     "; try a smaller batch or model, or train.micro_batches)");
   }
   Transformer<T, A>& model = *owned;
   Optimizer<T>& optim = *owned_optim;
@@ -535,9 +539,10 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       if (step == cfg.abort_at_step) std::abort();
       data.batch(step, B, Tn, in.data(), tgt.data());
       const BatchStats bs = dose_of(in.data(), B, Tn, cfg.ranks, m.vocab, &token_counts);
-      // Shadow mode judges rank 0's shard (the model's whole batch when there is one rank).
+      // Shadow mode judges rank 0's first micro-batch (the whole batch when there is one rank
+      // and one micro-batch).
       const bool shadow_step = tap && step % cfg.shadow_every == 0;
-      const int64_t shard_tokens = int64_t(B_rank) * Tn;
+      const int64_t shard_tokens = int64_t(B_model) * Tn;
       const T loss = data_parallel.run(
           in.data(), tgt.data(), cfg.seed, step,
           [&](int rank) {

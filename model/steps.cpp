@@ -61,11 +61,12 @@ void Transformer<T, A>::fence_loss() {
 }
 
 template <class T, class A>
-void Transformer<T, A>::start_step(const TokenId* inputs, const TokenId* targets) {
+void Transformer<T, A>::start_step(const TokenId* inputs, const TokenId* targets, bool accumulate) {
   const MemoryOps& mem = *k_.memory;
   if (!graph_steps_ || after_op) {
     start_forward(inputs, targets, true);
-    backward();
+    if (!accumulate) grads_.zero(stream());
+    queue_backward();
     return;
   }
   stage_tokens(inputs, targets);
@@ -76,12 +77,13 @@ void Transformer<T, A>::start_step(const TokenId* inputs, const TokenId* targets
   // parameters were taken since: a graph with the cast is needed.
   if (graph_ && graph_skips_cast_ && !weights_current_) drop_graph(), graph_warm_ = true;
   if (!graph_ && graph_warm_) graph_ = capture_step();
+  if (!accumulate) grads_.zero(stream());
   if (graph_) {
     mem.replay(graph_, stream());
     ++graph_replays_;
   } else {
     queue_forward(true);
-    backward();
+    queue_backward();
     graph_warm_ = true;
   }
   fence_loss();
@@ -105,7 +107,7 @@ void* Transformer<T, A>::capture_step() {
   graph_skips_cast_ = weights_current_;
   try {
     queue_forward(true);
-    backward();
+    queue_backward();
   } catch (const std::exception& e) {
     if (void* g = mem.end_capture(stream())) mem.release_graph(g);
     return give_up(e.what());
@@ -148,10 +150,22 @@ T Transformer<T, A>::loss() {
 
 template <class T, class A>
 void Transformer<T, A>::backward() {
-  dres_act_current_ = false;
   grads_.zero(stream());
+  queue_backward();
+}
+
+template <class T, class A>
+void Transformer<T, A>::queue_backward() {
+  dres_act_current_ = false;
   dres_.zero(stream());
   cfg_.llama() ? backward_llama() : backward_gpt2();
+}
+
+template <class T, class A>
+void Transformer<T, A>::set_micro_batches(int m) {
+  if (m < 1) throw std::invalid_argument("Transformer: micro-batches must be >= 1");
+  micro_batches_ = m;
+  drop_graph();  // the loss's gradient scale is captured in the graph
 }
 
 template class Transformer<float>;

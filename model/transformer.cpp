@@ -337,7 +337,7 @@ void Transformer<T, A>::head_forward(const A* W, bool for_backward) {
     observe("forward", "softcap_forward", -1, "logits (soft-capped)", logits_.data(), NV);
   }
   k_.cross_entropy(contexts_.next(), losses_.data(), for_backward ? dlogits_.data() : nullptr,
-                   logits_.data(), targets_.data(), N, V, T(1) / T(N));
+                   logits_.data(), targets_.data(), N, V, T(1) / T(int64_t(N) * micro_batches_));
   observe("forward", "cross_entropy", -1, "losses", losses_.data(), N);
   if (for_backward) observe("forward", "cross_entropy", -1, "dlogits", dlogits_.data(), NV);
 }

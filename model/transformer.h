@@ -104,8 +104,17 @@ class Transformer {
   void backward();
   // A training step's forward and backward: start_forward(inputs, targets, true), then
   // backward(); loss() as after start_forward. With graph steps on, the same work replayed from a
-  // CUDA graph (the same kernels on the same buffers, so the same bits).
-  void start_step(const TokenId* inputs, const TokenId* targets);
+  // CUDA graph (the same kernels on the same buffers, so the same bits). With `accumulate` the
+  // gradients are not zeroed first: this batch's are added into them (a micro-batch after the
+  // step's first).
+  void start_step(const TokenId* inputs, const TokenId* targets, bool accumulate = false);
+  // The model's batch as one of `m` micro-batches of a step (train.micro_batches): the loss's
+  // gradient is scaled to the mean over all m batches' tokens, so that m start_step calls, every
+  // one after the first accumulating, leave the gradient of the step's whole batch. Every op
+  // that writes a gradient adds into it (kernels/ops.h), so a kernel that accumulates in its
+  // own precision goes on accumulating over the micro-batches: they do not divide its dose.
+  void set_micro_batches(int m);
+  int micro_batches() const { return micro_batches_; }
   // Graph steps for start_step, where the backend's memory has graphs (CUDA; ignored on the host):
   // the first step runs op by op (its calls grow the scratch and build cuDNN's plans), the next is
   // captured, and every step after replays it, one launch instead of hundreds. A graph replays
@@ -193,7 +202,10 @@ class Transformer {
   void stage_tokens(const TokenId* inputs, const TokenId* targets);
   void queue_forward(bool for_backward);
   void fence_loss();
-  // The graph of one start_step's work, or null where it could not be captured.
+  // backward() after the gradients' zeroing: the residual gradient zeroed, the blocks' backward.
+  void queue_backward();
+  // The graph of one start_step's work (the gradients' zeroing left out: a micro-batch that
+  // accumulates replays the same graph), or null where it could not be captured.
   void* capture_step();
   void drop_graph();
   // The attention kernels of this forward and the backward after it: the set's reference pair
@@ -239,6 +251,7 @@ class Transformer {
   KernelSet<T, A> k_;
   OpContextSource contexts_;  // this model's op contexts: its stream, workspace and seeds
   int B_, N_;
+  int micro_batches_ = 1;
   std::vector<ParamInfo> layout_;
   std::vector<Layer> layers_;
   int64_t wte_, wpe_, lnf_, head_;  // wpe_: -1 for llama; head_ = wte_ when tied

@@ -1,6 +1,9 @@
 // Simulated data-parallel ranks (train.ranks): the batch split into shards whose gradients the
 // grad_reduce op averages. The reference reduction must give the one-rank run's training to
-// rounding; its variants must do what the catalogue says they do to a run.
+// rounding; its variants must do what the catalogue says they do to a run. And gradient
+// accumulation (train.micro_batches): each shard run as M batches, each adding its gradient into
+// the step's; with the reference kernels the whole batch's training to rounding, and, unlike
+// ranks, the dose of a kernel that accumulates in low precision kept whole.
 #include <algorithm>
 #include <cmath>
 
@@ -9,6 +12,7 @@
 #include "io/trace.h"
 #include "tests/support/check.h"
 #include "tests/support/fixtures.h"
+#include "tests/support/hot_row.h"
 
 namespace divlab {
 using namespace testing;
@@ -52,6 +56,9 @@ double largest_relative_gap(const std::vector<double>& a, const std::vector<doub
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
     gap = std::max(gap, std::abs(a[i] - b[i]) / std::abs(b[i]));
   return gap;
+}
+std::vector<double> series(const std::string& name, const std::string& path) {
+  return TraceReader(run_dir() + "/" + name + ".h5").floats(path);
 }
 }  // namespace
 
@@ -124,6 +131,50 @@ TEST(DataParallel, AnOverflowOnTheFp16WireIsAttributedToTheReduction) {
   EXPECT_EQ(op, "grad_reduce");
   losses("fp32", big, &status);
   EXPECT_EQ(status, "completed");
+}
+
+TEST(MicroBatches, TrainAsTheWholeBatch) {
+  // fp64: the same batches and gradients up to the order of the sums, so the losses, the
+  // validation losses and the step-0 gradient norms agree far inside fp32's rounding. gpt2
+  // untied and tied (the head's gradient added into the embedding's rows before the scatter),
+  // and llama.
+  const std::vector<std::vector<std::string>> models = {
+      {}, {"model.tied_embeddings=true"}, {"model.arch=llama", "model.n_kv_heads=1"}};
+  for (size_t i = 0; i < models.size(); ++i) {
+    std::vector<std::string> keys = models[i];
+    keys.insert(keys.end(), {"train.precision=fp64", "eval.every=10"});
+    const std::string whole = "model" + std::to_string(i) + "-whole";
+    const auto one = losses(whole, keys);
+    for (const char* micro : {"2", "8"}) {
+      std::vector<std::string> split_keys = keys;
+      split_keys.push_back(std::string("train.micro_batches=") + micro);
+      const std::string split = "model" + std::to_string(i) + "-micro" + micro;
+      const std::string what =
+          split + " in " + micro + " micro-batches (seed " + std::to_string(test_seed()) + ")";
+      EXPECT_LT(largest_relative_gap(losses(split, split_keys), one), 1e-10) << what;
+      EXPECT_LT(
+          largest_relative_gap(series(split, "/eval/val_loss"), series(whole, "/eval/val_loss")),
+          1e-12)
+          << what;
+      EXPECT_NEAR(series(split, "/metrics/grad_norm")[0], series(whole, "/metrics/grad_norm")[0],
+                  1e-13 * series(whole, "/metrics/grad_norm")[0])
+          << what;
+      // The dose is the step's, not the micro-batch's.
+      EXPECT_EQ(series(split, "/metrics/max_row_contributions"),
+                series(whole, "/metrics/max_row_contributions"))
+          << what;
+    }
+  }
+}
+
+TEST(MicroBatches, KeepTheDoseThatRanksDivide) {
+  // One step of 4096 tokens, a third of them one id: its embedding row receives ~1400 additions.
+  // bf16_accum rounds each into the row's bf16 accumulator, which stalls near 256 same-size
+  // additions. Four micro-batches go on adding into the same rows: the same error. Four ranks
+  // start each shard's rows from zero and average them in fp32: a quarter of the dose, a smaller
+  // error.
+  const SplitErrors e = split_errors(cpu_catalogue<float>(), "bf16_accum", test_seed());
+  expect_micro_batches_keep_the_dose(e, 0.05, test_seed());
 }
 
 }  // namespace divlab

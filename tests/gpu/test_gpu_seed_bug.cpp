@@ -16,6 +16,7 @@
 #include "io/trace.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/fixtures.h"
+#include "tests/support/hot_row.h"
 
 namespace divlab {
 using namespace testing;
@@ -76,6 +77,16 @@ TEST(GpuSeedBug, Bf16AtomicsDivergeUnderSgdAndAdamWHidesThem) {
       EXPECT_LT(std::abs(gap), 0.01) << "seeds " << base << "..; gaps" << each;
   }
   rmdir(dir.c_str());
+}
+
+// The dose on the device (tests/test_data_parallel.cpp on the CPU): bf16 mode's real bf16
+// atomicAdd into rows loaded from the gradient's buffer, so four micro-batches go on adding into
+// the rows the one before left (the same error, up to the atomics' order), where four ranks start
+// from zero (a quarter of the dose, a smaller error).
+TEST(GpuSeedBug, MicroBatchesKeepTheDoseThatRanksDivide) {
+  REQUIRE_GPU();
+  const SplitErrors e = split_errors(gpu_catalogue<bf16>(), "bf16_accum", test_seed());
+  expect_micro_batches_keep_the_dose(e, 0.2, test_seed());
 }
 
 }  // namespace divlab

@@ -53,14 +53,15 @@ struct GraphSteps {
 
 // Losses of `steps` steps on Zipf-distributed tokens; with `graphs`, the model on a stream of
 // its own (the legacy stream cannot be captured) and graph steps as asked; `after_update` runs
-// after each step's update.
+// after each step's update; each step's batch in `micro` micro-batches accumulated in place.
 template <class T, class A>
 std::vector<double> train_losses(
     const KernelSet<T, A>& k, const OptimConfig& oc, int steps, uint64_t seed,
     const ModelConfig& m = small_model(), GraphSteps* graphs = nullptr,
-    const std::function<void(Transformer<T, A>&, int)>& after_update = nullptr) {
+    const std::function<void(Transformer<T, A>&, int)>& after_update = nullptr, int micro = 1) {
   const OwnedStream stream(*k.memory);
-  Transformer<T, A> model(m, k, kBatch);
+  Transformer<T, A> model(m, k, kBatch / micro);
+  model.set_micro_batches(micro);
   if (graphs) model.set_stream(stream.get()), model.set_graph_steps(graphs->on);
   model.init(seed);
   Optimizer<T> optim(oc, model.layout(), *k.memory);
@@ -71,8 +72,13 @@ std::vector<double> train_losses(
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     data->batch(s, kBatch, m.seq_len, in.data(), tgt.data());
-    model.start_step(in.data(), tgt.data());
-    losses.push_back(model.loss());
+    double loss = 0;
+    for (int i = 0; i < micro; ++i) {
+      const size_t at = in.size() / size_t(micro) * size_t(i);
+      model.start_step(in.data() + at, tgt.data() + at, i > 0);
+      loss += model.loss();
+    }
+    losses.push_back(loss / micro);
     optim.step(model, s);
     if (after_update) after_update(model, s);
   }
@@ -320,6 +326,16 @@ TYPED_TEST(GpuTraining, GraphStepsGiveTheBitsOfStepsOpByOp) {
       EXPECT_EQ(graphed.failure, "") << name_of(m.arch);
       EXPECT_EQ(op_by_op.replays, 0);
     }
+  // Micro-batches: the step's graph replayed for each, those after the first without zeroing
+  // the gradients first (outside the graph), as op by op.
+  for (const ModelConfig& m : {small_model(), small_llama()}) {
+    const auto k = cat.select({});
+    GraphSteps graphed(true), op_by_op(false);
+    EXPECT_EQ(train_losses(k, sgd(steps), steps, test_seed(), m, &graphed, {}, 4),
+              train_losses(k, sgd(steps), steps, test_seed(), m, &op_by_op, {}, 4))
+        << name_of(m.arch) << " in 4 micro-batches (seed " << test_seed() << ")";
+    EXPECT_EQ(graphed.replays, 4 * steps - 1) << name_of(m.arch);
+  }
   const auto host_bound = cat.select({{"linear_forward", "fp64_accum"}});
   ASSERT_FALSE(cat.graphable(host_bound));
   GraphSteps forced(true), op_by_op(false);

@@ -22,10 +22,10 @@ template <class T>
 void dump(const RunConfig& cfg, const std::string& out) {
   const ModelConfig& m = cfg.model;
   const int B = cfg.batch, N = B * m.seq_len;
-  Transformer<T> model(m, cpu_catalogue<T>().select(cfg.kernels), B / cfg.ranks);
+  Transformer<T> model(m, cpu_catalogue<T>().select(cfg.kernels), cfg.model_batch());
   model.init(cfg.seed);
   Optimizer<T> optim(cfg.optim, model.layout(), host_memory());
-  DataParallelStep<T, T> step(model, cfg.ranks);
+  DataParallelStep<T, T> step(model, cfg.ranks, cfg.micro_batches);
   DatasetOptions dopt;
   dopt.vocab = m.vocab, dopt.seed = cfg.seed, dopt.verbose = false;
   const auto data = make_dataset(cfg.data, dopt);

@@ -53,6 +53,11 @@ class GpuParity(test_parity.Parity):
         # reduced by the GPU's grad_reduce (not yet run on a GPU when written, 2026-11-26).
         self.check_training(test_parity.SGD + ["train.ranks=4"], "cuda")
 
+    def test_20_steps_adamw_in_four_micro_batches(self):
+        # Gradient accumulation on the device: four graphed micro-batches per step, the three
+        # after the first replaying the step's graph without zeroing the gradients.
+        self.check_training(test_parity.ADAMW + ["train.micro_batches=4"], "cuda")
+
     # The one-batch gradient tests compare the CPU dump; the GPU's gradients are held to the
     # CPU's by tests/gpu (GpuTraining.GradientsPerTensorAgreeWithTheCpu).
     test_loss_and_gradients_fp32 = None

@@ -138,6 +138,10 @@ class Parity(unittest.TestCase):
     def test_20_steps_sgd_over_four_data_parallel_ranks(self):
         self.check_training(SGD + ["train.ranks=4"])
 
+    def test_20_steps_adamw_in_four_micro_batches(self):
+        # Gradient accumulation: four batches of a quarter each, added into one gradient.
+        self.check_training(ADAMW + ["train.micro_batches=4"])
+
 
 class LlamaParity(Parity):
     """The llama family with everything on: RoPE at llama 3's base, 4 query heads sharing 2
