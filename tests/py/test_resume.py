@@ -79,6 +79,13 @@ class Resume(unittest.TestCase):
                                         "train.ranks=4", "kernels.grad_reduce=bf16_reduce",
                                         "kernels.embed_rmsnorm_backward=bf16_stochastic_accum"])
 
+    def test_micro_batches_killed_five_times(self):
+        # Two ranks of two micro-batches each, the micro-batches' calls drawing the seeds after
+        # their rank's: the resumed run repeats them, and the accumulation, bit for bit.
+        self.check_bitwise_after_kills(["train.optimizer=sgd", "train.momentum=0.9",
+                                        "train.ranks=2", "train.micro_batches=2",
+                                        "kernels.embed_rmsnorm_backward=bf16_stochastic_accum"])
+
     def test_resume_can_extend_a_finished_run(self):
         d = tmpdir()
         short, long_ = os.path.join(d, "short.h5"), os.path.join(d, "long.h5")

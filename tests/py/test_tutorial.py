@@ -72,6 +72,10 @@ class Tutorial(unittest.TestCase):
         ranks_gap = run("ranks-bug") - run("ranks-reference")
         self.assertGreater(ranks_gap, 0.05)
         self.assertLess(ranks_gap, run("sgd-bug") - run("sgd-reference"))
+        # Micro-batches keep the dose whole, and the bug's gap with it.
+        self.assertEqual(dose("micro-bug"), dose("sgd-bug"))
+        self.assertLess(abs(run("micro-bug") - run("sgd-bug")),
+                        0.25 * (run("sgd-bug") - run("sgd-reference")))
         # (Four times the step without clipping sits at the uniform guess or, with another CPU's
         # GEMM rounding, blows up to NaN: either way it never learns.)
         never_learns = run("ranks-sum")
