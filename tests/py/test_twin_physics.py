@@ -2,10 +2,10 @@
 embedding row accumulated in a bf16 accumulator, rounded to nearest even after every addition,
 in position order, from what the buffer holds: a tied head's dense gradient, or the
 micro-batches' before), independently of divlab's kernel, on tests/py/divlab_torch.py's model,
-and its fp16 and truncating siblings. divlab's buggy gradients and buggy training runs must be the twin's, so that a divergence the
-lab reports is the bug's and not the lab's: the same embedding gradients (bit for bit in
-practice; asserted: 99 % of the elements, and a twentieth of the bug's own error), the same SGD
-losses step by step, and AdamW masking the bug in both."""
+and its fp16 and truncating siblings. divlab's buggy gradients and buggy training runs must be
+the twin's, so that a divergence the lab reports is the bug's and not the lab's: the same
+embedding gradients (bit for bit in practice; asserted: 99 % of the elements, and a twentieth of
+the bug's own error), the same SGD losses step by step, and AdamW masking the bug in both."""
 import os
 import subprocess
 import tempfile
