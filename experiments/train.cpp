@@ -542,14 +542,14 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       // Shadow mode judges rank 0's first micro-batch (the whole batch when there is one rank
       // and one micro-batch).
       const bool shadow_step = tap && step % cfg.shadow_every == 0;
-      const int64_t shard_tokens = int64_t(B_model) * Tn;
+      const int64_t tapped_tokens = int64_t(B_model) * Tn;
       const T loss = data_parallel.run(
           in.data(), tgt.data(), cfg.seed, step,
           [&](int rank) {
             if (shadow_step && rank == 0) tap->arm();
           },
           [&](int rank) {
-            if (shadow_step && rank == 0) tap->submit(in.data(), shard_tokens, m.vocab, step);
+            if (shadow_step && rank == 0) tap->submit(in.data(), tapped_tokens, m.vocab, step);
           });
       const StepStats st = optim.step(model, step);
       const double wall =
