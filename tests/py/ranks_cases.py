@@ -1,7 +1,7 @@
 """The checks every transport of data-parallel ranks as processes must pass, shared by
 test_nccl_ranks.py (one GPU per rank, NCCL) and test_process_ranks.py (ranks on the CPU, sockets):
 the simulated ranks' numbers bit for bit, for the reference reduction and a variant, shadow
-metrics included; the one-rank run's losses within the fp32 band; one trace, written by rank 0,
+metrics included, and in micro-batches; the one-rank run's losses within the fp32 band; one trace, written by rank 0,
 with each rank's timing; a resumed run bit for bit; a NaN attributed as the simulated ranks
 attribute it; a stop signal ending every rank after the same step; a dead rank ending the run;
 mpirun and torchrun starting the same run as divlab's own launcher."""
@@ -77,6 +77,15 @@ class RanksAsProcesses:
                 # Rank 0 alone wrote: nothing else beside the trace.
                 left = sorted(n for n in os.listdir(self.dir) if n.startswith(f"ranks-{kernel}"))
                 self.assertEqual(left, [f"ranks-{kernel}.h5"])
+
+    def test_micro_batches_give_the_bits_of_simulated_ranks_micro_batches(self):
+        # Each rank process runs its shard as two micro-batches accumulated in place, as the
+        # simulated ranks do, reduced by a variant (deterministic on both devices).
+        keys = ["train.micro_batches=2", "kernels.grad_reduce=bf16_comm"]
+        sim, ours = self.path("micro-sim.h5"), self.path("micro-ranks.h5")
+        self.train(sim, *keys, transport=False)
+        self.train(ours, *keys)
+        self.assert_same_run(sim, ours)
 
     def test_one_rank_losses_within_the_fp32_band(self):
         one, ours = self.path("one.h5"), self.path("ranks.h5")
