@@ -152,16 +152,18 @@ class DataParallelStep {
   }
 
  private:
-  // The tokens of the model's batch (one micro-batch), and of one rank's shard.
-  int64_t micro_tokens() const { return int64_t(model_.batch()) * model_.config().seq_len; }
-  int64_t shard_tokens() const { return micro_tokens() * model_.micro_batches(); }
+  // Where rank r's micro-batch m starts in the whole batch: shards of M micro-batches each, one
+  // after another, every micro-batch the model's batch of sequences.
+  int64_t offset(int r, int m) const {
+    const int64_t micro = int64_t(model_.batch()) * model_.config().seq_len;
+    return (int64_t(r) * model_.micro_batches() + m) * micro;
+  }
   // Rank r's shard's mean loss (the model's forward on its sequences of the whole batch, micro-
   // batch by micro-batch; the mean of theirs, in order).
   double shard_loss(int r, const TokenId* in, const TokenId* tgt, bool training) {
     double sum = 0;
     for (int m = 0; m < model_.micro_batches(); ++m) {
-      const int64_t at = r * shard_tokens() + m * micro_tokens();
-      sum += double(model_.forward(in + at, tgt + at, training));
+      sum += double(model_.forward(in + offset(r, m), tgt + offset(r, m), training));
     }
     return sum / model_.micro_batches();
   }
@@ -175,8 +177,7 @@ class DataParallelStep {
     double sum = 0;
     for (int m = 0; m < model_.micro_batches(); ++m) {
       // The backward is queued before the loss is waited for: no bubble between the two.
-      const int64_t at = r * shard_tokens() + m * micro_tokens();
-      model_.start_step(in + at, tgt + at, m > 0);
+      model_.start_step(in + offset(r, m), tgt + offset(r, m), m > 0);
       if (m == 0) after(r);
       sum += double(model_.loss());
     }
