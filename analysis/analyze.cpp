@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -13,6 +14,7 @@
 #include "analysis/dose.h"
 #include "analysis/report.h"
 #include "common/errors.h"
+#include "common/lock.h"
 #include "common/paths.h"
 #include "common/process.h"
 #include "io/toml_reader.h"
@@ -98,14 +100,17 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   return c;
 }
 
-// analysis/plots.py draws the PNGs; returns "ok" or why not.
-std::string run_plots(const std::string& dir) {
+// analysis/plots.py draws the PNGs into `out` from its summary.h5 and the cells of `dirs`;
+// returns "ok" or why not.
+std::string run_plots(const std::string& out, const std::vector<std::string>& dirs) {
   const char* py = std::getenv("DIVLAB_PYTHON");
   SpawnOptions so;
-  so.log = dir + "/plots.log";
-  const int status = run_process(
-      {py && *py ? py : DIVLAB_DEFAULT_PYTHON, resource_path("analysis/plots.py"), dir}, so);
-  return status == 0 ? "ok" : "failed, see " + dir + "/plots.log";
+  so.log = out + "/plots.log";
+  std::vector<std::string> argv = {py && *py ? py : DIVLAB_DEFAULT_PYTHON,
+                                   resource_path("analysis/plots.py"), out};
+  argv.insert(argv.end(), dirs.begin(), dirs.end());
+  const int status = run_process(argv, so);
+  return status == 0 ? "ok" : "failed, see " + out + "/plots.log";
 }
 
 // How the sweep saw each cell's process end (manifest.tsv: trace path relative to the folder ->
@@ -127,39 +132,77 @@ std::map<std::string, std::string> sweep_statuses(const std::string& dir) {
   return out;
 }
 
+// Where the analysis goes, decided before anything is read or written: the one sweep folder, or
+// --out, which pooled folders need and which may not be a sweep folder of its own.
+std::string output_folder(const AnalyzeOptions& opt) {
+  namespace fs = std::filesystem;
+  if (opt.dirs.empty()) throw InputError("analyze: name a sweep folder");
+  std::set<fs::path> seen;
+  for (const auto& d : opt.dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec) || access(d.c_str(), R_OK) != 0)
+      throw InputError("analyze '" + d + "': no such folder");
+    if (!seen.insert(fs::canonical(d, ec)).second)
+      throw InputError("analyze '" + d + "': named twice (each folder's seeds count once)");
+  }
+  if (opt.out.empty()) {
+    if (opt.dirs.size() > 1)
+      throw InputError("--out: pooling " + std::to_string(opt.dirs.size()) +
+                       " sweep folders needs a folder of its own for the analysis");
+    return opt.dirs[0];
+  }
+  std::error_code ec;
+  const bool the_sweeps_own = opt.dirs.size() == 1 && seen.count(fs::weakly_canonical(opt.out, ec));
+  if (the_sweeps_own) return opt.out;
+  if (seen.count(fs::weakly_canonical(opt.out, ec)) || fs::exists(fs::path(opt.out) / "cells", ec))
+    throw InputError("--out '" + opt.out +
+                     "': a sweep folder (it holds cells/), whose own cells would disagree with "
+                     "these verdicts; name a folder of its own");
+  if (fs::exists(opt.out, ec) && !fs::is_directory(opt.out, ec))
+    throw InputError("--out '" + opt.out + "': exists and is not a folder");
+  return opt.out;
+}
+
 }  // namespace
 
 std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
-  if (access(opt.dir.c_str(), R_OK) != 0)
-    throw InputError("analyze '" + opt.dir + "': no such folder");
-  const auto paths = list_traces(opt.dir);
-  if (paths.empty())
-    throw InputError("analyze '" + opt.dir + "': no traces (expected " + opt.dir + "/cells/*.h5)");
+  const std::string out = output_folder(opt);
   std::vector<Cell> cells;
   std::vector<std::string> unfinished;
-  const std::map<std::string, std::string> ended = sweep_statuses(opt.dir);
-  for (const auto& p : paths) {
-    Cell c = load_cell(p, opt);
-    // A run whose process the sweep saw die (a signal, or an exit other than a result) is a
-    // finding about its kernels, not an unfinished run: it gets a verdict.
-    const auto it = ended.find(p.substr(opt.dir.size() + 1));
-    const bool crashed = it != ended.end() && (it->second.rfind("crashed", 0) == 0 ||
-                                               it->second.rfind("failed (exit", 0) == 0);
-    if (c.status != "completed" && c.status != "nan" && crashed)
-      c.status = "crashed", c.crash = it->second;
-    if (c.status == "completed" || c.status == "nan" || c.status == "crashed")
-      cells.push_back(std::move(c));
-    else
-      unfinished.push_back(p + " (" + c.status + ")");
+  for (const auto& dir : opt.dirs) {
+    const auto paths = list_traces(dir);
+    if (paths.empty())
+      throw InputError("analyze '" + dir + "': no traces (expected " + dir + "/cells/*.h5)");
+    const std::map<std::string, std::string> ended = sweep_statuses(dir);
+    for (const auto& p : paths) {
+      Cell c = load_cell(p, opt);
+      // A run whose process the sweep saw die (a signal, or an exit other than a result) is a
+      // finding about its kernels, not an unfinished run: it gets a verdict.
+      const auto it = ended.find(p.substr(dir.size() + 1));
+      const bool crashed = it != ended.end() && (it->second.rfind("crashed", 0) == 0 ||
+                                                 it->second.rfind("failed (exit", 0) == 0);
+      if (c.status != "completed" && c.status != "nan" && crashed)
+        c.status = "crashed", c.crash = it->second;
+      if (c.status == "completed" || c.status == "nan" || c.status == "crashed")
+        cells.push_back(std::move(c));
+      else
+        unfinished.push_back(p + " (" + c.status + ")");
+    }
   }
   ReportContext ctx;
-  ctx.dir = opt.dir, ctx.alpha = opt.alpha, ctx.unfinished = unfinished;
+  ctx.dir = out, ctx.alpha = opt.alpha, ctx.unfinished = unfinished;
+  if (opt.dirs.size() > 1 || opt.dirs[0] != out) ctx.sources = opt.dirs;
   for (const auto& c : cells) ctx.provenance.insert(c.provenance);
-  std::vector<Verdict> verdicts = compute_verdicts(std::move(cells), opt.alpha);
+  std::vector<Verdict> verdicts = compute_verdicts(std::move(cells), opt.alpha);  // may refuse
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) throw InputError("--out '" + out + "': cannot create it: " + ec.message());
+  WriterLock lock(out + "/analyze.lock", "the analysis in '" + out + "'");
   const auto responses = dose_responses(verdicts);
-  write_tables(opt.dir, verdicts, responses);  // summary.h5 first: the plots read it
-  ctx.plots = opt.plots ? run_plots(opt.dir) : "not requested (--no-plots)";
+  write_tables(out, verdicts, responses);  // summary.h5 first: the plots read it
+  ctx.plots = opt.plots ? run_plots(out, opt.dirs) : "not requested (--no-plots)";
   write_report(ctx, verdicts, responses);
+  lock.done();
   if (opt.verbose) print_verdicts(ctx, verdicts, responses);
   return verdicts;
 }

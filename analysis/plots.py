@@ -1,7 +1,8 @@
-"""PNG plots for `divlab analyze DIR`: the story figure (per row of the grid the loss curves of
+"""PNG plots for `divlab analyze DIR [DIR...]`: the story figure (per row of the grid the loss curves of
 reference, candidates and controls, and the dose-response); per verdict the loss curves and the
 gap against the control band; the gap against the dose, per seed; shadow-mode error by
-token-frequency bucket. Reads DIR/summary.h5 and DIR/cells/*.h5. Debian's python3-matplotlib."""
+token-frequency bucket. `plots.py OUT [SWEEP...]` reads OUT/summary.h5 and the SWEEPs' cells/*.h5
+(default: OUT's own, a sweep folder); writes the PNGs into OUT. Debian's python3-matplotlib."""
 import glob
 import os
 import sys
@@ -159,10 +160,15 @@ def flatten(table, prefix=""):
     return out
 
 
-def load_cells(out):
+def cell_paths(sweeps):
+    """Every cell trace of the sweep folders, folder by folder."""
+    return [p for d in sweeps for p in sorted(glob.glob(os.path.join(d, "cells", "*.h5")))]
+
+
+def load_cells(sweeps):
     """Completed cells: (cell number, config dict, variant, seed, loss array)."""
     cells = []
-    for path in sorted(glob.glob(os.path.join(out, "cells", "*.h5"))):
+    for path in cell_paths(sweeps):
         try:
             with h5py.File(path, "r", swmr=True) as f:
                 if f.attrs.get("status") != "completed":
@@ -196,11 +202,11 @@ def title_of(cfg, differing):
     return ", ".join(words)
 
 
-def story_figure(out, summary, palette, max_panels=5):
+def story_figure(sweeps, summary, palette, max_panels=5):
     """The whole story on one page: per row of the grid (each dose series at its highest dose),
     the loss of reference, candidates and controls (seed mean with a +-1 standard deviation
     band), and the dose-response."""
-    cells = load_cells(out)
+    cells = load_cells(sweeps)
     if not cells:
         return None
     groups = {}
@@ -257,10 +263,10 @@ def story_figure(out, summary, palette, max_panels=5):
     return fig
 
 
-def shadow_figure(out, palette):
+def shadow_figure(sweeps, palette):
     errors = {}  # (op/variant) -> per-bucket errors pooled over cells
     references = set()  # what the cells' metrics were measured against (the trace says)
-    for path in sorted(glob.glob(os.path.join(out, "cells", "*.h5"))):
+    for path in cell_paths(sweeps):
         with h5py.File(path, "r", swmr=True) as f:
             if "shadow" not in f:
                 continue
@@ -291,8 +297,10 @@ def shadow_figure(out, palette):
     return fig
 
 
-def figures(out):
-    """file name -> figure, every plot of the analysis folder `out`; one palette for all."""
+def figures(out, sweeps=None):
+    """file name -> figure, every plot of the analysis folder `out` (its summary.h5) and the cells
+    of `sweeps` (default: `out` itself, a sweep folder); one palette for all."""
+    sweeps = sweeps or [out]
     with h5py.File(os.path.join(out, "summary.h5"), "r") as summary:
         variants = {summary["verdicts"][k].attrs["variant"]:
                     bool(summary["verdicts"][k].attrs["control"]) for k in summary["verdicts"]}
@@ -300,16 +308,16 @@ def figures(out):
         figs = {f"verdict-{key}.png": fig
                 for key, fig in verdict_figures(summary, palette).items()}
         figs["dose.png"] = dose_figure(summary, palette)
-        figs["story.png"] = story_figure(out, summary, palette)
-    figs["shadow.png"] = shadow_figure(out, palette)
+        figs["story.png"] = story_figure(sweeps, summary, palette)
+    figs["shadow.png"] = shadow_figure(sweeps, palette)
     return {name: fig for name, fig in figs.items() if fig is not None}
 
 
-def main(out):
-    for name, fig in figures(out).items():
+def main(out, sweeps):
+    for name, fig in figures(out, sweeps).items():
         fig.savefig(os.path.join(out, name), dpi=90)
         plt.close(fig)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

@@ -231,6 +231,8 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
      << headline(verdicts) << "\n\n"
      << "Analysed " << utc_now() << " by divlab " << kDivlabVersion << " (" << kGitCommit << ") on "
      << hostname() << " (" << cpu_model() << "); traces written by " << written_by << ".\n\n";
+  if (!ctx.sources.empty())
+    md << "Seeds pooled from the sweep folders " << join(ctx.sources, ", ") << ".\n\n";
   if (ctx.plots == "ok" && access((ctx.dir + "/story.png").c_str(), F_OK) == 0)
     md << "![loss curves of reference, candidates and controls per row, and the dose-response]"
           "(story.png)\n\n";
@@ -300,6 +302,7 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
   }
   for (const auto& u : ctx.unfinished) std::printf("not finished, left out: %s\n", u.c_str());
   std::printf("%s", dose_table(responses).c_str());
+  if (!ctx.sources.empty()) std::printf("seeds pooled from %s\n", join(ctx.sources, ", ").c_str());
   std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", ctx.dir.c_str(),
               ctx.plots.c_str());
 }

@@ -138,8 +138,13 @@ TestResult permutation(const std::vector<double>& a, const std::vector<double>& 
   }
   TestResult r;
   r.statistic = obs;
-  r.p_greater = double(ge) / double(count);
-  r.p_less = double(le) / double(count);
+  if (splits <= double(max_exact)) {  // every split, the observed one among them: never 0
+    r.p_greater = double(ge) / double(count);
+    r.p_less = double(le) / double(count);
+  } else {  // sampled: the observed split counts as one more (never 0; Phipson & Smyth 2010)
+    r.p_greater = double(ge + 1) / double(count + 1);
+    r.p_less = double(le + 1) / double(count + 1);
+  }
   return r;
 }
 

@@ -33,7 +33,8 @@ TestResult welch(const std::vector<double>& a, const std::vector<double>& b);
 // One-sample t-test of a against 0 (needs >= 2 values).
 TestResult one_sample(const std::vector<double>& a);
 // Permutation test of mean(a) - mean(b): exact over all splits when there are at most
-// `max_exact` of them, else `samples` random splits with a fixed seed.
+// `max_exact` of them, else `samples` random splits with a fixed seed, the observed split counted
+// among them (so a p-value is at least 1 / (samples + 1), never 0).
 TestResult permutation(const std::vector<double>& a, const std::vector<double>& b,
                        int64_t max_exact = 20000, int samples = 20000);
 // Hedges' g: the mean difference in pooled standard deviations, small-sample corrected.

@@ -8,6 +8,7 @@
 
 #include "analysis/dose.h"
 #include "analysis/stats.h"
+#include "common/errors.h"
 
 namespace divlab {
 
@@ -132,7 +133,15 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
   for (auto& [key, members] : groups) {
     std::map<long long, Cell*> ref;  // seed -> reference cell
     std::map<std::string, std::vector<Cell*>> by_variant;
+    std::map<std::pair<std::string, long long>, const Cell*> seen;  // (variant, seed) -> cell
     for (Cell* c : members) {
+      // Pooled sweeps (analyze.h) must bring their own seeds: a seed twice would count one
+      // run's evidence twice, or pair a candidate with another run's reference.
+      const auto [it, fresh] = seen.emplace(std::make_pair(c->variant, c->seed), c);
+      if (!fresh)
+        throw InputError("seed " + std::to_string(c->seed) + " of " + c->variant + " twice in '" +
+                         labels.at(key) + "': " + it->second->path + " and " + c->path +
+                         " (pool sweeps run with different seeds: --seed-offset)");
       if (c->variant == "reference")
         ref[c->seed] = c;
       else

@@ -72,6 +72,7 @@ struct Verdict {
 };
 
 // The verdict of every variant in every group, groups in key order; `alpha` is the test's level.
+// Throws InputError when a group holds one variant's seed twice (pooled sweeps that share seeds).
 std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha);
 
 }  // namespace divlab

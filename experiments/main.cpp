@@ -429,9 +429,16 @@ int main(int argc, char** argv) {
   sweep->add_option("--slurm-setup", sw.slurm.setup,
                     "--emit-slurm: a line run before divlab (modules, environment)");
 
-  auto* analyze_cmd = app.add_subcommand("analyze", "verdicts for a sweep folder");
+  auto* analyze_cmd =
+      app.add_subcommand("analyze", "verdicts for a sweep folder, or several pooled");
   AnalyzeOptions an = analyze_options("");
-  analyze_cmd->add_option("dir", an.dir, "sweep output folder")->required();
+  analyze_cmd
+      ->add_option("dirs", an.dirs,
+                   "sweep output folder(s); several pool their seeds (a re-run with "
+                   "--seed-offset) and need --out")
+      ->required();
+  analyze_cmd->add_option("--out", an.out,
+                          "where the tables, report and plots go (default: the sweep folder)");
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
   bool fail_on_diverged = false;
   analyze_cmd->add_flag("--fail-on-diverged", fail_on_diverged,

@@ -354,7 +354,7 @@ void emit_slurm(const Grid& g, const SweepOptions& opt,
 
 AnalyzeOptions analyze_options(const std::string& dir) {
   AnalyzeOptions an;
-  an.dir = dir;
+  an.dirs = {dir};
   an.is_benign = cpu_variant_is_benign;
   return an;
 }

@@ -10,6 +10,7 @@
 #include "analysis/dose.h"
 #include "analysis/stats.h"
 #include "analysis/verdicts.h"
+#include "common/errors.h"
 #include "tests/support/check.h"
 
 namespace divlab {
@@ -42,6 +43,22 @@ TEST(Stats, MeanIntervalCoversTheMeanAtItsLevel) {
   const auto one = stats::mean_interval({2.0});
   EXPECT_EQ(one.low, 2.0);
   EXPECT_EQ(one.high, 2.0);
+}
+
+TEST(Stats, PermutationPValuesAreNeverZero) {
+  // Two samples that no split of the pool separates further: exactly 1 / C(n, k) when every
+  // split is enumerated (the observed one is among them), 1 / (samples + 1) when they are drawn.
+  std::mt19937_64 gen(testing::test_seed());
+  std::normal_distribution<double> d(0, 0.01);
+  std::vector<double> a(16), b(16);
+  for (auto& v : a) v = 1 + d(gen);
+  for (auto& v : b) v = d(gen);
+  const auto sampled = stats::permutation(a, b, 20000, 999);
+  EXPECT_DOUBLE_EQ(sampled.p_greater, 1.0 / 1000) << "seed " << testing::test_seed();
+  EXPECT_DOUBLE_EQ(sampled.p_less, 1.0);
+  const std::vector<double> a3(a.begin(), a.begin() + 3), b3(b.begin(), b.begin() + 3);
+  const auto exact = stats::permutation(a3, b3);  // C(6, 3) = 20 splits
+  EXPECT_DOUBLE_EQ(exact.p_greater, 1.0 / 20) << "seed " << testing::test_seed();
 }
 
 Verdict point(const std::string& series, const std::string& variant, double tokens, double dose,
@@ -174,6 +191,31 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
   EXPECT_EQ(one.verdict, "too-few-seeds");
   EXPECT_NE(one.no_verdict_reason.find("1 of 1 seeds paired"), std::string::npos)
       << one.no_verdict_reason;
+}
+
+TEST(Verdicts, ASeedTwiceInAGroupIsRefusedNamingBothTraces) {
+  // Pooled sweeps (divlab analyze A B --out C) that ran the same seeds would count one run's
+  // evidence twice; a candidate's seed twice, or a reference's, is refused.
+  std::mt19937_64 gen(testing::test_seed());
+  for (const std::string twice : {"reference", "bf16_accum"}) {
+    std::vector<Cell> cells;
+    for (int seed = 0; seed < 3; ++seed)
+      for (const std::string variant : {"reference", "bf16_accum"}) {
+        cells.push_back(synthetic_cell("d", variant, false, seed, noisy_curve(gen, 50, 0.005)));
+        cells.back().path = "a/cells/" + variant + std::to_string(seed) + ".h5";
+      }
+    cells.push_back(synthetic_cell("d", twice, false, 1, noisy_curve(gen, 50, 0.005)));
+    cells.back().path = "b/cells/0001.h5";
+    try {
+      compute_verdicts(cells, 0.05);
+      ADD_FAILURE() << twice << "'s seed 1 twice was accepted";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("seed 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("a/cells/" + twice + "1.h5"), std::string::npos) << what;
+      EXPECT_NE(what.find("b/cells/0001.h5"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(DoseResponse, FindsWhereTheVerdictsCrossAndStay) {

@@ -41,12 +41,13 @@ def curve(rng, noise=0.02):
     return 2.0 + 3.0 * np.exp(-steps / 150.0) + wobble
 
 
-def synthetic_grid(d, groups, variants, seeds, gap_for, rng):
-    """gap_for(group, variant, seed) -> array added to that cell's loss."""
+def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0):
+    """gap_for(group, variant, seed) -> array added to that cell's loss. Seeds first_seed and on
+    (a re-run with --seed-offset)."""
     os.makedirs(os.path.join(d, "cells"), exist_ok=True)
     i = 0
     for g in groups:
-        for s in range(seeds):
+        for s in range(first_seed, first_seed + seeds):
             base = curve(rng)
             for v in ["reference"] + variants:
                 # Controls and candidates move away from the reference by their own small noise.
@@ -92,6 +93,39 @@ class AnalysisSelfTest(unittest.TestCase):
         # tested as a rate below: one run may call a control divergent with probability ~alpha.
         for c in ("fp32_reordered", "fp64_accum"):
             self.assertLess(abs(float(rows[f"embed_rmsnorm_backward={c}"]["gap"])), 0.025)
+
+    def test_pooled_sweeps_add_their_seeds_in_a_folder_of_their_own(self):
+        # A grid re-run on fresh seeds (--seed-offset 4) pools with the first run: one verdict
+        # on 8 seeds, written to --out; the sweep folders are left as they were.
+        rng = np.random.default_rng()
+        root = tmpdir()
+        first, fresh, out = (os.path.join(root, n) for n in ("first", "fresh", "pooled"))
+
+        def gap(g, v, s):
+            return 0.05 if v == "bf16_accum" else 0
+
+        for d, first_seed in ((first, 0), (fresh, 4)):
+            synthetic_grid(d, ["zipf:1.1"], ["bf16_accum", "fp32_reordered"], 4, gap, rng,
+                           first_seed)
+        before = {d: sorted(os.listdir(d)) for d in (first, fresh)}
+        args = ["analyze", first, fresh, "--out", out] + ([] if HAVE_MATPLOTLIB else ["--no-plots"])
+        r = run(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"seeds pooled from {first}, {fresh}", r.stdout)
+        rows = {row["variant"]: row for row in verdicts(out)}
+        bug = rows["embed_rmsnorm_backward=bf16_accum"]
+        self.assertEqual((bug["verdict"], bug["seeds"]), ("diverged", "8"), bug)
+        self.assertAlmostEqual(float(bug["gap"]), 0.05, delta=0.01)
+        self.assertEqual(rows["embed_rmsnorm_backward=fp32_reordered"]["seeds"], "8")
+        with open(os.path.join(out, "seeds.csv")) as f:
+            seeds = {int(row["seed"]) for row in csv.DictReader(f)}
+        self.assertEqual(seeds, set(range(8)))
+        with open(os.path.join(out, "report.md")) as f:
+            self.assertIn(f"pooled from the sweep folders {first}, {fresh}", f.read())
+        if HAVE_MATPLOTLIB:  # the story figure draws the pooled folders' cells
+            self.assertTrue(os.path.exists(os.path.join(out, "story.png")))
+        self.assertEqual({d: sorted(os.listdir(d)) for d in (first, fresh)}, before)
+        self.assertFalse(os.path.exists(os.path.join(out, "analyze.lock")))
 
     def test_controls_against_reference_say_no_divergence(self):
         # 240 control cells: the measured false-positive rate is ~0.2 % (alpha = 0.05 plus the
