@@ -53,6 +53,17 @@ std::string verdict_words(const std::string& verdict) {
   return it == words.end() ? verdict : it->second;
 }
 
+// Why a row without a divergence is marked perturbed, in one sentence.
+std::string perturbed_words(const Verdict& v) {
+  return "`" + v.variant + "` in " + v.group + ": perturbed. No consistent gap (" +
+         fmt(v.gap, "%+.4f") + ", p = " + fmt(v.p_welch) +
+         "), yet it moved each seed's final loss " + fmt(v.shift / v.control_shift, "%.0f") +
+         "x as far as the controls move theirs (root mean " + "square " + fmt(v.shift) +
+         " against " + fmt(v.control_shift) + ", p = " + fmt(v.p_shift) +
+         "): it changes every run, in no consistent direction (an optimizer " +
+         "that absorbs a kernel's bias, as AdamW does, still carries its noise).";
+}
+
 // The report's first sentence: which candidates diverged and where, and where the same
 // candidate did not (what masked it), or that none did.
 std::string headline(const std::vector<Verdict>& verdicts) {
@@ -110,6 +121,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "control", int64_t(v.control));
     w.attr(g, "seeds", int64_t(v.seeds));
     w.attr(g, "onset_step", int64_t(v.onset));
+    w.attr(g, "perturbed", int64_t(v.perturbed));
     w.attr(g, "series", v.series);
     w.attr(g, "no_verdict_reason", v.no_verdict_reason);
     w.attr(g, "nan_runs", join(v.nan_runs, "\n"));
@@ -126,6 +138,9 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
                                                       {"gap_ci_low", v.gap_ci_low},
                                                       {"gap_ci_high", v.gap_ci_high},
                                                       {"control_band", v.control_band},
+                                                      {"shift", v.shift},
+                                                      {"control_shift", v.control_shift},
+                                                      {"p_shift", v.p_shift},
                                                       {"final_loss_ref", v.final_loss_ref}};
     for (const auto& [name, value] : numbers) w.attr(g, name, value);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
@@ -172,6 +187,10 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
         {"gap_ci_low", [&](const Verdict& v) { return num(v.gap_ci_low); }},
         {"gap_ci_high", [&](const Verdict& v) { return num(v.gap_ci_high); }},
         {"control_band", [&](const Verdict& v) { return num(v.control_band); }},
+        {"shift", [&](const Verdict& v) { return num(v.shift); }},
+        {"control_shift", [&](const Verdict& v) { return num(v.control_shift); }},
+        {"p_shift", [&](const Verdict& v) { return num(v.p_shift); }},
+        {"perturbed", [](const Verdict& v) { return std::string(v.perturbed ? "1" : "0"); }},
         {"area", [&](const Verdict& v) { return num(v.area); }},
         {"val_gap", [&](const Verdict& v) { return num(v.val_gap); }},
         {"p_welch", [&](const Verdict& v) { return num(v.p_welch); }},
@@ -250,12 +269,15 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : verdicts)
     md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "") << " | "
-       << verdict_words(v.verdict) << " | " << v.seeds << " | " << fmt(v.gap, "%+.4f") << " | "
-       << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch) << " | "
-       << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
+       << verdict_words(v.verdict) << (v.perturbed ? ", perturbed" : "") << " | " << v.seeds
+       << " | " << fmt(v.gap, "%+.4f") << " | " << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%")
+       << " | " << fmt(v.p_welch) << " | " << fmt(v.p_permutation) << " | "
+       << fmt(v.hedges_g, "%.2f") << " | "
        << (v.onset >= 0 && v.verdict == "diverged" ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | " << fmt(v.dose, "%.0f")
        << " (" << fmt(v.dose_min, "%.0f") << "-" << fmt(v.dose_max, "%.0f") << ") |\n";
+  for (const auto& v : verdicts)
+    if (v.perturbed) md << "\n" << perturbed_words(v) << "\n";
   bool any_missing = false;
   for (const auto& v : verdicts) any_missing |= !v.no_verdict_reason.empty() || !v.nan_runs.empty();
   if (any_missing) md << "\n## Rows without a verdict, and runs that stopped on NaN\n";
@@ -299,6 +321,7 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
       std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),
                   v.no_verdict_reason.c_str());
     for (const auto& run : v.nan_runs) std::printf("  stopped on NaN: %s\n", run.c_str());
+    if (v.perturbed) std::printf("%s\n", perturbed_words(v).c_str());
   }
   for (const auto& u : ctx.unfinished) std::printf("not finished, left out: %s\n", u.c_str());
   std::printf("%s", dose_table(responses).c_str());

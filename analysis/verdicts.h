@@ -55,6 +55,13 @@ struct Verdict {
   int first_cell = -1;  // the lowest cell number (cells/NNNN.h5) in the group: grid order
   double gap_ci_low = 0, gap_ci_high = 0;  // 95 % t-interval of the mean gap over seeds
   double control_band = 0;  // the band at the last step (0 without controls): the noise floor
+  // How far the variant moves a seed's final loss, either way: the root mean square of its
+  // per-seed gaps, beside the controls'; p_shift tests its |gaps| against the controls' (one-sided
+  // Welch). `perturbed`: no consistent gap, yet the seeds moved materially further than the
+  // controls move theirs. An optimizer can absorb a kernel's bias (AdamW's per-parameter
+  // normalisation) and still carry the kernel's noise into every run.
+  double shift = 0, control_shift = 0, p_shift = 1;
+  bool perturbed = false;
   // Per paired seed: the seed, its gap and the dose its reference run received.
   std::vector<long long> seed_ids;
   std::vector<double> seed_gaps, seed_doses;

@@ -163,7 +163,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   std::stable_sort(in_order.begin(), in_order.end(), [](const Verdict* a, const Verdict* b) {
     return a->first_cell < b->first_cell;
   });
-  std::vector<std::string> changed, quiet, moved_controls;
+  std::vector<std::string> changed, quiet, moved_controls, perturbed;
   const Verdict* largest = nullptr;
   for (const Verdict* p : in_order) {
     const Verdict& v = *p;
@@ -171,6 +171,12 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
       if (v.verdict == "no-divergence") {
         quiet.push_back(v.group);
         if (!largest || std::abs(v.gap) > std::abs(largest->gap)) largest = &v;
+        if (v.perturbed) {
+          char b[160];
+          std::snprintf(b, sizeof b, "%.0fx as far as the controls' (p %.2g)",
+                        v.shift / v.control_shift, v.p_shift);
+          perturbed.push_back(v.group + ": each seed's final loss moved " + b);
+        }
       } else {
         changed.push_back(v.group + ": " +
                           (v.no_verdict_reason.empty()
@@ -204,7 +210,10 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
     char b[96];
     std::snprintf(b, sizeof b, " (largest gap %+.4f)", largest ? largest->gap : 0.0);
     s += " left training within its controls' noise floor in all " + std::to_string(groups) +
-         " groups" + b + ": this grid shows no effect on the loss";
+         " groups" + b +
+         (perturbed.empty()
+              ? ": this grid shows no effect on the loss"
+              : ": no consistent effect on the loss, but it perturbs every run (below)");
   } else {
     s += " changed training in " + std::to_string(changed.size()) + " of " +
          std::to_string(groups) + " groups: ";
@@ -215,6 +224,8 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
     }
   }
   s += "\n";
+  for (const auto& g : perturbed)
+    s += "note: perturbed, in no consistent direction, in " + g + "\n";
   for (const auto& c : moved_controls)
     s += "note: the control " + c + " (the noise floor there is not settled)\n";
   return s;

@@ -193,6 +193,38 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
       << one.no_verdict_reason;
 }
 
+TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
+  // 8 seeds; the control moves each seed's loss by ~1e-3, "noisy" by 0.04-0.06 with alternating
+  // signs (no consistent gap: AdamW at a huge dose), "biased" by +0.04-0.06 in every seed.
+  std::mt19937_64 gen(testing::test_seed());
+  std::uniform_real_distribution<double> size(0.04, 0.06);
+  std::normal_distribution<double> small(0, 1e-3);
+  std::vector<Cell> cells;
+  for (int seed = 0; seed < 8; ++seed) {
+    const auto base = noisy_curve(gen, 200, 0.005);
+    auto shifted = [&](double by) {
+      auto loss = base;
+      for (double& x : loss) x += by;
+      return loss;
+    };
+    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
+    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(small(gen))));
+    cells.push_back(
+        synthetic_cell("d", "noisy", false, seed, shifted((seed % 2 ? -1 : 1) * size(gen))));
+    cells.push_back(synthetic_cell("d", "biased", false, seed, shifted(size(gen))));
+  }
+  const auto verdicts = compute_verdicts(cells, 0.05);
+  const Verdict& noisy = find_verdict(verdicts, "all", "noisy");
+  EXPECT_EQ(noisy.verdict, "no-divergence") << "seed " << testing::test_seed();
+  EXPECT_TRUE(noisy.perturbed) << "p_shift " << noisy.p_shift << ", seed " << testing::test_seed();
+  EXPECT_GT(noisy.shift, 0.04);
+  EXPECT_LT(noisy.control_shift, 0.005);
+  const Verdict& biased = find_verdict(verdicts, "all", "biased");
+  EXPECT_EQ(biased.verdict, "diverged") << "seed " << testing::test_seed();
+  EXPECT_FALSE(biased.perturbed);  // a divergence already says more
+  EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").perturbed);
+}
+
 TEST(Verdicts, ASeedTwiceInAGroupIsRefusedNamingBothTraces) {
   // Pooled sweeps (divlab analyze A B --out C) that ran the same seeds would count one run's
   // evidence twice; a candidate's seed twice, or a reference's, is refused.

@@ -129,6 +129,16 @@ TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
   EXPECT_NE(quiet.find("note: the control linear_forward=fp64_accum in g: diverged"),
             std::string::npos)
       << quiet;
+
+  // No consistent gap, yet every run moved (AdamW at a huge dose): said, not called no effect.
+  Verdict noisy = verdict("train.optimizer=adamw", bug, "no-divergence", 0);
+  noisy.perturbed = true, noisy.shift = 0.05, noisy.control_shift = 0.0025, noisy.p_shift = 0.003;
+  const std::string moved = train_summary(bug, {noisy});
+  EXPECT_EQ(moved.find("this grid shows no effect"), std::string::npos) << moved;
+  EXPECT_NE(moved.find("note: perturbed, in no consistent direction, in train.optimizer=adamw: "
+                       "each seed's final loss moved 20x as far as the controls' (p 0.003)"),
+            std::string::npos)
+      << moved;
 }
 
 }  // namespace divlab
