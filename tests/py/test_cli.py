@@ -11,7 +11,10 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import BIN, SMALL, assert_rejected, run, tmpdir
+import glob
+import re
+
+from cli import BIN, ROOT, SMALL, assert_rejected, run, tmpdir
 
 
 class BadInput(unittest.TestCase):
@@ -330,6 +333,36 @@ class Commands(unittest.TestCase):
         r = run("frobnicate")
         self.assertEqual(r.returncode, 2)
         self.assertNotIn("did you mean", r.stderr)
+
+
+class ShippedConfigs(unittest.TestCase):
+    """What the repository ships and its documents point users at must load."""
+
+    def test_every_grid_in_configs_expands_into_cells(self):
+        # --emit-slurm resolves every cell's config (keys, values, data specs) and runs nothing.
+        def is_grid(path):
+            with open(path) as f:
+                return re.search(r"^\[(axes|parts)[.\]]", f.read(), re.M) is not None
+        grids = [p for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.toml"))) if is_grid(p)]
+        self.assertGreaterEqual(len(grids), 10)
+        for grid in grids:
+            with self.subTest(os.path.basename(grid)):
+                out = os.path.join(tmpdir(), "out")
+                r = run("sweep", "--config", grid, "--out", out, "--emit-slurm")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(os.path.join(out, "cells.tsv")) as f:
+                    self.assertGreater(len(f.read().splitlines()), 1)
+
+    def test_every_config_the_documents_name_exists(self):
+        documents = [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+        named = set()
+        for doc in documents:
+            with open(doc) as f:
+                named |= {(os.path.basename(doc), m) for m in
+                          re.findall(r"configs/[A-Za-z0-9_.-]+\.toml", f.read())}
+        self.assertGreater(len(named), 10)
+        for doc, config in sorted(named):
+            self.assertTrue(os.path.exists(os.path.join(ROOT, config)), f"{doc} names {config}")
 
 
 if __name__ == "__main__":
