@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Format and lint: clang-format must leave every C++ source unchanged, and clang-tidy (.clang-tidy:
-# bugprone, performance) must find nothing. CUDA sources are formatted but not linted (clang-tidy
+# Format and lint: no tracked symbolic links, clang-format must leave every C++ source unchanged,
+# and clang-tidy (.clang-tidy: bugprone, performance) must find nothing. CUDA sources are formatted but not linted (clang-tidy
 # does not parse nvcc's dialect here).
 #   scripts/lint.sh            every tracked source (CI). clang-tidy reads the lint preset's
 #                              compile database: the cpu preset's flags with each target's sources
@@ -15,6 +15,10 @@ cd "$(dirname "$0")/.."
 # Where a diagnostic counts: the project's headers and, in a batch, the sources it includes.
 filter="--header-filter=^$PWD/(common|kernels|model|datasets|io|analysis|experiments|tests|bench|examples|fuzz)/.*\.(h|cpp)\$"
 tidy_args=(--quiet --extra-arg=-Wno-unknown-warning-option)
+# Tracked symbolic links: a clone elsewhere would point into this machine (one to an absolute
+# path once slipped into a commit).
+links=$(git ls-files -s | awk '$1 == "120000" {print $4}')
+if [ -n "$links" ]; then echo "tracked symbolic links: $links" >&2; exit 1; fi
 if [ $# -gt 0 ]; then files=("$@"); else mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh'); fi
 clang-format --dry-run --Werror "${files[@]}"
 if [ $# -gt 0 ]; then
