@@ -128,28 +128,6 @@ std::string fmt(double x) {
   return b;
 }
 
-// Memory that kept growing after the first calls (check_conditions.h: "call 257"): a kernel that
-// allocates at every call and never releases (a workspace of its own instead of its context's)
-// ends a long run out of memory. Below the bars: allocator noise, a cache that settled.
-constexpr int64_t kLeakHostBytes = 64 << 10, kLeakHostBytesPerCall = 256;
-constexpr int64_t kLeakDeviceBytes = 16 << 20;  // the device's pages are 2 MiB
-std::string leak_text(const MemoryGrowth& g) {
-  const auto mib = [](int64_t bytes) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
-    return std::string(b);
-  };
-  std::string where;
-  if (g.host >= kLeakHostBytes && g.host >= kLeakHostBytesPerCall * g.calls)
-    where = "host heap +" + mib(g.host);
-  if (g.device >= kLeakDeviceBytes)
-    where += (where.empty() ? "" : ", ") + std::string("device memory +") + mib(g.device);
-  if (where.empty()) return "";
-  return "leaks memory: " + where + " over calls " + std::to_string(kLeakFrom + 1) + "-" +
-         std::to_string(kLeakFrom + g.calls) +
-         " (allocated at every call and never released? the context's workspace is reused)";
-}
-
 const char* row_label(RowKey key) {
   return key == RowKey::TokenId ? "token id" : key == RowKey::Position ? "position" : "row";
 }
@@ -545,7 +523,7 @@ struct Checker {
     if (cond.earlier_calls > 1 && r.failed)
       r.why += " (after " + std::to_string(cond.earlier_calls) +
                " calls on other values: a path taken after warm-up? state built up over calls?)";
-    if (const std::string leak = leak_text(growth); !leak.empty())
+    if (const std::string leak = memory_leak_finding(growth); !leak.empty())
       r.failed = true, r.why = r.why.empty() ? leak : r.why + "; " + leak;
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
       if (r.failed)
@@ -651,6 +629,38 @@ struct Checker {
 };
 
 }  // namespace
+
+// Memory that kept growing after the first calls (check_conditions.h: "call 257"): a kernel that
+// allocates at every call and never releases (a workspace of its own instead of its context's)
+// ends a long run out of memory. Below the bars: allocator noise, a cache that settled. The
+// device's reading counts every process on the GPU, so its growth must show in every quarter of
+// the calls: another process's allocations meanwhile are steps in one or two.
+constexpr int64_t kLeakHostBytes = 64 << 10, kLeakHostBytesPerCall = 256;
+constexpr int64_t kLeakDeviceBytes = 16 << 20;        // the device's pages are 2 MiB
+constexpr int64_t kLeakDeviceQuarterBytes = 2 << 20;  // at least a page in each quarter
+
+std::string memory_leak_finding(const MemoryGrowth& g) {
+  const auto mib = [](int64_t bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
+    return std::string(b);
+  };
+  std::string where;
+  if (g.host >= kLeakHostBytes && g.host >= kLeakHostBytesPerCall * g.calls)
+    where = "host heap +" + mib(g.host);
+  const auto quarters = g.device_quarters;
+  const bool every_quarter = std::all_of(quarters.begin(), quarters.end(),
+                                         [](int64_t b) { return b >= kLeakDeviceQuarterBytes; });
+  if (g.device >= kLeakDeviceBytes && every_quarter) {
+    where += (where.empty() ? "" : ", ") + std::string("device memory +") + mib(g.device) + " (";
+    for (size_t q = 0; q < quarters.size(); ++q) where += (q ? ", +" : "+") + mib(quarters[q]);
+    where += " a quarter)";
+  }
+  if (where.empty()) return "";
+  return "leaks memory: " + where + " over calls " + std::to_string(kLeakFrom + 1) + "-" +
+         std::to_string(kLeakFrom + g.calls) +
+         " (allocated at every call and never released? the context's workspace is reused)";
+}
 
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt) {
   std::vector<ConditionInfo> out;

@@ -142,6 +142,13 @@ CheckReport run_check_isolated(const CheckOptions& opt);
 int run_check_worker(const CheckOptions& opt);
 // The table and verdict as printed by `divlab check`.
 std::string format_check(const CheckReport& r);
+
+struct MemoryGrowth;  // kernels/op_cases.h
+
+// What the "call 257 (warmed up)" condition says of memory that grew over its earlier calls:
+// "leaks memory: ..." past the bars (host heap: 64 KiB and 256 bytes a call; device: 16 MiB, at
+// least a 2 MiB page in each quarter of the calls), else empty.
+std::string memory_leak_finding(const MemoryGrowth& growth);
 // `divlab check`: prints the report, then with --train runs the short grid. Exit code: 0 pass,
 // 1 fail.
 int cmd_check(const CheckOptions& opt);

@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <sstream>
 #include <tuple>
@@ -645,15 +646,23 @@ OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs&
   OpContextSource contexts(*k.memory);
   BoundCall b(*k.memory, first);
   MemoryGrowth from;
+  std::array<int64_t, 5> device_at = {0, 0, 0, 0, 0};  // after calls kLeakFrom, ..., earlier
+  const auto reading_after = [&](int quarter) {
+    return kLeakFrom + (earlier - kLeakFrom) * quarter / 4;
+  };
   for (int i = 0; i < earlier; ++i) {
     if (i > 0) b.refill(first);  // outputs the op adds into start from the same values each time
     const OpContext ctx = contexts.next();
     invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
     k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the call
-    if (leak && i + 1 == kLeakFrom) from = memory_in_use(*k.memory);
-    if (leak && i + 1 == earlier && earlier > kLeakFrom) {
+    if (!leak || earlier <= kLeakFrom) continue;
+    if (i + 1 == kLeakFrom) from = memory_in_use(*k.memory);
+    for (int q = 0; q <= 4; ++q)
+      if (i + 1 == reading_after(q)) device_at[size_t(q)] = memory_in_use(*k.memory).device;
+    if (i + 1 == earlier) {
       *leak = memory_in_use(*k.memory);
       leak->host -= from.host, leak->device -= from.device, leak->calls = earlier - kLeakFrom;
+      for (size_t q = 0; q < 4; ++q) leak->device_quarters[q] = device_at[q + 1] - device_at[q];
     }
   }
   b.refill(x);

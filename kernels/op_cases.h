@@ -6,6 +6,7 @@
 // several scales and with outlier channels, as activations and logits have in training.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -81,10 +82,13 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
 // changes with its call count (an algorithm switched after warm-up, a counter) shows it. The
 // outputs of the last call.
 // With `leak`: the memory in use after call kLeakFrom and after the last earlier call, host heap
-// and device, for a kernel that allocates at every call and never releases.
+// and device, for a kernel that allocates at every call and never releases. The device's reading
+// counts every process on it, so its growth is also taken per quarter of the calls: a kernel that
+// leaks grows it in every quarter, another process's allocations in one or two.
 struct MemoryGrowth {
-  int64_t host = 0, device = 0;  // bytes
-  int calls = 0;                 // between the two readings
+  int64_t host = 0, device = 0;                           // bytes
+  std::array<int64_t, 4> device_quarters = {0, 0, 0, 0};  // bytes of `device`, quarter by quarter
+  int calls = 0;                                          // between the two readings
 };
 constexpr int kLeakFrom = 16;  // first calls may build caches and grow scratch once
 template <class KS>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
+#include "kernels/op_cases.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
 #include "tests/support/fixtures.h"
@@ -165,6 +167,36 @@ std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
 // --trace: the op sees exactly what its run fed it (the embedding table is the trace's final
 // weights, the ids the first sequence of that step's batch), and those values are a condition
 // judged like any other.
+TEST(CheckHoles, DeviceMemoryMustGrowInEveryQuarterOfTheCallsToLeak) {
+  // The device's memory in use counts every process on the GPU: another process's allocations
+  // during the calls are steps in one or two quarters; a kernel that leaks grows every quarter
+  // (128 KiB a call).
+  std::mt19937_64 gen(testing::test_seed());
+  const int64_t mib = 1 << 20;
+  MemoryGrowth steps;
+  steps.calls = 240;
+  for (int step = 0; step < 2; ++step) {
+    const int64_t foreign = (20 + int64_t(gen() % 200)) * mib;
+    steps.device_quarters[gen() % 4] += foreign;
+    steps.device += foreign;
+  }
+  EXPECT_EQ(memory_leak_finding(steps), "") << "seed " << testing::test_seed();
+  MemoryGrowth leak;
+  leak.calls = 240, leak.device = 240 * 128 * 1024;
+  leak.device_quarters = {8 * mib, 7 * mib, 8 * mib, 7 * mib};  // pages of 2 MiB
+  EXPECT_EQ(memory_leak_finding(leak).rfind("leaks memory: device memory +30.0 MiB (+8.0 MiB, "
+                                            "+7.0 MiB, +8.0 MiB, +7.0 MiB a quarter) over calls "
+                                            "17-256",
+                                            0),
+            0u)
+      << memory_leak_finding(leak);
+  MemoryGrowth heap;  // the host heap is this process's alone: one reading suffices
+  heap.calls = 240, heap.host = 30 * mib;
+  EXPECT_NE(memory_leak_finding(heap).find("host heap +30.0 MiB"), std::string::npos);
+  heap.host = 32 << 10;  // a cache that settled
+  EXPECT_EQ(memory_leak_finding(heap), "");
+}
+
 TEST(CheckHoles, ATracesRecordedValuesAreOneMoreCondition) {
   const std::string trace = traced_run("check_trace");
   const TraceCapture got = capture_op_calls(trace, "embedding_forward", 3);
