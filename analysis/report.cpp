@@ -250,7 +250,8 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
      << headline(verdicts) << "\n\n"
      << "Analysed " << utc_now() << " by divlab " << kDivlabVersion << " (" << kGitCommit << ") on "
      << hostname() << " (" << cpu_model() << "); traces written by " << written_by << ".\n\n";
-  if (!ctx.sources.empty())
+  if (ctx.sources.size() == 1) md << "Cells from the sweep folder " << ctx.sources[0] << ".\n\n";
+  if (ctx.sources.size() > 1)
     md << "Seeds pooled from the sweep folders " << join(ctx.sources, ", ") << ".\n\n";
   if (ctx.plots == "ok" && access((ctx.dir + "/story.png").c_str(), F_OK) == 0)
     md << "![loss curves of reference, candidates and controls per row, and the dose-response]"
@@ -325,7 +326,9 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
   }
   for (const auto& u : ctx.unfinished) std::printf("not finished, left out: %s\n", u.c_str());
   std::printf("%s", dose_table(responses).c_str());
-  if (!ctx.sources.empty()) std::printf("seeds pooled from %s\n", join(ctx.sources, ", ").c_str());
+  if (!ctx.sources.empty())
+    std::printf("%s %s\n", ctx.sources.size() > 1 ? "seeds pooled from" : "cells from",
+                join(ctx.sources, ", ").c_str());
   std::printf("wrote %s/verdicts.csv, summary.h5, report.md (plots: %s)\n", ctx.dir.c_str(),
               ctx.plots.c_str());
 }

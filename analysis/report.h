@@ -14,7 +14,7 @@ namespace divlab {
 
 struct ReportContext {
   std::string dir;                      // the analysis folder: everything is written there
-  std::vector<std::string> sources;     // the sweep folders pooled, when not `dir` alone
+  std::vector<std::string> sources;     // the sweep folders read, when not `dir` itself
   double alpha = 0.05;                  // the tests' level, stated in the report
   std::vector<std::string> unfinished;  // traces left out, with their status
   std::string plots;                    // "ok", or why there are none
