@@ -53,17 +53,6 @@ std::string verdict_words(const std::string& verdict) {
   return it == words.end() ? verdict : it->second;
 }
 
-// Why a row without a divergence is marked perturbed, in one sentence.
-std::string perturbed_words(const Verdict& v) {
-  return "`" + v.variant + "` in " + v.group + ": perturbed. No consistent gap (" +
-         fmt(v.gap, "%+.4f") + ", p = " + fmt(v.p_welch) +
-         "), yet it moved each seed's final loss " + fmt(v.shift / v.control_shift, "%.0f") +
-         "x as far as the controls move theirs (root mean " + "square " + fmt(v.shift) +
-         " against " + fmt(v.control_shift) + ", p = " + fmt(v.p_shift) +
-         "): it changes every run, in no consistent direction (an optimizer " +
-         "that absorbs a kernel's bias, as AdamW does, still carries its noise).";
-}
-
 // The report's first sentence: which candidates diverged and where, and where the same
 // candidate did not (what masked it), or that none did.
 std::string headline(const std::vector<Verdict>& verdicts) {
@@ -108,6 +97,21 @@ std::string headline(const std::vector<Verdict>& verdicts) {
 }
 
 }  // namespace
+
+std::string shift_words(const Verdict& v) {
+  const std::string ratio =
+      v.control_shift > 0 ? fmt(v.shift / v.control_shift, "%.0f") + "x as far as the controls"
+                          : "where the controls did not move theirs";
+  return "each seed's final loss moved " + ratio + " (root mean square " + fmt(v.shift) +
+         " against " + fmt(v.control_shift) + ", p = " + fmt(v.p_shift) + ")";
+}
+
+std::string perturbed_words(const Verdict& v) {
+  return "`" + v.variant + "` in " + v.group + ": perturbed. No consistent gap (" +
+         fmt(v.gap, "%+.4f") + ", p = " + fmt(v.p_welch) + "), yet " + shift_words(v) +
+         ": it changes every run, in no consistent direction (an optimizer that absorbs a "
+         "kernel's bias, as AdamW does, still carries its noise).";
+}
 
 void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
   TraceWriter w(path, true);

@@ -28,6 +28,11 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
 // series and the plots.
 void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
                   const std::vector<DoseResponse>& responses);
+// How far a candidate moved each seed's loss against the controls, in words ("each seed's final
+// loss moved 15x as far as the controls (root mean square ...)"), and the sentence that explains
+// a row marked perturbed.
+std::string shift_words(const Verdict& v);
+std::string perturbed_words(const Verdict& v);
 // The verdict table, rows without a verdict, the dose series, and where everything went.
 void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
                     const std::vector<DoseResponse>& responses);

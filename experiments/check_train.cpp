@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "analysis/report.h"
 #include "common/errors.h"
 #include "common/paths.h"
 #include "io/toml_reader.h"
@@ -171,12 +172,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
       if (v.verdict == "no-divergence") {
         quiet.push_back(v.group);
         if (!largest || std::abs(v.gap) > std::abs(largest->gap)) largest = &v;
-        if (v.perturbed) {
-          char b[160];
-          std::snprintf(b, sizeof b, "%.0fx as far as the controls' (p %.2g)",
-                        v.shift / v.control_shift, v.p_shift);
-          perturbed.push_back(v.group + ": each seed's final loss moved " + b);
-        }
+        if (v.perturbed) perturbed.push_back(v.group + ": " + shift_words(v));
       } else {
         changed.push_back(v.group + ": " +
                           (v.no_verdict_reason.empty()
