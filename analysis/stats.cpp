@@ -22,6 +22,12 @@ double variance(const std::vector<double>& x) {
   return s / double(x.size() - 1);
 }
 
+double root_mean_square(const std::vector<double>& x) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  return x.empty() ? 0 : std::sqrt(ss / double(x.size()));
+}
+
 namespace {
 // Continued fraction for I_x(a, b), valid for x < (a + 1) / (a + b + 2).
 double beta_fraction(double a, double b, double x) {

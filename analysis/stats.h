@@ -7,7 +7,8 @@
 namespace divlab::stats {
 
 double mean(const std::vector<double>& x);
-double variance(const std::vector<double>& x);  // unbiased (n - 1); 0 for n < 2
+double variance(const std::vector<double>& x);          // unbiased (n - 1); 0 for n < 2
+double root_mean_square(const std::vector<double>& x);  // around zero; 0 for no values
 
 // Regularised incomplete beta I_x(a, b) (continued fraction, Lentz's method).
 double incomplete_beta(double a, double b, double x);

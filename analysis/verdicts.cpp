@@ -86,12 +86,6 @@ std::map<std::string, std::string> group_settings(const Cell& cell, const std::s
   return out;
 }
 
-double root_mean_square(const std::vector<double>& x) {
-  double ss = 0;
-  for (double v : x) ss += v * v;
-  return x.empty() ? 0 : std::sqrt(ss / double(x.size()));
-}
-
 std::vector<double> absolute(std::vector<double> x) {
   for (double& v : x) v = std::abs(v);
   return x;
@@ -335,9 +329,9 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         const bool significant =
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
         v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
-        v.shift = root_mean_square(s.gaps);
+        v.shift = stats::root_mean_square(s.gaps);
         if (control_gaps.size() >= 2) {
-          v.control_shift = root_mean_square(control_gaps);
+          v.control_shift = stats::root_mean_square(control_gaps);
           v.p_shift = stats::welch(absolute(s.gaps), absolute(control_gaps)).p_greater;
           v.perturbed = !significant && !v.control && v.p_shift < alpha &&
                         v.shift >= kMinRelativeGap * std::abs(v.final_loss_ref);

@@ -645,25 +645,21 @@ OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs&
                              const OpInputs& x, const OpShape& s, MemoryGrowth* leak) {
   OpContextSource contexts(*k.memory);
   BoundCall b(*k.memory, first);
-  MemoryGrowth from;
-  std::array<int64_t, 5> device_at = {0, 0, 0, 0, 0};  // after calls kLeakFrom, ..., earlier
-  const auto reading_after = [&](int quarter) {
-    return kLeakFrom + (earlier - kLeakFrom) * quarter / 4;
-  };
+  std::array<MemoryGrowth, 5> at;  // in use after calls kLeakFrom, a quarter further, ..., earlier
   for (int i = 0; i < earlier; ++i) {
     if (i > 0) b.refill(first);  // outputs the op adds into start from the same values each time
     const OpContext ctx = contexts.next();
     invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
     k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the call
     if (!leak || earlier <= kLeakFrom) continue;
-    if (i + 1 == kLeakFrom) from = memory_in_use(*k.memory);
     for (int q = 0; q <= 4; ++q)
-      if (i + 1 == reading_after(q)) device_at[size_t(q)] = memory_in_use(*k.memory).device;
-    if (i + 1 == earlier) {
-      *leak = memory_in_use(*k.memory);
-      leak->host -= from.host, leak->device -= from.device, leak->calls = earlier - kLeakFrom;
-      for (size_t q = 0; q < 4; ++q) leak->device_quarters[q] = device_at[q + 1] - device_at[q];
-    }
+      if (i + 1 == kLeakFrom + (earlier - kLeakFrom) * q / 4)
+        at[size_t(q)] = memory_in_use(*k.memory);
+  }
+  if (leak && earlier > kLeakFrom) {
+    leak->host = at[4].host - at[0].host, leak->device = at[4].device - at[0].device;
+    leak->calls = earlier - kLeakFrom;
+    for (size_t q = 0; q < 4; ++q) leak->device_quarters[q] = at[q + 1].device - at[q].device;
   }
   b.refill(x);
   invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);
