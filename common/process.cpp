@@ -1,11 +1,12 @@
 #include "common/process.h"
 
 #include <fcntl.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <sstream>
 
@@ -23,10 +24,25 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
+// The first executable `program` on PATH, or "".
+std::string find_on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0)
+      return dir + "/" + program;
+  return "";
+}
+
 }  // namespace
 
 pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& opt) {
   if (argv.empty()) return -1;
+  // Everything the child needs is built here: between fork and exec only system calls are safe
+  // (another thread may hold the allocator's lock at the fork).
+  std::string program = argv[0];
+  if (program.find('/') == std::string::npos) program = find_on_path(program);
+  if (program.empty()) return -1;
   std::vector<std::string> args = argv, env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -37,26 +53,45 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
   }
   env.insert(env.end(), opt.setenv.begin(), opt.setenv.end());
   std::vector<char*> arg_ptrs = pointers(args), env_ptrs = pointers(env);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (!opt.log.empty()) {
-    posix_spawn_file_actions_addopen(&fa, 1, opt.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // The child reports a failed exec's errno on this pipe; a successful exec closes it unwritten.
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return -1;
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Dies with the thread that started it, however this process ends (SIGKILL included):
+    // SIGTERM, which a divlab child answers by finishing its step and recording "interrupted".
+    // A parent already gone before the request was made sends nothing, so look.
+    int error = 0;
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) error = ESRCH;
+    if (error == 0 && opt.own_process_group && setpgid(0, 0) != 0) error = errno;
+    if (error == 0 && !opt.log.empty()) {
+      const int fd = open(opt.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) error = errno;
+      if (fd > 2) close(fd);
+    }
+    if (error == 0) {
+      execve(program.c_str(), arg_ptrs.data(), env_ptrs.data());
+      error = errno;
+    }
+    [[maybe_unused]] const ssize_t written = write(report[1], &error, sizeof error);
+    _exit(127);
   }
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  if (opt.own_process_group) {
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);
+  close(report[1]);
+  int error = pid < 0 ? errno : 0;
+  if (pid > 0) {
+    ssize_t n;
+    while ((n = read(report[0], &error, sizeof error)) < 0 && errno == EINTR) {
+    }
+    if (n != ssize_t(sizeof error)) error = 0;
   }
-  pid_t pid = -1;
-  const bool search = argv[0].find('/') == std::string::npos;
-  const int rc = search
-                     ? posix_spawnp(&pid, arg_ptrs[0], &fa, &attr, arg_ptrs.data(), env_ptrs.data())
-                     : posix_spawn(&pid, arg_ptrs[0], &fa, &attr, arg_ptrs.data(), env_ptrs.data());
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
+  close(report[0]);
+  if (pid > 0 && error != 0) {
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return -1;
+  }
+  return pid;
 }
 
 int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt) {
@@ -69,11 +104,7 @@ int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt) {
 }
 
 bool on_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');)
-    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return true;
-  return false;
+  return !find_on_path(program).empty();
 }
 
 }  // namespace divlab

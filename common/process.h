@@ -16,7 +16,11 @@ struct SpawnOptions {
 };
 
 // Starts argv[0] (a path, or looked up on PATH when it holds no '/'); the child's pid, or -1
-// when it could not be started.
+// when it could not be started (not found, not executable, or this process's end already
+// under way). The child gets SIGTERM from the kernel when the thread that started it ends,
+// however it ends (SIGKILL included, PR_SET_PDEATHSIG): a plot script, a sanitizer, a sweep's
+// cell or a rank never outlives the command. So start children from a thread that outlives them
+// (every caller does so from the main thread).
 pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {});
 
 // Runs argv to its end: its wait status (WIFEXITED / WEXITSTATUS apply), or -1 when it could

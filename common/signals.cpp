@@ -1,10 +1,6 @@
 #include "common/signals.h"
 
-#include <sys/prctl.h>
-#include <unistd.h>
-
 #include <csignal>
-#include <cstdlib>
 #include <initializer_list>
 
 namespace divlab {
@@ -38,15 +34,6 @@ void accept_stop_requests() {
 
 int stop_signal() {
   return int(g_stop_signal);
-}
-
-void stop_with_parent() {
-  const char* named = std::getenv(kParentPidVariable);
-  if (named == nullptr) return;
-  const pid_t parent = pid_t(std::strtol(named, nullptr, 10));
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  // The parent may have died between spawning us and the call above: then no signal comes.
-  if (getppid() != parent) g_stop_signal = SIGTERM;
 }
 
 }  // namespace divlab

@@ -145,8 +145,6 @@ std::string signal_text(int sig) {
 }  // namespace
 
 int run_check_worker(const CheckOptions& opt) {
-  stop_with_parent();
-  if (stop_signal() != 0) return 128 + stop_signal();
   CheckReport rep = new_check_report(opt);
   const int fd = open(opt.worker_report.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) throw InputError("check: cannot write '" + opt.worker_report + "'");
@@ -184,7 +182,6 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
     argv.insert(argv.end(), {"--worker-from", std::to_string(from), "--worker-report", report});
     SpawnOptions so;
     so.log = log;
-    so.setenv = {std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
     const pid_t pid = spawn_process(argv, so);
     if (pid < 0) throw std::runtime_error("check: cannot start its worker process");
     size_t current = from;

@@ -246,7 +246,6 @@ int main(int argc, char** argv) {
     if (command == "train" || command == "sweep" || command == "reproduce" || command == "bisect")
       accept_stop_requests();
   }
-  stop_with_parent();
   // A file-size limit (or a full disk) must surface as a write error, not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"divlab: reproduce and measure training divergence caused by kernels", "divlab"};

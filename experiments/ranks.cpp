@@ -182,8 +182,7 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
     so.setenv = {std::string(kRank) + "=" + std::to_string(r),
                  std::string(kWorldSize) + "=" + std::to_string(ranks),
                  std::string(kLocalRank) + "=" + std::to_string(r),
-                 std::string(kNonce) + "=" + nonce,
-                 std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
+                 std::string(kNonce) + "=" + nonce};
     if (!gpus) so.setenv.push_back("OMP_NUM_THREADS=" + threads);
     const pid_t pid = spawn_process(args, so);
     if (pid < 0) {

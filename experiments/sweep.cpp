@@ -253,13 +253,11 @@ pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads
   for (const auto& o : g.cells[cell]) args.push_back(o);
   args.push_back("train.threads=" + std::to_string(threads));
   args.insert(args.end(), {"--out", cell_trace_path(dir, cell)});
-  // The cell dies with the sweep (signals.h): it learns its parent from the environment. Its
-  // own process group: a terminal's Ctrl-C reaches the sweep alone, which stops its cells in
-  // order instead of racing them.
+  // The cell dies with the sweep (spawn_process). Its own process group: a terminal's Ctrl-C
+  // reaches the sweep alone, which stops its cells in order instead of racing them.
   SpawnOptions so;
   so.log = cell_log_path(dir, cell);
   so.own_process_group = true;
-  so.setenv = {std::string(kParentPidVariable) + "=" + std::to_string(getpid())};
   return spawn_process(args, so);
 }
 

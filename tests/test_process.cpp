@@ -1,0 +1,89 @@
+// common/process.h: one way to start a child, which never outlives the thread that started it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/process.h"
+#include "tests/support/fixtures.h"
+
+namespace divlab {
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Whether `pid` is still a live process: neither gone nor a zombie waiting for its new parent
+// to reap it.
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+TEST(Process, RunsFromPathWithItsArgumentsUnquotedAndItsEnvironmentReplaced) {
+  const std::string dir = testing::temp_dir("process");
+  const std::string log = dir + "/it's a log";
+  SpawnOptions so;
+  so.log = log;
+  so.setenv = {"HOME=/nowhere 'quoted'"};
+  const int status = run_process(
+      {"sh", "-c", "echo \"$1|$HOME\"; echo oops >&2; exit 3", "sh", "a b; $(false)"}, so);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(read_all(log), "a b; $(false)|/nowhere 'quoted'\noops\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Process, AProgramThatCannotStartIsMinusOneNotAChild) {
+  EXPECT_EQ(spawn_process({"divlab-no-such-program"}), -1);
+  EXPECT_EQ(spawn_process({"/nonexistent/divlab"}), -1);
+  EXPECT_EQ(spawn_process({"/etc/hostname"}), -1);  // not executable
+  EXPECT_EQ(run_process({}), -1);
+  EXPECT_EQ(waitpid(-1, nullptr, WNOHANG), -1);  // no child was left behind to reap
+}
+
+TEST(Process, AChildDiesWithItsParentKilledBySigkill) {
+  // A middle process starts `sleep` and reports its pid; SIGKILL to the middle process must take
+  // the sleep with it (PR_SET_PDEATHSIG), as a killed `divlab analyze` takes its plot script.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t middle = fork();
+  ASSERT_GE(middle, 0);
+  if (middle == 0) {
+    const pid_t child = spawn_process({"sleep", "60"});
+    [[maybe_unused]] const ssize_t n = write(fds[1], &child, sizeof child);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  pid_t child = -1;
+  ASSERT_EQ(read(fds[0], &child, sizeof child), ssize_t(sizeof child));
+  close(fds[0]);
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(alive(child));
+  kill(middle, SIGKILL);
+  ASSERT_EQ(waitpid(middle, nullptr, 0), middle);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive(child) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const bool outlived = alive(child);
+  if (outlived) kill(child, SIGKILL);
+  EXPECT_FALSE(outlived) << "sleep (pid " << child << ") outlived its killed parent";
+}
+
+}  // namespace
+}  // namespace divlab
