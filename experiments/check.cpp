@@ -634,7 +634,8 @@ struct Checker {
 // allocates at every call and never releases (a workspace of its own instead of its context's)
 // ends a long run out of memory. Below the bars: allocator noise, a cache that settled. The
 // device's reading counts every process on the GPU, so its growth must show in every quarter of
-// the calls: another process's allocations meanwhile are steps in one or two.
+// the calls, net of what it grew in an equal wait after them (op_cases.h): another process's
+// allocations are steps in one or two quarters, or go on while the probe waits.
 constexpr int64_t kLeakHostBytes = 64 << 10, kLeakHostBytesPerCall = 256;
 constexpr int64_t kLeakDeviceBytes = 16 << 20;        // the device's pages are 2 MiB
 constexpr int64_t kLeakDeviceQuarterBytes = 2 << 20;  // at least a page in each quarter
@@ -654,7 +655,7 @@ std::string memory_leak_finding(const MemoryGrowth& g) {
   if (g.device >= kLeakDeviceBytes && every_quarter) {
     where += (where.empty() ? "" : ", ") + std::string("device memory +") + mib(g.device) + " (";
     for (size_t q = 0; q < quarters.size(); ++q) where += (q ? ", +" : "+") + mib(quarters[q]);
-    where += " a quarter)";
+    where += " a quarter, net of equal waits)";
   }
   if (where.empty()) return "";
   return "leaks memory: " + where + " over calls " + std::to_string(kLeakFrom + 1) + "-" +

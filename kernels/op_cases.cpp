@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 
@@ -643,23 +645,48 @@ MemoryGrowth memory_in_use(const MemoryOps& memory) {
 template <class KS>
 OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
                              const OpInputs& x, const OpShape& s, MemoryGrowth* leak) {
+  using Clock = std::chrono::steady_clock;
   OpContextSource contexts(*k.memory);
   BoundCall b(*k.memory, first);
-  std::array<MemoryGrowth, 5> at;  // in use after calls kLeakFrom, a quarter further, ..., earlier
+  const bool probe = leak != nullptr && earlier > kLeakFrom;
+  const bool device = k.memory->bytes_in_use != nullptr;
+  // Readings after calls kLeakFrom, a quarter further, ..., `earlier`; on a device each quarter's
+  // calls are followed by as long a wait and another reading (`idle`), so that another process's
+  // allocations during the calls can be told from the kernel's own: they go on while it waits.
+  std::array<MemoryGrowth, 5> at, idle;
+  std::array<Clock::time_point, 5> at_time, idle_time;
   for (int i = 0; i < earlier; ++i) {
     if (i > 0) b.refill(first);  // outputs the op adds into start from the same values each time
     const OpContext ctx = contexts.next();
     invoke_op(op_named(op), k, ctx, b.in, b.id_data(), b.out, s, first.scalars, nullptr);
     k.memory->synchronize(ctx.stream);  // the refill's uploads must not overtake the call
-    if (!leak || earlier <= kLeakFrom) continue;
-    for (int q = 0; q <= 4; ++q)
-      if (i + 1 == kLeakFrom + (earlier - kLeakFrom) * q / 4)
-        at[size_t(q)] = memory_in_use(*k.memory);
+    if (!probe) continue;
+    for (size_t q = 0; q <= 4; ++q) {
+      if (i + 1 != kLeakFrom + (earlier - kLeakFrom) * int(q) / 4) continue;
+      at[q] = idle[q] = memory_in_use(*k.memory);
+      at_time[q] = idle_time[q] = Clock::now();
+      if (device && q > 0) {
+        std::this_thread::sleep_for(at_time[q] - idle_time[q - 1]);
+        idle[q] = memory_in_use(*k.memory);
+        idle_time[q] = Clock::now();
+      }
+    }
   }
-  if (leak && earlier > kLeakFrom) {
-    leak->host = at[4].host - at[0].host, leak->device = at[4].device - at[0].device;
-    leak->calls = earlier - kLeakFrom;
-    for (size_t q = 0; q < 4; ++q) leak->device_quarters[q] = at[q + 1].device - at[q].device;
+  if (probe) {
+    leak->host = at[4].host - at[0].host, leak->calls = earlier - kLeakFrom;
+    leak->device = 0;
+    for (size_t q = 0; q < 4 && device; ++q) {
+      // What the device gained during the quarter's calls, less what it gained at the same rate
+      // while waiting (as long, or a little longer when woken late).
+      const double calls = std::chrono::duration<double>(at_time[q + 1] - idle_time[q]).count();
+      const double waited =
+          std::chrono::duration<double>(idle_time[q + 1] - at_time[q + 1]).count();
+      const double meanwhile = double(idle[q + 1].device - at[q + 1].device);
+      const int64_t own = at[q + 1].device - idle[q].device -
+                          int64_t(waited > 0 ? meanwhile * calls / waited : 0.0);
+      leak->device_quarters[q] = own;
+      leak->device += own;
+    }
   }
   b.refill(x);
   invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);

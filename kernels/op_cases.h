@@ -81,12 +81,13 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
 // call to the next (a weight prepared once per pointer) computes with stale values, and one that
 // changes with its call count (an algorithm switched after warm-up, a counter) shows it. The
 // outputs of the last call.
-// With `leak`: the memory in use after call kLeakFrom and after the last earlier call, host heap
+// With `leak`: how the memory in use grew from call kLeakFrom to the last earlier call, host heap
 // and device, for a kernel that allocates at every call and never releases. The device's reading
-// counts every process on it, so its growth is also taken per quarter of the calls: a kernel that
-// leaks grows it in every quarter, another process's allocations in one or two.
+// counts every process on it, so its growth is taken per quarter of the calls, less what it grew
+// while waiting as long as the quarter's calls took right after them: a kernel that leaks grows
+// it in every quarter's calls, another process's allocations in one or two, or while waiting too.
 struct MemoryGrowth {
-  int64_t host = 0, device = 0;                           // bytes
+  int64_t host = 0, device = 0;                           // bytes; `device` net of the waits
   std::array<int64_t, 4> device_quarters = {0, 0, 0, 0};  // bytes of `device`, quarter by quarter
   int calls = 0;                                          // between the two readings
 };
