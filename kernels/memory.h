@@ -68,8 +68,8 @@ struct MemoryOps {
   void* (*end_capture)(void* stream) = nullptr;
   void (*replay)(void* graph, void* stream) = nullptr;
   void (*release_graph)(void* graph) = nullptr;
-  // Bytes of this memory in use by the whole process (the device's, by every context), for
-  // check's leak probe; null on the host, whose heap check reads itself.
+  // Bytes of this memory in use, for check's leak probe: this process's where the driver tells
+  // them, else every process's on the device; null on the host, whose heap check reads itself.
   size_t (*bytes_in_use)() = nullptr;
 };
 

@@ -632,12 +632,13 @@ OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpSha
 
 namespace {
 // The heap's bytes in use (malloc'd and mmap'd chunks: exact, whatever the heap returns to the
-// system) and the device's.
+// system) and the device's. The device first: its first reading loads the driver's library
+// (kernels/cuda/process_memory.cpp), whose heap must not count as the kernel's.
 MemoryGrowth memory_in_use(const MemoryOps& memory) {
-  const struct mallinfo2 heap = mallinfo2();
   MemoryGrowth m;
-  m.host = int64_t(heap.uordblks + heap.hblkhd);
   m.device = memory.bytes_in_use ? int64_t(memory.bytes_in_use()) : 0;
+  const struct mallinfo2 heap = mallinfo2();
+  m.host = int64_t(heap.uordblks + heap.hblkhd);
   return m;
 }
 }  // namespace

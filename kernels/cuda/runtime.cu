@@ -256,12 +256,6 @@ void device_release_graph(void* graph) {
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));  // never throws: destructors call it
 }
 
-size_t device_bytes_in_use() {
-  size_t free = 0, total = 0;
-  DIVLAB_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return total - free;
-}
-
 std::unique_ptr<Workspace> device_workspace() {
   return std::make_unique<DeviceWorkspace>();
 }

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -48,6 +49,11 @@ void check_launch(const OpContext& ctx, const char* kernel, const char* file, in
 // Whether launches for `ctx` wait for their kernels: its sync_each_launch (debug.sync_kernels),
 // or DIVLAB_CUDA_SYNC=1 in the environment.
 bool debug_sync(const OpContext& ctx);
+
+// Bytes of device memory this process holds on the current device where the driver's NVML
+// tells them, else every process's (kernels/cuda/process_memory.cpp): check's leak probe.
+size_t device_bytes_in_use();
+int64_t own_device_bytes();  // NVML's count alone: -1 where it does not list this process
 
 // What the trainer needs to know before choosing the backend.
 struct DeviceInfo {

@@ -1,11 +1,13 @@
 // The GPU backend through the trainer's front door: a trace written by a cuda run (with shadow
 // mode on the GPU), and a model too large for the device refused before anything is allocated or
 // written.
+#include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "io/trace.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/shadow.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/support/fixtures.h"
@@ -348,6 +351,48 @@ TEST(GpuCheck, DeviceMemoryThatGrowsAtEveryCallFailsTheWarmedUpCall) {
     const CheckReport ok = run_check(opt);
     EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
   }
+}
+
+// Run in a child of the test below (DIVLAB_TEST_HOLD_FILE set): holds 1 GiB of device memory,
+// says so in that file, and waits to be killed. Skipped when run as a test of its own.
+TEST(GpuCheck, HelperHoldingDeviceMemory) {
+  const char* ready = std::getenv("DIVLAB_TEST_HOLD_FILE");
+  if (ready == nullptr) GTEST_SKIP() << "run by OtherProcessesDeviceMemoryIsNotThisProcesss";
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, size_t(1) << 30), cudaSuccess);
+  ASSERT_EQ(cudaMemset(p, 1, size_t(1) << 30), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::ofstream(ready) << "held\n";
+  pause();
+}
+
+// The leak probe's reading (kernels/memory.h bytes_in_use) is this process's own where the
+// driver's NVML lists it: another process taking 1 GiB does not move it; this one's 256 MiB do.
+TEST(GpuCheck, OtherProcessesDeviceMemoryIsNotThisProcesss) {
+  REQUIRE_GPU();
+  if (cuda::own_device_bytes() < 0)
+    GTEST_SKIP() << "NVML does not list this process here: the probe reads the whole device";
+  const std::string dir = temp_dir("gpu_hold"), ready = dir + "/ready";
+  const int64_t before = cuda::own_device_bytes();
+  SpawnOptions so;
+  so.setenv = {"DIVLAB_TEST_HOLD_FILE=" + ready};
+  const pid_t helper =
+      spawn_process({"/proc/self/exe", "--gtest_filter=GpuCheck.HelperHoldingDeviceMemory"}, so);
+  ASSERT_GT(helper, 0);
+  for (int i = 0; i < 600 && !std::filesystem::exists(ready); ++i) usleep(50 * 1000);
+  const bool held = std::filesystem::exists(ready);
+  const int64_t beside = cuda::own_device_bytes();
+  kill(helper, SIGKILL);
+  waitpid(helper, nullptr, 0);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(held) << "the helper never held its 1 GiB";
+  EXPECT_LT(beside - before, int64_t(64) << 20) << "another process's 1 GiB counted as ours";
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, size_t(256) << 20), cudaSuccess);
+  const int64_t grown = cuda::own_device_bytes();
+  cudaFree(p);
+  EXPECT_GE(grown - beside, int64_t(256) << 20);
+  EXPECT_EQ(int64_t(cuda::device_bytes_in_use()), cuda::own_device_bytes());
 }
 
 // check's compute-sanitizer pass: a kernel that reuses a shared-memory tile without the barrier
