@@ -397,6 +397,7 @@ struct Checker {
         return r;
       }
       x = op_inputs(op, s, tokens, cond.values, gen);
+      x.misaligned = cond.misaligned;
       // The scalars from a generator of their own, so a shrunk draw keeps the failing draw's.
       if (!cond.fixed_scalars) {
         std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);

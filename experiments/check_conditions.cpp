@@ -127,6 +127,15 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   list.push_back(nans);
   list.push_back(hot);
   list.push_back(warmed);
+  // The trainer's flat parameter, gradient and optimizer buffers pack tensors without padding, so
+  // a width that is not a multiple of 8 values (bf16) or 4 (fp32) starts the next tensor off a
+  // 16-byte boundary: a kernel that loads 16 bytes at a time without looking crashes there
+  // (every other condition's arrays start aligned). The aligned shape, so only the start is off.
+  Condition misaligned = c("arrays misaligned", kAligned);
+  misaligned.misaligned = true, misaligned.shrink = true;
+  misaligned.only = ops_on_packed_tensors();
+  misaligned.not_for = "training gives the op's arrays buffers of their own (aligned)";
+  list.push_back(misaligned);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

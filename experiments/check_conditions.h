@@ -31,6 +31,7 @@ struct Condition {
   bool fixed_scalars = false;  // the default scalars (OpScalars) instead of drawn ones
   int earlier_calls = 0;     // judged on the call after this many on other values, arrays refilled
   bool shapes_only = false;  // plain normal values at a shape: what check's racecheck pass runs
+  bool misaligned = false;   // every array one value past a 16-byte boundary (OpInputs)
   int draws = 1;             // x CheckOptions::draws; 0: one draw (the costly shapes)
 
   bool applies_to(Op op) const {

@@ -35,6 +35,9 @@ struct OpInputs {
   std::vector<TokenId> ids;                  // token ids or targets
   std::vector<std::vector<double>> outputs;  // initial contents of every output
   OpScalars scalars{};
+  // Every array (the ids too) one value past a 16-byte boundary: the trainer packs its tensors
+  // without padding, so at some widths its arrays start at any value's offset.
+  bool misaligned = false;
 };
 
 struct OpRun {
@@ -42,7 +45,7 @@ struct OpRun {
   std::vector<std::string> stray_writes;  // "output 1: write past its end", "input 0: ...", ...
 };
 
-constexpr int64_t kGuardValues = 1024;  // values before and after every array
+constexpr int64_t kGuardValues = 1024;  // values before and after every array (an aligned start)
 constexpr float kGuardSentinel = -12345.678f;
 
 // One of an op call's tensors, given as doubles and bound to the backend's memory in whatever
@@ -151,17 +154,17 @@ class BoundArray {
 // Token ids in a backend's memory between two guards of -1s, and what they were.
 class BoundIds {
  public:
-  BoundIds(const MemoryOps& mem, const std::vector<TokenId>& ids)
-      : initial_(ids.size() + 2 * size_t(kGuardValues), -1) {
-    std::copy(ids.begin(), ids.end(), initial_.begin() + kGuardValues);
+  BoundIds(const MemoryOps& mem, const std::vector<TokenId>& ids, int64_t guard)
+      : initial_(ids.size() + 2 * size_t(guard), -1), guard_(guard) {
+    std::copy(ids.begin(), ids.end(), initial_.begin() + guard_);
     ids_ = Buffer<TokenId>(mem, int64_t(initial_.size()));
     ids_.upload(initial_.data(), ids_.size());
   }
-  const TokenId* data() const { return ids_.data() + kGuardValues; }
+  const TokenId* data() const { return ids_.data() + guard_; }
   void refill(const std::vector<TokenId>& ids) {
-    if (ids.size() + 2 * size_t(kGuardValues) != initial_.size())
+    if (ids.size() + 2 * size_t(guard_) != initial_.size())
       throw std::logic_error("run_op: ids refilled with another count");
-    std::copy(ids.begin(), ids.end(), initial_.begin() + kGuardValues);
+    std::copy(ids.begin(), ids.end(), initial_.begin() + guard_);
     ids_.upload(initial_.data(), ids_.size());
   }
   std::string change() const {
@@ -171,11 +174,12 @@ class BoundIds {
       return std::vector<unsigned char>(p, p + v.size() * sizeof(TokenId));
     };
     return BoundArray::first_change(bytes(now), bytes(initial_),
-                                    int64_t(initial_.size()) - 2 * kGuardValues, kGuardValues);
+                                    int64_t(initial_.size()) - 2 * guard_, guard_);
   }
 
  private:
   std::vector<TokenId> initial_;
+  int64_t guard_;
   Buffer<TokenId> ids_;
 };
 
@@ -183,9 +187,11 @@ class BoundIds {
 struct BoundCall {
   std::vector<BoundArray> in, out;
   BoundIds ids;
-  BoundCall(const MemoryOps& mem, const OpInputs& x) : ids(mem, x.ids) {
-    for (const auto& v : x.values) in.emplace_back(mem, v, kGuardValues);
-    for (const auto& v : x.outputs) out.emplace_back(mem, v, kGuardValues);
+  BoundCall(const MemoryOps& mem, const OpInputs& x)
+      : ids(mem, x.ids, kGuardValues + (x.misaligned ? 1 : 0)) {
+    const int64_t guard = kGuardValues + (x.misaligned ? 1 : 0);
+    for (const auto& v : x.values) in.emplace_back(mem, v, guard);
+    for (const auto& v : x.outputs) out.emplace_back(mem, v, guard);
   }
   const TokenId* id_data() const { return ids.data(); }
   // Another call's values into the same arrays (the same sizes), as training's next step.

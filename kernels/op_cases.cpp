@@ -110,6 +110,22 @@ int OpShape::NKV() const {
   return NH <= 1 ? 1 : NH / p;
 }
 
+const std::vector<Op>& ops_on_packed_tensors() {
+  static const std::vector<Op> ops = {Op::embedding_forward,
+                                      Op::rmsnorm_forward,
+                                      Op::rmsnorm_backward,
+                                      Op::linear_forward,
+                                      Op::linear_backward,
+                                      Op::add_rmsnorm_forward,
+                                      Op::embed_rmsnorm_backward,
+                                      Op::cast,
+                                      Op::sum_squares,
+                                      Op::sgd_step,
+                                      Op::adamw_step,
+                                      Op::grad_reduce};
+  return ops;
+}
+
 OpShape random_shape(std::mt19937_64& gen) {
   OpShape s;
   s.NH = std::vector<int>{1, 2, 3, 4, 6}[size_t(gen() % 5)];

@@ -31,6 +31,12 @@ struct OpShape {
 // A shape drawn at random: rows (B x T) from 1 to a few hundred, sequence lengths, widths and
 // vocabularies biased toward 1, primes and one past or short of a power of two.
 OpShape random_shape(std::mt19937_64& gen);
+
+// The ops training calls on its parameters, gradients and optimizer state, which it keeps in flat
+// buffers with the tensors packed without padding: at a width that is not a multiple of 8 values
+// (bf16) or 4 (fp32) their arrays start off 16-byte boundaries (OpInputs::misaligned).
+// Activations have buffers of their own, always aligned.
+const std::vector<Op>& ops_on_packed_tensors();
 // Smaller shapes to try when `s` fails (each one dimension smaller), for shrinking.
 std::vector<OpShape> smaller_shapes(const OpShape& s);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <thread>
@@ -148,6 +149,14 @@ void adamw_without_bias_correction(float* p, float* m, float* v, const float* g,
 void linear_five_percent_large(float* y, const float* x, const float* W, int N, int in, int out) {
   cpu_catalogue<float>().select({}).linear_forward({}, y, x, W, N, in, out);
   for (int64_t i = 0; i < int64_t(N) * out; ++i) y[i] *= 1.05f;
+}
+
+// RMSNorm reading its weight from the 16-byte boundary at or below it, as code written for
+// aligned buffers computes its vector addresses: exact wherever the weight starts aligned.
+void rmsnorm_assumes_aligned(float* y, float* rstd, const float* x, const float* w, int N, int C,
+                             float eps) {
+  const float* aligned = w - reinterpret_cast<uintptr_t>(w) % 16 / sizeof(float);
+  rmsnorm_rows(y, rstd, x, aligned, 0, N, C, eps);
 }
 
 // A short run on Zipfian tokens whose trace keeps its final weights.
@@ -368,6 +377,14 @@ TEST(CheckHoles, ADistributionTunedKernelFailsOnRealisticValues) {
   EXPECT_EQ(passing_fixed_shapes(r), "") << format_check(r);
   // The error, or (logits peaked past exp's range) a loss where the reference's is exactly 0.
   EXPECT_TRUE(fails_under(r, "values outliers (x30)", "")) << format_check(r);
+}
+
+TEST(CheckHoles, AKernelThatAssumesAlignedArraysFailsWhereTheyStartAnywhere) {
+  Registered reg(mutable_cpu_catalogue().rmsnorm_forward, "assumes_aligned",
+                 rmsnorm_assumes_aligned);
+  const CheckReport r = check("rmsnorm_forward=assumes_aligned");
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+  EXPECT_EQ(r.failing, std::vector<std::string>{"arrays misaligned"}) << format_check(r);
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {

@@ -65,6 +65,21 @@ TYPED_TEST(GpuOps, EveryOpMatchesFp64AndRepeatsBitwise) {
     }
 }
 
+// The trainer packs its parameters, gradients and optimizer state without padding, so at some
+// widths the ops on them get arrays at any value's offset: every reference takes them there (its
+// packed path only where every pointer is 16-byte aligned, kernels/cuda/pack.cuh).
+TYPED_TEST(GpuOps, EveryOpTakesArraysAtAnyOffset) {
+  const auto k = gpu_catalogue<TypeParam>().select({});
+  std::mt19937_64 gen(test_seed());
+  for (const OpShape& s : misaligned_shapes())
+    for (const Op o : ops_on_packed_tensors()) {
+      const std::string op = op_name(o);
+      OpInputs x = every_op_inputs(op, s, this->kBf16, gen);
+      x.misaligned = true;
+      expect_op_matches_fp64(op, k, x, s, op_tolerance(op, this->kBf16), op + " (misaligned)");
+    }
+}
+
 // The row kernels' two forms (one warp per row with the row in 1 to 8 register chunks per lane
 // where C is a multiple of 4 up to 1024; one block per row elsewhere) and the updates' two
 // (8-value packs, then a tail value by value): widths at every chunk count's edges and past the

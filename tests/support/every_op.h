@@ -20,6 +20,13 @@ inline std::vector<OpShape> every_op_shapes(std::mt19937_64& gen) {
   return {OpShape{3, 37, 72, 4, 301}, random_shape(gen), random_shape(gen)};
 }
 
+// Arrays one value past a 16-byte boundary (OpInputs::misaligned), at shapes whose widths are
+// multiples of 8 values, where a kernel takes its packed path if it only looks at sizes; and at
+// the awkward one.
+inline std::vector<OpShape> misaligned_shapes() {
+  return {OpShape{4, 64, 128, 4, 512}, OpShape{2, 16, 1024, 8, 64}, OpShape{3, 37, 72, 4, 301}};
+}
+
 // Token ids, Zipf-like (id k with weight 1/(k+1)), so some rows collect many contributions.
 inline std::vector<TokenId> zipf_tokens(const OpShape& s, std::mt19937_64& gen) {
   std::vector<double> w(size_t(s.V));
