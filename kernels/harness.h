@@ -187,12 +187,12 @@ class BoundIds {
 struct BoundCall {
   std::vector<BoundArray> in, out;
   BoundIds ids;
-  BoundCall(const MemoryOps& mem, const OpInputs& x)
-      : ids(mem, x.ids, kGuardValues + (x.misaligned ? 1 : 0)) {
-    const int64_t guard = kGuardValues + (x.misaligned ? 1 : 0);
-    for (const auto& v : x.values) in.emplace_back(mem, v, guard);
-    for (const auto& v : x.outputs) out.emplace_back(mem, v, guard);
+  BoundCall(const MemoryOps& mem, const OpInputs& x) : ids(mem, x.ids, guard_values(x)) {
+    for (const auto& v : x.values) in.emplace_back(mem, v, guard_values(x));
+    for (const auto& v : x.outputs) out.emplace_back(mem, v, guard_values(x));
   }
+  // Values before every array: the guard, and one more where the call's arrays start misaligned.
+  static int64_t guard_values(const OpInputs& x) { return kGuardValues + (x.misaligned ? 1 : 0); }
   const TokenId* id_data() const { return ids.data(); }
   // Another call's values into the same arrays (the same sizes), as training's next step.
   void refill(const OpInputs& x) {
