@@ -86,9 +86,11 @@ std::string dose_markdown(const std::vector<DoseResponse>& responses) {
   if (responses.empty()) return "";
   std::ostringstream md;
   md << "## Dose-response\n\n"
-        "Dose = most additions one embedding-gradient row received in one kernel call (the "
-        "hottest token's count in a step's batch), mean over seeds with the seeds' range. Gap = "
-        "final loss gap (variant - reference, nats) with its 95 % confidence interval over "
+        "Dose = most additions one embedding-gradient row received in a step (the hottest "
+        "token's count in the step's batch, micro-batches counted together as they add into "
+        "the rows the one before left; with data-parallel ranks, in one rank's shard), mean "
+        "over seeds with the seeds' range. Gap = final loss gap (variant - reference, nats) with "
+        "its 95 % confidence interval over "
         "seeds; band = the control band at the last step (a t quantile of standard errors of a "
         "seed-mean control gap): the noise floor the gap must leave. Per-seed gaps: seeds.csv.\n\n";
   for (const auto& r : responses) {

@@ -1,7 +1,8 @@
 // Dose-response: how a candidate's gap grows with the dose it received.
 //
-// The dose is the most additions one embedding-gradient row receives in one kernel call (the
-// hottest token's count in the step's batch: /metrics/max_row_contributions). A grid raises it
+// The dose is the most additions one embedding-gradient row receives in a step (the hottest
+// token's count in the step's batch, micro-batches together, one rank's shard with several:
+// /metrics/max_row_contributions). A grid raises it
 // with the tokens per step (train.batch, model.seq_len); the same data spec also gives each seed
 // its own dose (a Markov chain's hot ids are drawn per seed). Groups that differ only in tokens
 // per step form a series; each of its points is one group's verdict.

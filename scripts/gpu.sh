@@ -6,7 +6,7 @@
 #                       [--nccl] [--nccl-only]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
-# real text at up to 262 k tokens per step), which needs the Brown corpus carried along: data/;
+# real text at 262 k and 1 M tokens per step), which needs the Brown corpus carried along: data/;
 # --gpt2-small profiles 12 steps at GPT-2 small's shape (configs/bench-gpt2-small.toml: V 50304,
 # C 768, 12 blocks, T 1024, 16 sequences, tied head), each op timed on the device between two timing marks, and times it unprofiled against PyTorch eager
 # and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
