@@ -28,6 +28,11 @@ constexpr OpShape kLongSequence{1, 2051, 32, 2, 97};
 // at every other condition's size, and at a step of 65 536 tokens no longer (the lab's real-text
 // doses are 65 536 to 262 144 tokens a step).
 constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
+// Rows wider than the ones kernels are written for: 4224 channels, past a row of 4096 values kept
+// in a block's shared memory and past 1024 threads of one value each (Llama 2 7B has 4096, 70B
+// 8192), in 33 heads of 128 channels, the head width of the llama family (GPT-2's is 64, where
+// every other condition's heads stop).
+constexpr OpShape kWideRows{2, 9, 4224, 33, 97};
 
 std::vector<Op> every_op_but(std::initializer_list<Op> skipped) {
   std::vector<Op> ops;
@@ -136,6 +141,15 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   misaligned.only = ops_on_packed_tensors();
   misaligned.not_for = "training gives the op's arrays buffers of their own (aligned)";
   list.push_back(misaligned);
+  Condition wide_rows = c("channels wide", kWideRows);
+  wide_rows.draws = 0, wide_rows.shrink = true;
+  wide_rows.only = {Op::embedding_forward,  Op::rmsnorm_forward,     Op::rmsnorm_backward,
+                    Op::linear_forward,     Op::linear_backward,     Op::attention_forward,
+                    Op::attention_backward, Op::rope_forward,        Op::rope_backward,
+                    Op::gqa_forward,        Op::gqa_backward,        Op::swiglu_forward,
+                    Op::swiglu_backward,    Op::add_rmsnorm_forward, Op::embed_rmsnorm_backward};
+  wide_rows.not_for = "the op sees its values as one flat vector, or rows of the vocabulary";
+  list.push_back(wide_rows);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

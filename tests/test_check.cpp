@@ -159,6 +159,74 @@ void rmsnorm_assumes_aligned(float* y, float* rstd, const float* x, const float*
   rmsnorm_rows(y, rstd, x, aligned, 0, N, C, eps);
 }
 
+// Causal attention as a kernel author writes it: each position's loops run over the positions it
+// sees, and nothing else is read. The reference's blocked products multiply the causal mask's
+// zeros with later positions' values, so a NaN planted at a later position comes out at earlier
+// ones too; this pair is right not to pass it back. With kDropNaN the forward treats a
+// non-finite score as masked and skips non-finite values: NaNs dropped, a lost step hidden.
+template <bool kDropNaN>
+void attention_forward_causal(float* out, float* att, const float* qkv, int B, int T, int C,
+                              int NH) {
+  const int hd = C / NH;
+  for (int64_t bh = 0; bh < int64_t(B) * NH; ++bh) {
+    const float* q = qkv + bh / NH * T * 3 * C + bh % NH * hd;
+    float* p = att + bh * T * T;
+    for (int i = 0; i < T; ++i) {
+      std::vector<double> e(size_t(i) + 1);
+      double top = -INFINITY, sum = 0;
+      for (int j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int d = 0; d < hd; ++d) dot += double(q[i * 3 * C + d]) * q[j * 3 * C + C + d];
+        e[size_t(j)] = kDropNaN && !std::isfinite(dot) ? -INFINITY : dot / std::sqrt(double(hd));
+        top = std::max(top, e[size_t(j)]);
+      }
+      const bool none = kDropNaN && std::isinf(top);  // every score dropped
+      for (double& v : e) sum += (v = none ? 0.0 : std::exp(v - top));
+      for (int j = 0; j < T; ++j) p[i * T + j] = j <= i && !none ? float(e[size_t(j)] / sum) : 0.0f;
+      for (int d = 0; d < hd; ++d) {
+        double o = 0;
+        for (int j = 0; j <= i; ++j)
+          if (const double v = q[j * 3 * C + 2 * C + d]; !kDropNaN || std::isfinite(v))
+            o += double(p[i * T + j]) * v;
+        out[(bh / NH * T + i) * C + bh % NH * hd + d] = float(o);
+      }
+    }
+  }
+}
+void attention_backward_causal(float* dqkv, const float* dout, const float* qkv, const float* att,
+                               int B, int T, int C, int NH) {
+  const int hd = C / NH;
+  for (int64_t bh = 0; bh < int64_t(B) * NH; ++bh) {
+    const int64_t head = bh / NH * T * 3 * C + bh % NH * hd;
+    const float *q = qkv + head, *p = att + bh * T * T, *dy = dout + bh / NH * T * C + bh % NH * hd;
+    std::vector<double> g(size_t(T) * 3 * hd, 0.0);  // dq | dk | dv per position
+    auto grad = [&](int t, int part, int d) -> double& {
+      return g[(size_t(t) * 3 + size_t(part)) * size_t(hd) + size_t(d)];
+    };
+    for (int i = 0; i < T; ++i) {
+      std::vector<double> dp(size_t(i) + 1);
+      double dot = 0;
+      for (int j = 0; j <= i; ++j) {
+        for (int d = 0; d < hd; ++d)
+          dp[size_t(j)] += double(dy[i * C + d]) * q[j * 3 * C + 2 * C + d];
+        dot += p[i * T + j] * dp[size_t(j)];
+      }
+      for (int j = 0; j <= i; ++j) {
+        const double ds = p[i * T + j] * (dp[size_t(j)] - dot) / std::sqrt(double(hd));
+        for (int d = 0; d < hd; ++d) {
+          grad(i, 0, d) += ds * q[j * 3 * C + C + d];
+          grad(j, 1, d) += ds * q[i * 3 * C + d];
+          grad(j, 2, d) += p[i * T + j] * double(dy[i * C + d]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int part = 0; part < 3; ++part)
+        for (int d = 0; d < hd; ++d)
+          dqkv[head + t * 3 * C + part * C + d] = float(grad(t, part, d));
+  }
+}
+
 // A short run on Zipfian tokens whose trace keeps its final weights.
 std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
   std::string out = testing::temp_dir(tag) + "/run.h5";
@@ -385,6 +453,26 @@ TEST(CheckHoles, AKernelThatAssumesAlignedArraysFailsWhereTheyStartAnywhere) {
   const CheckReport r = check("rmsnorm_forward=assumes_aligned");
   EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
   EXPECT_EQ(r.failing, std::vector<std::string>{"arrays misaligned"}) << format_check(r);
+}
+
+// "values NaN" asks that a kernel give NaN wherever the planted NaNs reach the output in exact
+// arithmetic, not wherever the reference's blocked products spread them: a correct causal pair
+// that never reads later positions passes (before, the backward failed "NaN hidden: 3043 output
+// values"), and one that drops NaN scores still fails.
+TEST(CheckHoles, AStrictlyCausalAttentionIsNotSaidToHideNaNs) {
+  Registered fwd(mutable_cpu_catalogue().attention_forward, "causal_loops",
+                 attention_forward_causal<false>);
+  Registered bwd(mutable_cpu_catalogue().attention_backward, "causal_loops",
+                 attention_backward_causal);
+  Registered drops(mutable_cpu_catalogue().attention_forward, "drops_nan",
+                   attention_forward_causal<true>);
+  for (const char* target : {"attention_forward=causal_loops", "attention_backward=causal_loops"}) {
+    const CheckReport r = check(target);
+    EXPECT_TRUE(r.pass) << target << ", seed " << testing::test_seed() << "\n" << format_check(r);
+  }
+  const CheckReport r = check("attention_forward=drops_nan");
+  EXPECT_EQ(r.failing, std::vector<std::string>{"values NaN"}) << format_check(r);
+  EXPECT_TRUE(fails_under(r, "values NaN", "NaN hidden")) << format_check(r);
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {

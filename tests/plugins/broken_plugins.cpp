@@ -206,6 +206,47 @@ void cross_entropy_skips_nonfinite(float* losses, float* dlogits, const float* l
     }
   }
 }
+// Rows wider than the kernels were written for. An RMSNorm that stages a row in a buffer of 4096
+// values (a block's 16 KiB of shared memory) and sums its squares there: past 4096 channels the
+// mean leaves the rest out. An attention whose q.k tile is 64 channels wide (GPT-2's heads): at
+// the llama family's 128 the scores miss half their terms.
+void rmsnorm_row_buffer_4096(float* y, float* rstd, const float* x, const float* w, int N, int C,
+                             float eps) {
+  const int staged = C < 4096 ? C : 4096;
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < staged; ++c) ss += double(x[n * C + c]) * x[n * C + c];
+    const auto r = float(1.0 / std::sqrt(ss / C + eps));
+    for (int c = 0; c < C; ++c) y[n * C + c] = x[n * C + c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+void attention_head_tile_64(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hd = C / NH, tile = hd < 64 ? hd : 64;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const float* base = qkv + b * T * 3 * C + int64_t(h) * hd;
+      float* p = att + (b * NH + h) * T * T;
+      for (int i = 0; i < T; ++i) {
+        double m = -INFINITY, sum = 0;
+        std::vector<double> score(size_t(i) + 1);
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int d = 0; d < tile; ++d)
+            dot += double(base[i * 3 * C + d]) * base[j * 3 * C + C + d];
+          score[size_t(j)] = dot * scale, m = std::fmax(m, score[size_t(j)]);
+        }
+        for (int j = 0; j <= i; ++j) sum += (score[size_t(j)] = std::exp(score[size_t(j)] - m));
+        for (int j = 0; j < T; ++j) p[i * T + j] = j <= i ? float(score[size_t(j)] / sum) : 0.0f;
+        for (int d = 0; d < hd; ++d) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) o += double(p[i * T + j]) * base[j * 3 * C + 2 * C + d];
+          out[(b * T + i) * C + int64_t(h) * hd + d] = float(o);
+        }
+      }
+    }
+}
 // A correct ABI 1 embedding (ABI 1's embedding_forward takes no vocabulary; ABI 2's does).
 void abi1_embedding(float* x, const divlab_token* tokens, const float* wte, const float* wpe, int B,
                     int T, int C) {
@@ -244,8 +285,12 @@ const divlab_variant kVariants[] = {
     {"rmsnorm_forward", "rows_u16", "cpu", reinterpret_cast<void (*)(void)>(&rmsnorm_rows_u16), "",
      "", "", ""},
     {"cross_entropy", "skips_nonfinite", "cpu",
-     reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 16, kVariants};
+     reinterpret_cast<void (*)(void)>(&cross_entropy_skips_nonfinite), "", "", "", ""},
+    {"rmsnorm_forward", "row_buffer_4096", "cpu",
+     reinterpret_cast<void (*)(void)>(&rmsnorm_row_buffer_4096), "", "", "", ""},
+    {"attention_forward", "head_tile_64", "cpu",
+     reinterpret_cast<void (*)(void)>(&attention_head_tile_64), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 18, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

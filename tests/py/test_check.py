@@ -175,15 +175,18 @@ class Check(unittest.TestCase):
 
     def test_kernels_written_for_smaller_sizes_fail_only_past_them(self):
         # 16-bit token ids, a RoPE table of 2048 positions, a row buffer of 65 536 logits, a
-        # 16-bit row index, 16-bit per-id counts in a sorted scatter: right at every size the
-        # other conditions draw, wrong at a vocabulary past 2^17 ids (Llama 3 has 128 256), a
-        # sequence past 2048 positions, 65 536 rows or one id at 65 536 positions.
+        # 16-bit row index, 16-bit per-id counts in a sorted scatter, a row staged in 4096 values,
+        # a q.k tile of 64 channels: right at every size the other conditions draw, wrong at a
+        # vocabulary past 2^17 ids (Llama 3 has 128 256), a sequence past 2048 positions, 65 536
+        # rows, one id at 65 536 positions, or rows of 4224 channels in heads of 128.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
         for target, condition in [("embedding_forward=u16_ids", "vocabulary wide"),
                                   ("cross_entropy=row_buffer_65536", "vocabulary wide"),
                                   ("rope_forward=table_2048", "sequence long"),
                                   ("rmsnorm_forward=rows_u16", "rows many"),
-                                  ("embed_rmsnorm_backward=u16_row_counts", "row hot (2^16+)")]:
+                                  ("embed_rmsnorm_backward=u16_row_counts", "row hot (2^16+)"),
+                                  ("rmsnorm_forward=row_buffer_4096", "channels wide"),
+                                  ("attention_forward=head_tile_64", "channels wide")]:
             with self.subTest(target):
                 r = check(target, "--plugins", lib)
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
