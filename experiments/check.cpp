@@ -429,6 +429,7 @@ struct Checker {
         std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);
         x.scalars = random_scalars(scalar_gen);
       }
+      x.scalars.with_gradient = !cond.loss_only;
     }
     r.shape = s.text();
     if (round_inputs)

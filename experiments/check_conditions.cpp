@@ -150,6 +150,15 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                     Op::swiglu_backward,    Op::add_rmsnorm_forward, Op::embed_rmsnorm_backward};
   wide_rows.not_for = "the op sees its values as one flat vector, or rows of the vocabulary";
   list.push_back(wide_rows);
+  // Evaluation calls the cross-entropy for its losses alone (no dlogits): a path of its own in a
+  // fused kernel, which every other condition leaves untried (one that writes the gradient
+  // anyway crashes in a run's first evaluation; one whose loss-only path differs reports
+  // validation losses the run never had).
+  Condition loss_only = c("loss only (evaluation)", kAligned);
+  loss_only.loss_only = true, loss_only.shrink = true;
+  loss_only.only = {Op::cross_entropy};
+  loss_only.not_for = "only the cross-entropy has a loss-only call";
+  list.push_back(loss_only);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

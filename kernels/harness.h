@@ -28,6 +28,9 @@ struct OpScalars {
   int64_t step = 7;           // adamw_step (its grad_scale is grad_scale)
   double rope_base = 500000;  // rope_forward, rope_backward
   double softcap = 30;        // softcap_forward, softcap_backward
+  // cross_entropy: false passes no dlogits (null), as evaluation's loss-only call does; the
+  // gradient output is then left as it was and never compared.
+  bool with_gradient = true;
 };
 
 struct OpInputs {
@@ -60,6 +63,7 @@ class BoundArray {
     return bind<std::remove_const_t<V>>();
   }
   bool bound() const { return !bytes_.empty(); }
+  const std::vector<double>& initial_values() const { return *values_; }
   // Puts the initial contents (guards included) back, for another call on the same arrays.
   void rewrite() {
     if (bound()) bytes_.upload(initial_.data(), int64_t(initial_.size()));
@@ -201,10 +205,15 @@ struct BoundCall {
     ids.refill(x.ids);
   }
   // The outputs as doubles, and every write outside them: past an output's ends, or into an
-  // input or the ids (one download each).
+  // input or the ids (one download each). An output the call passed as null (a loss-only
+  // cross-entropy) is its initial contents.
   OpRun read() const {
     OpRun r;
     for (size_t o = 0; o < out.size(); ++o) {
+      if (!out[o].bound()) {
+        r.outputs.push_back(out[o].initial_values());
+        continue;
+      }
       BoundArray::Result got = out[o].read();
       if (got.before_changed)
         r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");

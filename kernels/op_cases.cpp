@@ -438,7 +438,7 @@ std::string scalars_text(const std::string& op, const OpScalars& c) {
     case Op::add_rmsnorm_forward:
       return "eps " + num(c.eps);
     case Op::cross_entropy:
-      return "dloss " + num(c.dloss_scale) + "/N";
+      return c.with_gradient ? "dloss " + num(c.dloss_scale) + "/N" : "loss only";
     case Op::sgd_step:
       return "lr " + num(c.lr) + ", momentum " + num(c.momentum) +
              (c.nesterov ? " (Nesterov)" : "") + ", weight decay " + num(c.weight_decay) +
@@ -553,8 +553,14 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
       call(OpTag<Op::add>{}, kk.add, out[0], in[0], in[1], NC);
       break;
     case Op::cross_entropy:
-      call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], out[1], in[0], ids, N, V,
-           U(c.dloss_scale / N));
+      if (c.with_gradient) {
+        call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], out[1], in[0], ids, N, V,
+             U(c.dloss_scale / N));
+      } else {
+        call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], nullptr, in[0], ids, N, V,
+             U(c.dloss_scale / N));
+        if (written) written->back().role = ArgRole::Saved;  // dlogits: not written, not compared
+      }
       break;
     case Op::embed_rmsnorm_backward:
       call(OpTag<Op::embed_rmsnorm_backward>{}, kk.embed_rmsnorm_backward, out[0], out[1], out[2],

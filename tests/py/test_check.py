@@ -192,6 +192,18 @@ class Check(unittest.TestCase):
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
                 self.assertEqual(failing(r.stdout), [condition], r.stdout)
 
+    def test_a_loss_only_call_is_a_condition_of_its_own(self):
+        # Evaluation asks the cross-entropy for its losses alone (no dlogits). A fused kernel
+        # that writes the gradient anyway is right in every training call and crashes there,
+        # in a run's first evaluation; the reference's loss-only call passes.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        r = check("cross_entropy=writes_gradient_always", "--plugins", lib)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(failing(r.stdout), ["loss only (evaluation)"], r.stdout)
+        self.assertRegex(r.stdout, r"loss only \(evaluation\) .* FAIL: crashed: SIGSEGV")
+        r = check("cross_entropy=reference")
+        self.assertRegex(r.stdout, r"loss only \(evaluation\) .* ok")
+
     def test_what_many_calls_change_fails_at_the_257th_call(self):
         # Right for its first 100 calls at a size, then a "tuned" path that is not; right values
         # through scratch malloc'd at every call and never freed (128 KiB a call). Only the
