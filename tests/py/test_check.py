@@ -192,18 +192,6 @@ class Check(unittest.TestCase):
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
                 self.assertEqual(failing(r.stdout), [condition], r.stdout)
 
-    def test_a_loss_only_call_is_a_condition_of_its_own(self):
-        # Evaluation asks the cross-entropy for its losses alone (no dlogits). A fused kernel
-        # that writes the gradient anyway is right in every training call and crashes there,
-        # in a run's first evaluation; the reference's loss-only call passes.
-        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        r = check("cross_entropy=writes_gradient_always", "--plugins", lib)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertEqual(failing(r.stdout), ["loss only (evaluation)"], r.stdout)
-        self.assertRegex(r.stdout, r"loss only \(evaluation\) .* FAIL: crashed: SIGSEGV")
-        r = check("cross_entropy=reference")
-        self.assertRegex(r.stdout, r"loss only \(evaluation\) .* ok")
-
     def test_what_many_calls_change_fails_at_the_257th_call(self):
         # Right for its first 100 calls at a size, then a "tuned" path that is not; right values
         # through scratch malloc'd at every call and never freed (128 KiB a call). Only the
@@ -220,14 +208,22 @@ class Check(unittest.TestCase):
                 self.assertEqual(failing(r.stdout), ["call 257 (warmed up)"], r.stdout)
                 self.assertRegex(r.stdout, r"call 257 \(warmed up\) .* " + why)
 
-    def test_a_kernel_that_drops_nans_fails_on_nan_inputs(self):
-        # Right on every finite input; fed a step's NaNs it reports a finite loss, and a run
-        # that blew up would look healthy.
+    def test_a_path_no_other_condition_takes_fails_its_own(self):
+        # Each right on every other condition: a cross-entropy fed a step's NaNs that reports a
+        # finite loss (a run that blew up would look healthy), and a fused one that writes the
+        # gradient even in evaluation's loss-only call (no dlogits: a run's first evaluation
+        # crashes). The reference passes both.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        r = check("cross_entropy=skips_nonfinite", "--plugins", lib)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertEqual(failing(r.stdout), ["values NaN"], r.stdout)
-        self.assertRegex(r.stdout, r"values NaN .* FAIL: NaN hidden: \d+ output value")
+        for variant, condition, why in [
+                ("skips_nonfinite", "values NaN", r"NaN hidden: \d+ output value"),
+                ("writes_gradient_always", "loss only (evaluation)", r"crashed: SIGSEGV")]:
+            with self.subTest(variant):
+                r = check("cross_entropy=" + variant, "--plugins", lib)
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertEqual(failing(r.stdout), [condition], r.stdout)
+                self.assertRegex(r.stdout, re.escape(condition) + " .* FAIL: " + why)
+        r = check("cross_entropy=reference")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_a_killed_check_leaves_no_worker_and_no_file(self):
         # SIGKILL at any moment: here while its worker spins in a kernel that hangs. The worker
