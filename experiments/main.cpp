@@ -457,7 +457,8 @@ int main(int argc, char** argv) {
       ->add_option("--seed-offset", rp.seed_offset,
                    "add N to every cell's train.seed (a re-run with fresh seeds)")
       ->check(kNotNegative);
-  reproduce->add_option("--jobs", rp.jobs, "cells at a time (default: number of cores)");
+  reproduce->add_option("--jobs", rp.jobs,
+                        "cells at a time (default: number of cores; --backend cuda: 4)");
   reproduce->add_flag("!--no-plots", rp.plots, "skip the PNG plots");
 
   app.set_version_flag("--version", std::string("divlab ") + kDivlabVersion + " (" + kGitCommit +

@@ -56,6 +56,12 @@ class BadInput(unittest.TestCase):
         self.check(["train", "--set", *SMALL, "backend=cuda", "--out", "{d}/r.h5"],
                    'backend = "cuda"')
 
+    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
+                     "a GPU is present: the GPU reproduction runs here")
+    def test_gpu_reproduction_without_a_gpu(self):
+        # Refused up front, nothing created (before, 75 cells each failed the same way).
+        self.check(["reproduce", "--backend", "cuda", "--out", "{d}/r"], "reproduce --backend cuda")
+
     def test_fp64_precision_on_the_gpu(self):
         self.check(["train", "--set", *SMALL, "backend=cuda", "train.precision=fp64", "--out",
                     "{d}/r.h5"], 'train.precision = "fp64" runs on backend = "cpu" only')
