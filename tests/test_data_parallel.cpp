@@ -112,8 +112,9 @@ TEST(DataParallel, AMissingWorldSizeDivisionShowsUnderSgdAndHidesUnderAdamW) {
   const double adamw_gap = largest_relative_gap(losses("adamw-sum", with(adamw, "sum_not_mean")),
                                                 losses("adamw-ref", adamw));
   EXPECT_GT(sgd_gap, 1e-2) << "SGD with 4x gradients (seed " << test_seed() << ")";
-  EXPECT_LT(adamw_gap, 1e-3) << "AdamW is invariant to the gradient's scale up to eps";
-  EXPECT_GT(sgd_gap, 30 * adamw_gap);
+  EXPECT_LT(adamw_gap, 1e-3) << "AdamW is invariant to the gradient's scale up to eps (seed "
+                             << test_seed() << ")";
+  EXPECT_GT(sgd_gap, 30 * adamw_gap) << "seed " << test_seed();
 }
 
 TEST(DataParallel, AnOverflowOnTheFp16WireIsAttributedToTheReduction) {
