@@ -97,24 +97,32 @@ TEST(DataParallel, RanksWithTheReferenceReductionTrainAsOneRank) {
 
 TEST(DataParallel, AMissingWorldSizeDivisionShowsUnderSgdAndHidesUnderAdamW) {
   // The field's documented bug: gradients R times too large. SGD takes R times the step;
-  // AdamW's m / sqrt(v) does not see a gradient's scale.
+  // AdamW's m / sqrt(v) does not see a gradient's scale, only eps does: with R x eps, R x the
+  // gradients give the same update, bitwise (a power-of-two scale commutes with every rounding).
+  // With the same eps the runs differ by eps's share of the update alone, which this small model
+  // usually leaves near 1e-6 but on a rare seed amplifies to ~3e-3 (seed 122), so that gap is
+  // judged against SGD's, never against a fixed bar (the smallest SGD / AdamW ratio over train
+  // seeds 1-400 is 249).
   // (Without clipping, which the catalogue names as a mask: a clipped norm hides the scale.)
   const std::vector<std::string> sgd = {"train.ranks=4", "train.optimizer=sgd", "train.lr=0.1",
                                         "train.grad_clip=0"};
   const std::vector<std::string> adamw = {"train.ranks=4", "train.optimizer=adamw", "train.lr=3e-3",
-                                          "train.grad_clip=0"};
-  auto with = [](std::vector<std::string> keys, const char* variant) {
-    keys.push_back(std::string("kernels.grad_reduce=") + variant);
+                                          "train.grad_clip=0", "train.eps=1e-8"};
+  auto with = [](std::vector<std::string> keys, std::vector<std::string> extra) {
+    keys.insert(keys.end(), extra.begin(), extra.end());
     return keys;
   };
+  const std::string sum = "kernels.grad_reduce=sum_not_mean";
   const double sgd_gap =
-      largest_relative_gap(losses("sgd-sum", with(sgd, "sum_not_mean")), losses("sgd-ref", sgd));
-  const double adamw_gap = largest_relative_gap(losses("adamw-sum", with(adamw, "sum_not_mean")),
-                                                losses("adamw-ref", adamw));
-  EXPECT_GT(sgd_gap, 1e-2) << "SGD with 4x gradients (seed " << test_seed() << ")";
-  EXPECT_LT(adamw_gap, 1e-3) << "AdamW is invariant to the gradient's scale up to eps (seed "
-                             << test_seed() << ")";
-  EXPECT_GT(sgd_gap, 30 * adamw_gap) << "seed " << test_seed();
+      largest_relative_gap(losses("sgd-sum", with(sgd, {sum})), losses("sgd-ref", sgd));
+  const auto adamw_ref = losses("adamw-ref", adamw);
+  const double adamw_gap = largest_relative_gap(losses("adamw-sum", with(adamw, {sum})), adamw_ref);
+  const double adamw_eps_scaled_gap = largest_relative_gap(
+      losses("adamw-sum-eps4", with(adamw, {sum, "train.eps=4e-8"})), adamw_ref);
+  const std::string seed = " (seed " + std::to_string(test_seed()) + ")";
+  EXPECT_GT(sgd_gap, 1e-2) << "SGD with 4x gradients" << seed;
+  EXPECT_EQ(adamw_eps_scaled_gap, 0.0) << "AdamW with 4x gradients and 4x eps" << seed;
+  EXPECT_GT(sgd_gap, 30 * adamw_gap) << "SGD " << sgd_gap << ", AdamW " << adamw_gap << seed;
 }
 
 TEST(DataParallel, AnOverflowOnTheFp16WireIsAttributedToTheReduction) {
