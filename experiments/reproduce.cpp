@@ -106,15 +106,10 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
   ReproduceOptions opt = in;
   const bool gpu = opt.backend == Backend::Cuda;
   // Refused before anything is created: without either, every cell would fail the same way.
-  // (Only counting devices: a query of one would hold a context in this process all run long.)
-  if (gpu && !cuda_built())
-    throw InputError(
-        "reproduce --backend cuda: this build has no CUDA backend (configure with `cmake --preset "
-        "cuda` on a machine with the CUDA toolkit); the CPU reproduction is `divlab reproduce`");
-  if (gpu && cuda_device_count() == 0)
-    throw InputError(
-        "reproduce --backend cuda: no usable GPU on this machine; the CPU reproduction is "
-        "`divlab reproduce`");
+  if (gpu)
+    if (const std::string why = cuda_unavailable(); !why.empty())
+      throw InputError("reproduce --backend cuda: " + why +
+                       "; the CPU reproduction is `divlab reproduce`");
   // The cells share one GPU: four at a time, as measured (docs/performance.md); a cell that finds
   // its memory held by the others waits for one to end.
   if (gpu && opt.jobs == 0) opt.jobs = 4;

@@ -26,12 +26,22 @@ bool cuda_built() {
 }
 
 namespace {
+constexpr const char* kNoCudaBuild =
+    "this build has no CUDA backend (configure with `cmake --preset cuda` on a machine with the "
+    "CUDA toolkit)";
+constexpr const char* kNoGpu = "no usable GPU on this machine";
+
 [[noreturn]] void no_cuda() {
-  throw BackendError(
-      "backend = \"cuda\": this build has no CUDA backend (configure with `cmake --preset "
-      "cuda` on a machine with the CUDA toolkit), or use backend = \"cpu\"");
+  throw BackendError(std::string("backend = \"cuda\": ") + kNoCudaBuild +
+                     ", or use backend = \"cpu\"");
 }
 }  // namespace
+
+std::string cuda_unavailable() {
+  if (!cuda_built()) return kNoCudaBuild;
+  if (cuda_device_count() == 0) return kNoGpu;
+  return "";
+}
 
 template <>
 const Catalogue<double>& backend_catalogue(Backend backend, Precision precision) {
@@ -109,7 +119,7 @@ std::string open_backend(Backend backend) {
   std::string error;
   const cuda::DeviceInfo d = cuda::query_device(&error);
   if (d.count == 0)
-    throw BackendError("backend = \"cuda\": no usable GPU on this machine (" + error +
+    throw BackendError(std::string("backend = \"cuda\": ") + kNoGpu + " (" + error +
                        "); use backend = \"cpu\"");
   if (d.major < cuda::kMinMajor)
     throw BackendError("backend = \"cuda\": GPU '" + d.name + "' has compute capability " +

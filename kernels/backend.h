@@ -44,6 +44,9 @@ struct BackendBusy : BackendError {
 };
 
 bool cuda_built();
+// Why this process cannot run the cuda backend (no CUDA in the build, or no GPU), or "" if it
+// can; only counts devices, so no context is started (one would stay held all run long).
+std::string cuda_unavailable();
 
 // Every fp32 catalogue whose kernels take pointers of `device` ("cpu" | "cuda"), for plug-ins
 // to add variants to. Throws BackendError for cuda in a build without it.

@@ -510,9 +510,19 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
   auto call = [&](auto tag, const auto& kernel, auto&&... args) {
     constexpr Op o = decltype(tag)::value;
     static_assert(OpSpec<o>::known);
-    if (written)
-      for (const ArgSpec& a : OpSpec<o>::args(std::forward_as_tuple(args...)))
-        if (a.is_written()) written->push_back(a);
+    if (written) {
+      // An output the call passes as null (a loss-only cross-entropy's dlogits) is not written:
+      // kept as saved state, never compared.
+      const std::array<bool, sizeof...(args)> null = {
+          std::is_null_pointer_v<std::decay_t<decltype(args)>>...};
+      auto specs = OpSpec<o>::args(std::forward_as_tuple(args...));
+      static_assert(std::tuple_size_v<decltype(specs)> == sizeof...(args));
+      for (size_t i = 0; i < specs.size(); ++i) {
+        if (!specs[i].is_written()) continue;
+        if (null[i]) specs[i].role = ArgRole::Saved;
+        written->push_back(specs[i]);
+      }
+    }
     kernel(ctx, args...);
   };
   switch (which) {
@@ -559,7 +569,6 @@ void invoke_op(Op which, const KS& kk, const OpContext& ctx, std::vector<BoundAr
       } else {
         call(OpTag<Op::cross_entropy>{}, kk.cross_entropy, out[0], nullptr, in[0], ids, N, V,
              U(c.dloss_scale / N));
-        if (written) written->back().role = ArgRole::Saved;  // dlogits: not written, not compared
       }
       break;
     case Op::embed_rmsnorm_backward:
