@@ -69,7 +69,10 @@ void expand(Grid& g, const Part& part, const std::string& path) {
   for (size_t i = 0; i < total; ++i) {
     std::vector<std::string> cell = part.fixed;
     size_t rest = i;
-    std::vector<std::string> picks(part.axes.size()), extras;
+    // Each axis's extras, in file order: where two axes' values bring the same key, the later
+    // axis's wins, as [axes] override [set] ("adamw train.lr=3e-3" after a data value's lr).
+    std::vector<std::string> picks(part.axes.size());
+    std::vector<std::vector<std::string>> extras(part.axes.size());
     for (size_t a = part.axes.size(); a-- > 0;) {
       // "adamw train.lr=3e-3": the value, then overrides that come with it.
       std::istringstream words(part.axes[a].second[rest % part.axes[a].second.size()]);
@@ -80,11 +83,11 @@ void expand(Grid& g, const Part& part, const std::string& path) {
         if (extra.find('=') == std::string::npos)
           throw InputError("grid '" + path + "': axis '" + part.axes[a].first + "' value '" +
                            words.str() + "': words after the value must be key=value");
-        extras.push_back(extra);
+        extras[a].push_back(extra);
       }
       rest /= part.axes[a].second.size();
     }
-    picks.insert(picks.end(), extras.begin(), extras.end());
+    for (const auto& brought : extras) picks.insert(picks.end(), brought.begin(), brought.end());
     for (const auto& p : picks) {
       // An axis overrides a fixed value of the same key.
       const std::string key = p.substr(0, p.find('='));

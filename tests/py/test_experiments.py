@@ -407,6 +407,28 @@ seed = [5]
         self.assertEqual(r.returncode, 2)
         self.assertIn("another grid", r.stderr)
 
+    def test_where_two_axes_values_set_one_key_the_later_axis_wins(self):
+        # A data value bringing its own lr, and the optimizer axis after it bringing AdamW's:
+        # each cell runs with the later axis's value where both set the key (configs/reproduce.toml).
+        d = tmpdir()
+        text = GRID.split("[axes.kernels]")[0] + """
+[axes]
+data = ["zipf:1.2 train.lr=0.05 train.steps=3"]
+[axes.train]
+optimizer = ["sgd", "adamw train.lr=3e-3"]
+"""
+        grid, out = write_grid(d, text), os.path.join(d, "out")
+        run("sweep", "--config", grid, "--out", out, "--emit-slurm", check=True)
+        with open(os.path.join(out, "cells.tsv")) as f:
+            cells = [row["overrides"].split() for row in csv.DictReader(f, delimiter="\t")]
+        for cell in cells:
+            last = dict(o.split("=", 1) for o in cell)  # a later override of a key wins
+            expected = "3e-3" if last["train.optimizer"] == "adamw" else "0.05"
+            self.assertEqual(last["train.lr"], expected, cell)
+            self.assertEqual(last["train.steps"], "3", cell)
+        self.assertEqual({dict(o.split("=", 1) for o in c)["train.optimizer"] for c in cells},
+                         {"sgd", "adamw"})
+
     def test_a_crashing_cell_is_recorded_and_the_rest_finish(self):
         d = tmpdir()
         grid = write_grid(d, GRID + "[axes.debug]\nabort_at_step = [-1, 3]\n")
