@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -200,9 +201,11 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
     try {
       RunConfig cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       if (seed_offset != 0) {  // fresh seeds: every cell's seed moved by the same offset
-        if (cfg.seed > UINT64_MAX - seed_offset)
+        // A seed is a config integer: at most 2^63 - 1.
+        constexpr uint64_t kMaxSeed = std::numeric_limits<int64_t>::max();
+        if (seed_offset > kMaxSeed || cfg.seed > kMaxSeed - seed_offset)
           throw InputError("--seed-offset " + std::to_string(seed_offset) +
-                           ": train.seed + offset exceeds 2^64 - 1");
+                           ": train.seed + offset exceeds 2^63 - 1");
         set_or_replace(g.cells[i], "train.seed", std::to_string(cfg.seed + seed_offset));
         cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       }
