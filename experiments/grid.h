@@ -12,7 +12,7 @@
 //   [axes.train]
 //   seed = [0, 1, 2]
 //   optimizer = ["sgd", "adamw train.lr=3e-3"]  # a value may bring overrides of its own
-//                                       # (where two axes' values bring one key, the later axis's wins)
+//                                        # (two axes' values bringing one key: the later axis wins)
 //   [quick.set.train]                    # optional: what --quick changes (set and axes)
 //   steps = 50
 //
