@@ -3,9 +3,9 @@ pieces, 65 536 tokens a step in 4 micro-batches, SGD, 30 steps) with the reporte
 the text more slowly than the reference on a fresh seed, while the benign control does not move.
 Measured gaps (mean of the last 3 steps) over 12 seeds: +0.07 to +0.15; the control's below 1e-6
 (docs/findings.md, "On a laptop")."""
+import csv
 import os
 import random
-import tomllib
 import unittest
 
 import h5py
@@ -14,26 +14,15 @@ from cli import ROOT, run, tmpdir
 
 
 def brown_cell():
-    """The grid's [set] keys, then its Brown data value's own overrides, as --set arguments."""
-    with open(os.path.join(ROOT, "configs", "reproduce.toml"), "rb") as f:
-        grid = tomllib.load(f)
-
-    def flat(table, prefix=""):
-        for key, value in table.items():
-            if isinstance(value, dict):
-                yield from flat(value, prefix + key + ".")
-            else:
-                yield prefix + key, value
-
-    keys = {}
-    for key, value in flat(grid["set"]):
-        keys[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    brown = next(v for v in grid["axes"]["data"] if v.startswith("brown"))
-    name, *extras = brown.split()
-    keys["data"] = name
-    keys.update(extra.split("=", 1) for extra in extras)
-    keys.pop("trace.final_weights", None)  # the weights only serve the report's samples
-    return [f"{k}={v}" for k, v in keys.items()]
+    """configs/reproduce.toml's Brown cell under SGD as divlab itself expands the grid
+    (`sweep --emit-slurm` writes the cells' overrides and runs nothing), seed and kernel left out."""
+    out = os.path.join(tmpdir(), "grid")
+    run("sweep", "--config", os.path.join(ROOT, "configs", "reproduce.toml"), "--out", out,
+        "--emit-slurm", check=True)
+    with open(os.path.join(out, "cells.tsv")) as f:
+        cells = [row["overrides"].split() for row in csv.DictReader(f, delimiter="\t")]
+    cell = next(c for c in cells if "data=brown" in c and "train.optimizer=sgd" in c)
+    return [o for o in cell if not o.startswith(("train.seed=", "kernels."))]
 
 
 def tail_loss(path, steps=3):
