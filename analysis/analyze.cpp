@@ -140,6 +140,9 @@ std::string output_folder(const AnalyzeOptions& opt) {
   std::set<fs::path> seen;
   for (const auto& d : opt.dirs) {
     std::error_code ec;
+    if (fs::exists(d, ec) && !fs::is_directory(d, ec))
+      throw InputError("analyze '" + d +
+                       "': not a folder (analyze takes sweep folders, the --out of divlab sweep)");
     if (!fs::is_directory(d, ec) || access(d.c_str(), R_OK) != 0)
       throw InputError("analyze '" + d + "': no such folder");
     if (!seen.insert(fs::canonical(d, ec)).second)

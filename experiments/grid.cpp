@@ -114,6 +114,7 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
       read_toml(read_input_file(path, "grid"), "grid '" + path + "'");
   std::vector<std::pair<std::string, std::vector<std::string>>> quick_axes;
   std::vector<Part> parts;
+  bool has_quick = false;
   auto part_named = [&](const std::string& name) -> Part& {
     for (auto& p : parts)
       if (p.name == name) return p;
@@ -167,6 +168,7 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
       else
         add_axis(part.axes, tail(3), axis_values(e, path, k[1] + ": " + tail(3)));
     } else if (k[0] == "quick" && k.size() > 2 && (k[1] == "set" || k[1] == "axes")) {
+      has_quick = true;
       if (!quick) continue;
       if (k[1] == "set")
         set_or_replace(g.fixed, tail(2), value_text(e.value));
@@ -179,6 +181,10 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
                        "[quick.set/axes...] and [slurm])");
     }
   }
+  // Otherwise --quick would run the whole grid, which is what it was asked not to do.
+  if (quick && !has_quick)
+    throw InputError("--quick: grid '" + path +
+                     "' has no [quick.set] or [quick.axes] (nothing makes it shorter)");
   for (const auto& [key, values] : quick_axes) add_axis(g.axes, key, values);
   if (parts.empty()) {
     if (g.axes.empty()) throw InputError("grid '" + path + "': no [axes] (nothing to sweep)");

@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
   bisect->add_option("--seeds", bs.seeds, "seeds per decision")->capture_default_str();
   bisect->add_option("--steps", bs.steps, "train.steps of each run (default: the config's)");
   bisect->add_option("--out", bs.out, "working folder")->capture_default_str();
-  bisect->add_option("--jobs", bs.jobs, "runs at a time (default: number of cores)");
+  bisect->add_option("--jobs", bs.jobs, "runs at a time (0, the default: number of cores)");
 
   auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
   std::string spec;
@@ -404,7 +404,7 @@ int main(int argc, char** argv) {
   sweep->add_option("--config", sw.grid,
                     "grid TOML file (default: the one frozen in --out by an earlier sweep)");
   sweep->add_option("--out", sw.out, "output folder (cells/, manifest.tsv)")->required();
-  sweep->add_option("--jobs", sw.jobs, "cells at a time (default: number of cores)");
+  sweep->add_option("--jobs", sw.jobs, "cells at a time (0, the default: number of cores)");
   sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)")
       ->check(kNotNegative);
   sweep->add_option("--timeout", sw.timeout_s, "seconds per cell before it is killed");
