@@ -242,8 +242,10 @@ void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
       const double rel = r2 > 0 ? std::sqrt(d2 / r2) : (d2 > 0 ? INFINITY : 0.0);
       if (!(rel <= r.row_error))
         r.row_error = std::isnan(rel) ? INFINITY : std::max(r.row_error, rel);
-      // Rows: a scatter that skips an id, or writes one it should not, fails by name.
-      if (spec.rows > 1 && w < n) {
+      // Rows: a scatter that skips an id, or writes one it should not, fails by name. Only where
+      // the op adds rows in (a gradient by id or position): a forward's row of zeros is a wrong
+      // value (an overflow, a padding id skipped), which the error and worst element name.
+      if (contribution && spec.rows > 1 && w < n) {
         const bool should = row_ref > kRowUpdated * max_ref, did = row_got > 0;
         const bool wrongly = row_ref == 0 && row_got > kRowUpdated * max_ref;
         if ((should && !did) || wrongly) {

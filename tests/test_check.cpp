@@ -72,21 +72,33 @@ void rmsnorm_shape_tuned(float* y, float* rstd, const float* x, const float* w, 
 // Logits clamped to +-10 before the softmax (an overflow guard): exact for Gaussian test logits,
 // wrong for a trained head's peaked ones. The soft-cap kernel that passed because test logits
 // sat near zero.
-void cross_entropy_clamped(float* losses, float* dlogits, const float* logits,
-                           const TokenId* targets, int N, int V, float dloss) {
+// The cross-entropy in fp64, with logits clamped to +-`clamp`, and with target 0 taken as
+// padding (no loss, no gradient: PyTorch's ignore_index habit) when `pad_id0`.
+void cross_entropy_altered(float* losses, float* dlogits, const float* logits,
+                           const TokenId* targets, int N, int V, float dloss, double clamp,
+                           bool pad_id0) {
   std::vector<double> z(static_cast<size_t>(V));
   for (int n = 0; n < N; ++n) {
     double mx = -INFINITY, sum = 0;
     for (int v = 0; v < V; ++v)
-      z[size_t(v)] = std::clamp(double(logits[size_t(n) * V + v]), -10.0, 10.0),
+      z[size_t(v)] = std::clamp(double(logits[size_t(n) * V + v]), -clamp, clamp),
       mx = std::max(mx, z[size_t(v)]);
     for (int v = 0; v < V; ++v) sum += std::exp(z[size_t(v)] - mx);
-    losses[n] = float(std::log(sum) - (z[size_t(targets[n])] - mx));
+    const double keep = pad_id0 && targets[n] == 0 ? 0.0 : 1.0;
+    losses[n] = float(keep * (std::log(sum) - (z[size_t(targets[n])] - mx)));
     if (dlogits)
       for (int v = 0; v < V; ++v)
         dlogits[size_t(n) * V + v] =
-            float((std::exp(z[size_t(v)] - mx) / sum - (v == targets[n])) * dloss);
+            float(keep * (std::exp(z[size_t(v)] - mx) / sum - (v == targets[n])) * dloss);
   }
+}
+void cross_entropy_clamped(float* losses, float* dlogits, const float* logits,
+                           const TokenId* targets, int N, int V, float dloss) {
+  cross_entropy_altered(losses, dlogits, logits, targets, N, V, dloss, 10.0, false);
+}
+void cross_entropy_id0_is_padding(float* losses, float* dlogits, const float* logits,
+                                  const TokenId* targets, int N, int V, float dloss) {
+  cross_entropy_altered(losses, dlogits, logits, targets, N, V, dloss, INFINITY, true);
 }
 
 // The RMSNorm backward with rstd recomputed at eps 1e-3 (the forward used 1e-5): within 1e-3 of
@@ -445,6 +457,17 @@ TEST(CheckHoles, ADistributionTunedKernelFailsOnRealisticValues) {
   EXPECT_EQ(passing_fixed_shapes(r), "") << format_check(r);
   // The error, or (logits peaked past exp's range) a loss where the reference's is exactly 0.
   EXPECT_TRUE(fails_under(r, "values outliers (x30)", "")) << format_check(r);
+}
+
+// A loss that skips id 0 as padding is a wrong value, named by its worst element; it used to be
+// reported as "row never updated", the words for a scatter that skips an id.
+TEST(CheckHoles, ACrossEntropyTreatingId0AsPaddingFailsWithItsWorstElement) {
+  Registered reg(mutable_cpu_catalogue().cross_entropy, "id0_is_padding",
+                 cross_entropy_id0_is_padding);
+  const CheckReport r = check("cross_entropy=id0_is_padding");
+  EXPECT_TRUE(fails_under(r, "rows many", "error")) << format_check(r);  // 70 105 targets of 16 ids
+  for (const auto& c : r.conditions)
+    EXPECT_EQ(c.why.find("row never updated"), std::string::npos) << c.name << ": " << c.why;
 }
 
 TEST(CheckHoles, AKernelThatAssumesAlignedArraysFailsWhereTheyStartAnywhere) {
