@@ -113,6 +113,15 @@ std::string perturbed_words(const Verdict& v) {
          "kernel's bias, as AdamW does, still carries its noise).";
 }
 
+std::string lopsided_words(const Verdict& v) {
+  return "`" + v.variant + "` in " + v.group + ": lopsided. Every seed's gap is on one side (" +
+         std::to_string(v.seeds) + " of " + std::to_string(v.seeds) + ", mean " +
+         fmt(v.gap, "%+.4f") + "), yet Welch's t gives p = " + fmt(v.p_welch) +
+         " (the permutation test " + fmt(v.p_permutation) +
+         "): a seed far beyond the rest widens the t-test's spread. No verdict; more seeds "
+         "(divlab sweep --seed-offset, then analyze both folders) settle it.";
+}
+
 void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
   TraceWriter w(path, true);
   using K = TraceWriter::Kind;
@@ -126,6 +135,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "seeds", int64_t(v.seeds));
     w.attr(g, "onset_step", int64_t(v.onset));
     w.attr(g, "perturbed", int64_t(v.perturbed));
+    w.attr(g, "lopsided", int64_t(v.lopsided));
     w.attr(g, "series", v.series);
     w.attr(g, "no_verdict_reason", v.no_verdict_reason);
     w.attr(g, "nan_runs", join(v.nan_runs, "\n"));
@@ -195,6 +205,7 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
         {"control_shift", [&](const Verdict& v) { return num(v.control_shift); }},
         {"p_shift", [&](const Verdict& v) { return num(v.p_shift); }},
         {"perturbed", [](const Verdict& v) { return std::string(v.perturbed ? "1" : "0"); }},
+        {"lopsided", [](const Verdict& v) { return std::string(v.lopsided ? "1" : "0"); }},
         {"area", [&](const Verdict& v) { return num(v.area); }},
         {"val_gap", [&](const Verdict& v) { return num(v.val_gap); }},
         {"p_welch", [&](const Verdict& v) { return num(v.p_welch); }},
@@ -274,15 +285,17 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : verdicts)
     md << "| " << v.group << " | `" << v.variant << "`" << (v.control ? " (control)" : "") << " | "
-       << verdict_words(v.verdict) << (v.perturbed ? ", perturbed" : "") << " | " << v.seeds
-       << " | " << fmt(v.gap, "%+.4f") << " | " << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%")
-       << " | " << fmt(v.p_welch) << " | " << fmt(v.p_permutation) << " | "
-       << fmt(v.hedges_g, "%.2f") << " | "
+       << verdict_words(v.verdict) << (v.perturbed ? ", perturbed" : "")
+       << (v.lopsided ? ", lopsided" : "") << " | " << v.seeds << " | " << fmt(v.gap, "%+.4f")
+       << " | " << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch)
+       << " | " << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
        << (v.onset >= 0 && v.verdict == "diverged" ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | " << fmt(v.dose, "%.0f")
        << " (" << fmt(v.dose_min, "%.0f") << "-" << fmt(v.dose_max, "%.0f") << ") |\n";
   for (const auto& v : verdicts)
     if (v.perturbed) md << "\n" << perturbed_words(v) << "\n";
+  for (const auto& v : verdicts)
+    if (v.lopsided) md << "\n" << lopsided_words(v) << "\n";
   bool any_missing = false;
   for (const auto& v : verdicts) any_missing |= !v.no_verdict_reason.empty() || !v.nan_runs.empty();
   if (any_missing) md << "\n## Rows without a verdict, and runs that stopped on NaN\n";
@@ -327,6 +340,7 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
                   v.no_verdict_reason.c_str());
     for (const auto& run : v.nan_runs) std::printf("  stopped on NaN: %s\n", run.c_str());
     if (v.perturbed) std::printf("%s\n", perturbed_words(v).c_str());
+    if (v.lopsided) std::printf("%s\n", lopsided_words(v).c_str());
   }
   for (const auto& u : ctx.unfinished) std::printf("not finished, left out: %s\n", u.c_str());
   std::printf("%s", dose_table(responses).c_str());

@@ -33,6 +33,8 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
 // a row marked perturbed.
 std::string shift_words(const Verdict& v);
 std::string perturbed_words(const Verdict& v);
+// The sentence for a row marked lopsided: every seed on one side, no verdict from Welch's t.
+std::string lopsided_words(const Verdict& v);
 // The verdict table, rows without a verdict, the dose series, and where everything went.
 void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
                     const std::vector<DoseResponse>& responses);

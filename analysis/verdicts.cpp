@@ -336,6 +336,11 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
           v.perturbed = !significant && !v.control && v.p_shift < alpha &&
                         v.shift >= kMinRelativeGap * std::abs(v.final_loss_ref);
         }
+        const bool one_side =
+            std::all_of(s.gaps.begin(), s.gaps.end(), [&](double g) { return sign * g > 0; });
+        v.lopsided = !significant && !v.control && material && one_side &&
+                     v.p_permutation < alpha && v.p_welch >= alpha;
+        if (v.lopsided) v.perturbed = false;  // its seeds moved one way: a direction, not noise
         // An onset is the start of a divergence: none is reported (csv, summary, plots, report)
         // for a gap that did not pass its test.
         if (!significant) v.onset = -1;

@@ -62,6 +62,12 @@ struct Verdict {
   // normalisation) and still carry the kernel's noise into every run.
   double shift = 0, control_shift = 0, p_shift = 1;
   bool perturbed = false;
+  // `lopsided`: no verdict, yet every seed's gap lies on one side, materially, and the
+  // permutation test passes alpha where Welch's t does not. One seed far beyond the rest
+  // inflates the t-test's variance (its power on such skewed gaps: docs/analysis.md); Welch
+  // stays the test because the permutation test's errors grow on a noisy candidate beside more
+  // control gaps than its own. More seeds settle it.
+  bool lopsided = false;
   // Per paired seed: the seed, its gap and the dose its reference run received.
   std::vector<long long> seed_ids;
   std::vector<double> seed_gaps, seed_doses;

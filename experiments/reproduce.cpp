@@ -170,7 +170,10 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
       const Verdict& v = *it->second;
       char cell[64];
       std::snprintf(cell, sizeof cell, "%s %+.4f p=%.2g",
-                    v.perturbed ? "perturbed" : v.verdict.c_str(), v.gap, v.p_welch);
+                    v.perturbed  ? "perturbed"
+                    : v.lopsided ? "lopsided"
+                                 : v.verdict.c_str(),
+                    v.gap, v.p_welch);
       std::printf("  %-36s", cell);
     }
     std::printf("\n");
@@ -179,6 +182,10 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
     std::printf(
         "perturbed: no divergence (no consistent gap), yet every seed's loss moved "
         "further than the controls move theirs (report.md, docs/analysis.md)\n");
+  if (std::any_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return v.lopsided; }))
+    std::printf(
+        "lopsided: no verdict, yet every seed's gap is on one side; one seed far beyond the rest "
+        "weakens Welch's t: more seeds settle it (report.md, docs/analysis.md)\n");
   const auto responses = dose_responses(verdicts);
   if (!responses.empty()) std::printf("\n%s", dose_table(responses).c_str());
   if (const std::string samples = model_samples(verdicts); !samples.empty())

@@ -225,6 +225,40 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
   EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").perturbed);
 }
 
+TEST(Verdicts, EverySeedOnOneSideWithOneFarBeyondIsLopsidedNotPerturbed) {
+  // 8 seeds; the control moves each seed's loss by ~1e-3; "lopsided" raises seven seeds' by
+  // 0.03-0.05 and one seed's by 1.0 (a run that blew up): Welch's t cannot call it (p ~ 0.1),
+  // the exact permutation test can (p ~ 1 / 12 870). "mixed" is the same with one seed lowered.
+  std::mt19937_64 gen(testing::test_seed());
+  std::uniform_real_distribution<double> size(0.03, 0.05);
+  std::normal_distribution<double> small(0, 1e-3);
+  std::vector<Cell> cells;
+  for (int seed = 0; seed < 8; ++seed) {
+    const auto base = noisy_curve(gen, 200, 0.005);
+    auto shifted = [&](double by) {
+      auto loss = base;
+      for (double& x : loss) x += by;
+      return loss;
+    };
+    const double moved = seed == 5 ? 1.0 : size(gen);
+    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
+    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(small(gen))));
+    cells.push_back(synthetic_cell("d", "lopsided", false, seed, shifted(moved)));
+    cells.push_back(synthetic_cell("d", "mixed", false, seed, shifted(seed == 2 ? -0.04 : moved)));
+  }
+  const auto verdicts = compute_verdicts(cells, 0.05);
+  const Verdict& lop = find_verdict(verdicts, "all", "lopsided");
+  EXPECT_EQ(lop.verdict, "no-divergence")
+      << "p " << lop.p_welch << ", seed " << testing::test_seed();
+  EXPECT_GT(lop.p_welch, 0.05);
+  EXPECT_LT(lop.p_permutation, 0.001);
+  EXPECT_TRUE(lop.lopsided) << "seed " << testing::test_seed();
+  EXPECT_FALSE(lop.perturbed);  // one direction: not noise
+  const Verdict& mixed = find_verdict(verdicts, "all", "mixed");
+  EXPECT_FALSE(mixed.lopsided) << "seed " << testing::test_seed();
+  EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").lopsided);
+}
+
 TEST(Verdicts, ASeedTwiceInAGroupIsRefusedNamingBothTraces) {
   // Pooled sweeps (divlab analyze A B --out C) that ran the same seeds would count one run's
   // evidence twice; a candidate's seed twice, or a reference's, is refused.
