@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -193,11 +195,10 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
       << one.no_verdict_reason;
 }
 
-TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
-  // 8 seeds; the control moves each seed's loss by ~1e-3, "noisy" by 0.04-0.06 with alternating
-  // signs (no consistent gap: AdamW at a huge dose), "biased" by +0.04-0.06 in every seed.
-  std::mt19937_64 gen(testing::test_seed());
-  std::uniform_real_distribution<double> size(0.04, 0.06);
+// 8 seeds of a reference and a benign control that moves each seed's loss by ~1e-3, and one
+// candidate per entry of `shifts`, whose loss curve is the reference's moved by shift(seed).
+std::vector<Cell> shifted_seeds(std::mt19937_64& gen,
+                                const std::map<std::string, std::function<double(int)>>& shifts) {
   std::normal_distribution<double> small(0, 1e-3);
   std::vector<Cell> cells;
   for (int seed = 0; seed < 8; ++seed) {
@@ -209,11 +210,21 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
     };
     cells.push_back(synthetic_cell("d", "reference", false, seed, base));
     cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(small(gen))));
-    cells.push_back(
-        synthetic_cell("d", "noisy", false, seed, shifted((seed % 2 ? -1 : 1) * size(gen))));
-    cells.push_back(synthetic_cell("d", "biased", false, seed, shifted(size(gen))));
+    for (const auto& [variant, shift] : shifts)
+      cells.push_back(synthetic_cell("d", variant, false, seed, shifted(shift(seed))));
   }
-  const auto verdicts = compute_verdicts(cells, 0.05);
+  return cells;
+}
+
+TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
+  // "noisy" moves each seed's loss by 0.04-0.06 with alternating signs (no consistent gap: AdamW
+  // at a huge dose), "biased" by +0.04-0.06 in every seed.
+  std::mt19937_64 gen(testing::test_seed());
+  std::uniform_real_distribution<double> size(0.04, 0.06);
+  const auto verdicts = compute_verdicts(
+      shifted_seeds(gen, {{"noisy", [&](int seed) { return (seed % 2 ? -1 : 1) * size(gen); }},
+                          {"biased", [&](int) { return size(gen); }}}),
+      0.05);
   const Verdict& noisy = find_verdict(verdicts, "all", "noisy");
   EXPECT_EQ(noisy.verdict, "no-divergence") << "seed " << testing::test_seed();
   EXPECT_TRUE(noisy.perturbed) << "p_shift " << noisy.p_shift << ", seed " << testing::test_seed();
@@ -226,27 +237,18 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
 }
 
 TEST(Verdicts, EverySeedOnOneSideWithOneFarBeyondIsLopsidedNotPerturbed) {
-  // 8 seeds; the control moves each seed's loss by ~1e-3; "lopsided" raises seven seeds' by
-  // 0.03-0.05 and one seed's by 1.0 (a run that blew up): Welch's t cannot call it (p ~ 0.1),
-  // the exact permutation test can (p ~ 1 / 12 870). "mixed" is the same with one seed lowered.
+  // "lopsided" raises seven seeds' loss by 0.03-0.05 and seed 5's by 1.0 (a run that blew up):
+  // Welch's t cannot call it (p ~ 0.1), the exact permutation test can (p ~ 1 / 12 870). "mixed"
+  // is the same but for seed 2, lowered by 0.04.
   std::mt19937_64 gen(testing::test_seed());
   std::uniform_real_distribution<double> size(0.03, 0.05);
-  std::normal_distribution<double> small(0, 1e-3);
-  std::vector<Cell> cells;
-  for (int seed = 0; seed < 8; ++seed) {
-    const auto base = noisy_curve(gen, 200, 0.005);
-    auto shifted = [&](double by) {
-      auto loss = base;
-      for (double& x : loss) x += by;
-      return loss;
-    };
-    const double moved = seed == 5 ? 1.0 : size(gen);
-    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
-    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(small(gen))));
-    cells.push_back(synthetic_cell("d", "lopsided", false, seed, shifted(moved)));
-    cells.push_back(synthetic_cell("d", "mixed", false, seed, shifted(seed == 2 ? -0.04 : moved)));
-  }
-  const auto verdicts = compute_verdicts(cells, 0.05);
+  std::vector<double> moved(8);
+  for (int seed = 0; seed < 8; ++seed) moved[size_t(seed)] = seed == 5 ? 1.0 : size(gen);
+  const auto verdicts = compute_verdicts(
+      shifted_seeds(gen,
+                    {{"lopsided", [&](int seed) { return moved[size_t(seed)]; }},
+                     {"mixed", [&](int seed) { return seed == 2 ? -0.04 : moved[size_t(seed)]; }}}),
+      0.05);
   const Verdict& lop = find_verdict(verdicts, "all", "lopsided");
   EXPECT_EQ(lop.verdict, "no-divergence")
       << "p " << lop.p_welch << ", seed " << testing::test_seed();
