@@ -164,7 +164,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   std::stable_sort(in_order.begin(), in_order.end(), [](const Verdict* a, const Verdict* b) {
     return a->first_cell < b->first_cell;
   });
-  std::vector<std::string> changed, quiet, moved_controls, perturbed;
+  std::vector<std::string> changed, quiet, moved_controls, perturbed, lopsided;
   const Verdict* largest = nullptr;
   for (const Verdict* p : in_order) {
     const Verdict& v = *p;
@@ -173,6 +173,12 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
         quiet.push_back(v.group);
         if (!largest || std::abs(v.gap) > std::abs(largest->gap)) largest = &v;
         if (v.perturbed) perturbed.push_back(v.group + ": " + shift_words(v));
+        if (v.lopsided) {
+          char b[128];
+          std::snprintf(b, sizeof b, ": gap %+.4f, p %.2g by Welch's t, %.2g by permutation", v.gap,
+                        v.p_welch, v.p_permutation);
+          lopsided.push_back(v.group + b);
+        }
       } else {
         changed.push_back(v.group + ": " +
                           (v.no_verdict_reason.empty()
@@ -207,7 +213,8 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
     std::snprintf(b, sizeof b, " (largest gap %+.4f)", largest ? largest->gap : 0.0);
     s += " left training within its controls' noise floor in all " + std::to_string(groups) +
          " groups" + b +
-         (perturbed.empty()
+         (!lopsided.empty() ? ": no verdict, but every seed moved the same way (below)"
+          : perturbed.empty()
               ? ": this grid shows no effect on the loss"
               : ": no consistent effect on the loss, but it perturbs every run (below)");
   } else {
@@ -222,6 +229,10 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   s += "\n";
   for (const auto& g : perturbed)
     s += "note: perturbed, in no consistent direction, in " + g + "\n";
+  for (const auto& g : lopsided)
+    s += "note: lopsided, every seed one way but one far beyond the rest, which Welch's t does "
+         "not call, in " +
+         g + " (more seeds settle it: docs/analysis.md)\n";
   for (const auto& c : moved_controls)
     s += "note: the control " + c + " (the noise floor there is not settled)\n";
   return s;

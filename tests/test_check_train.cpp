@@ -143,6 +143,20 @@ TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
   noisy.control_shift = 0;  // bit-exact controls: no ratio to print
   EXPECT_NE(train_summary(bug, {noisy}).find("where the controls did not move theirs"),
             std::string::npos);
+
+  // Every seed one way, one far beyond the rest: Welch's t misses it, and the summary says so.
+  Verdict lopsided = verdict("train.optimizer=sgd", bug, "no-divergence", 0);
+  lopsided.lopsided = true, lopsided.gap = 0.16, lopsided.p_welch = 0.11;
+  lopsided.p_permutation = 8e-5;
+  const std::string one_way = train_summary(bug, {lopsided});
+  EXPECT_EQ(one_way.find("this grid shows no effect"), std::string::npos) << one_way;
+  EXPECT_NE(one_way.find("no verdict, but every seed moved the same way"), std::string::npos)
+      << one_way;
+  EXPECT_NE(one_way.find("note: lopsided, every seed one way but one far beyond the rest, which "
+                         "Welch's t does not call, in train.optimizer=sgd: gap +0.1600, p 0.11 by "
+                         "Welch's t, 8e-05 by permutation"),
+            std::string::npos)
+      << one_way;
 }
 
 }  // namespace divlab
