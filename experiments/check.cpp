@@ -42,6 +42,9 @@ constexpr size_t kTraceCalls = 3;              // recorded calls judged under "v
 // The concurrent-load condition: copies of one call on several streams, between GEMMs of a size
 // that keeps every SM of an H100 busy for tens of microseconds each on another stream.
 constexpr int kLoadStreams = 4, kConcurrentCopies = 8, kLoadGemmsPerCopy = 2;
+// How long each copy's stream waits before its inputs arrive: far longer than the host takes to
+// queue every copy, so a kernel that runs outside its stream runs before they arrive.
+constexpr double kStreamHoldSeconds = 0.02;
 constexpr OpShape kLoadGemm{1, 2048, 1024, 1, 2048};  // [2048 x 1024] x [1024 x 2048]
 const char* kFp32GradeCondition = "fp32 grade";
 const char* kCriteria =
@@ -368,12 +371,17 @@ struct Checker {
       alone.push_back(copies.back()->read());
       copies.back()->reset();
     }
-    // Every copy's stream starts with a GEMM, so the copies queued behind them start together;
-    // the load stream keeps GEMMs running meanwhile.
-    for (int i = 0; i < kLoadStreams; ++i) load->launch(streams[size_t(i)]->get());
+    // Every copy's inputs arrive on its stream behind a hold and a GEMM (poisoned until then), so
+    // a kernel whose work is not ordered on the stream it is given reads the poison; the copies
+    // queued behind the holds start together; the load stream keeps GEMMs running meanwhile.
+    for (auto& copy : copies) copy->poison_inputs();
+    for (int i = 0; i < kLoadStreams; ++i) {
+      if (mem.hold) mem.hold(streams[size_t(i)]->get(), kStreamHoldSeconds);
+      load->launch(streams[size_t(i)]->get());
+    }
     for (int c = 0; c < kConcurrentCopies; ++c) {
       for (int g = 0; g < kLoadGemmsPerCopy; ++g) load->launch(load_stream);
-      copies[size_t(c)]->launch(streams[size_t(c % kLoadStreams)]->get());
+      copies[size_t(c)]->launch_staged(streams[size_t(c % kLoadStreams)]->get());
     }
     OpRun furthest;
     double furthest_by = -1;

@@ -68,6 +68,22 @@ class BoundArray {
   void rewrite() {
     if (bound()) bytes_.upload(initial_.data(), int64_t(initial_.size()));
   }
+  // Poison now, the initial contents again once `stream` reaches this point: an input as training
+  // gives it, written on the op's stream just before the call. A kernel whose work is not ordered
+  // on the stream it is given reads NaN (all-ones bytes). The poison is written at once (call it
+  // before queuing anything the host must not wait for); the restore is queued on the stream.
+  void poison() {
+    if (!bound()) return;
+    if (!pristine_.size()) {
+      pristine_ = Buffer<unsigned char>(*mem_, bytes_.size());
+      pristine_.upload(initial_.data(), pristine_.size());
+    }
+    const std::vector<unsigned char> nan(initial_.size(), 0xFF);
+    bytes_.upload(nan.data(), int64_t(nan.size()));
+  }
+  void restore_on(void* stream) {
+    if (bound()) mem_->copy(stream, bytes_.data(), pristine_.data(), initial_.size());
+  }
   // New contents of the same size in the same memory, as training refills a buffer each step.
   void refill(const std::vector<double>& values) {
     if (values.size() != values_->size())
@@ -150,6 +166,7 @@ class BoundArray {
   const std::vector<double>* values_;
   int64_t guard_;
   Buffer<unsigned char> bytes_;
+  Buffer<unsigned char> pristine_;      // initial_ in the same memory, once poison() needs it
   std::vector<unsigned char> initial_;  // what bytes_ held when bound
   Storage type_ = Storage::F32;
   double sentinel_ = 0;
@@ -159,12 +176,25 @@ class BoundArray {
 class BoundIds {
  public:
   BoundIds(const MemoryOps& mem, const std::vector<TokenId>& ids, int64_t guard)
-      : initial_(ids.size() + 2 * size_t(guard), -1), guard_(guard) {
+      : mem_(&mem), initial_(ids.size() + 2 * size_t(guard), -1), guard_(guard) {
     std::copy(ids.begin(), ids.end(), initial_.begin() + guard_);
     ids_ = Buffer<TokenId>(mem, int64_t(initial_.size()));
     ids_.upload(initial_.data(), ids_.size());
   }
   const TokenId* data() const { return ids_.data() + guard_; }
+  // As BoundArray's: ids of 0 (in range, so a kernel that reads them early computes wrong rows
+  // rather than faulting) until the stream brings the real ones.
+  void poison() {
+    if (!pristine_.size()) {
+      pristine_ = Buffer<TokenId>(*mem_, ids_.size());
+      pristine_.upload(initial_.data(), pristine_.size());
+    }
+    const std::vector<TokenId> zeros(initial_.size(), 0);
+    ids_.upload(zeros.data(), ids_.size());
+  }
+  void restore_on(void* stream) {
+    mem_->copy(stream, ids_.data(), pristine_.data(), sizeof(TokenId) * initial_.size());
+  }
   void refill(const std::vector<TokenId>& ids) {
     if (ids.size() + 2 * size_t(guard_) != initial_.size())
       throw std::logic_error("run_op: ids refilled with another count");
@@ -182,9 +212,10 @@ class BoundIds {
   }
 
  private:
+  const MemoryOps* mem_;
   std::vector<TokenId> initial_;
   int64_t guard_;
-  Buffer<TokenId> ids_;
+  Buffer<TokenId> ids_, pristine_;
 };
 
 // One op call's arrays in a backend's memory, each with guards: the inputs, the outputs, the ids.
@@ -198,6 +229,15 @@ struct BoundCall {
   // Values before every array: the guard, and one more where the call's arrays start misaligned.
   static int64_t guard_values(const OpInputs& x) { return kGuardValues + (x.misaligned ? 1 : 0); }
   const TokenId* id_data() const { return ids.data(); }
+  // Every input and the ids poisoned now and restored once `stream` gets there (BoundArray).
+  void poison_inputs() {
+    for (BoundArray& a : in) a.poison();
+    ids.poison();
+  }
+  void restore_inputs_on(void* stream) {
+    for (BoundArray& a : in) a.restore_on(stream);
+    ids.restore_on(stream);
+  }
   // Another call's values into the same arrays (the same sizes), as training's next step.
   void refill(const OpInputs& x) {
     for (size_t i = 0; i < in.size(); ++i) in[i].refill(x.values.at(i));

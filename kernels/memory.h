@@ -71,6 +71,9 @@ struct MemoryOps {
   // Bytes of this memory in use, for check's leak probe: this process's where the driver tells
   // them, else every process's on the device; null on the host, whose heap check reads itself.
   size_t (*bytes_in_use)() = nullptr;
+  // Queues a wait of `seconds` on the stream, measured on the device (null on the host): what
+  // follows on the stream starts that much later, whatever the host does meanwhile.
+  void (*hold)(void* stream, double seconds) = nullptr;
 };
 
 // A stream from `memory`, released with it.

@@ -114,7 +114,14 @@ class PreparedCall {
   PreparedCall& operator=(const PreparedCall&) = delete;
   void launch(void* stream);  // queues the call on `stream` (null: the legacy default stream)
   void reset();               // outputs back to their initial contents
-  OpRun read();               // waits for the last launch's stream; the outputs
+  // Inputs poisoned now; the next launch_staged queues their values on its stream first, as
+  // training writes an op's inputs on its stream right before the call (BoundArray::poison).
+  void poison_inputs() { arrays_.poison_inputs(); }
+  void launch_staged(void* stream) {
+    arrays_.restore_inputs_on(stream);
+    launch(stream);
+  }
+  OpRun read();  // waits for the last launch's stream; the outputs
 
  private:
   Op op_;

@@ -256,6 +256,20 @@ void device_release_graph(void* graph) {
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));  // never throws: destructors call it
 }
 
+// One thread reading the device's nanosecond timer until `ns` have passed.
+__global__ void hold_kernel(uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+void device_hold(void* stream, double seconds) {
+  hold_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(uint64_t(seconds * 1e9));
+  DIVLAB_CUDA_CHECK(cudaGetLastError());
+}
+
 std::unique_ptr<Workspace> device_workspace() {
   return std::make_unique<DeviceWorkspace>();
 }
@@ -287,7 +301,8 @@ const MemoryOps& device_memory() {
                              device_end_capture,
                              device_replay,
                              device_release_graph,
-                             device_bytes_in_use};
+                             device_bytes_in_use,
+                             device_hold};
   return ops;
 }
 

@@ -333,6 +333,20 @@ TEST(GpuCheck, ARaceOnSharedDeviceStateFailsOnlyUnderConcurrentLoad) {
   }
 }
 
+// A kernel that launches on a stream of its own is exact whenever its inputs are in memory before
+// it is queued and it finishes before its outputs are read; "concurrent load" writes them on the
+// given stream behind a hold, as training does, and it reads the poison left there until then.
+// (On a GPU busy with other work, a condition that reads its outputs soon after the call may
+// catch it too: "call 257" did, beside another test.)
+TEST(GpuCheck, AKernelOutsideTheStreamItIsGivenFailsUnderConcurrentLoad) {
+  REQUIRE_GPU();
+  const CheckReport r = run_check(racy_plugin_check("add=own_stream"));
+  EXPECT_NE(std::find(r.failing.begin(), r.failing.end(), "concurrent load"), r.failing.end())
+      << format_check(r);
+  EXPECT_NE(format_check(r).find("work outside the stream it is given"), std::string::npos)
+      << format_check(r);
+}
+
 // A kernel that allocates device scratch at every call and never releases it gives the right
 // values at every condition; the 257th call sees the device's memory grow (128 KiB a call at the
 // aligned shape). The built-in reference does not grow it.

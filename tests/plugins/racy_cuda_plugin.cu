@@ -6,6 +6,8 @@
 //   tile is read: a warp's next tile can overwrite values a slower warp has yet to read. Warps of
 //   a block stay close enough that the values come out right; compute-sanitizer's racecheck
 //   reports the hazard every time, and check's sanitizer pass must fail it.
+// - `add` on a stream of its own, never ordered with the one it is given: check's "concurrent
+//   load" writes each call's inputs on the given stream just before it and must fail it.
 // And one fault no single call shows: `add` through device scratch of its own, allocated at every
 // call and never released; check's "call 257 (warmed up)" must fail it on the device's memory.
 // (tests/gpu/test_gpu_cli.cpp)
@@ -49,6 +51,15 @@ void add_leaking(const divlab_op_context* ctx, float* y, const float* a, const f
   if (cudaMalloc(&scratch, sizeof(float) * size_t(n)) != cudaSuccess) return;
   add_direct<<<unsigned((n + 255) / 256), 256, 0, stream>>>(scratch, a, b, n);
   cudaMemcpyAsync(y, scratch, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream);
+}
+
+// `add` on a non-blocking stream of its own that never waits for the one it is given: the values
+// are right wherever the inputs were written before the call was queued (every one-call condition),
+// and wrong where they arrive on the given stream just before it, as in training.
+void add_own_stream(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
+  static cudaStream_t own = nullptr;
+  if (!own && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) != cudaSuccess) return;
+  add_direct<<<unsigned((n + 255) / 256), 256, 0, own>>>(y, a, b, n);
 }
 
 // One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
@@ -102,8 +113,13 @@ const divlab_variant2 kVariants[] = {
      "y = a + b through device scratch of its own (cudaMalloc at every call)",
      "the scratch is never released: device memory runs out a long run in",
      "many calls (every training step calls it)", "a few calls"},
+    {"add", "own_stream", "cuda", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&add_own_stream),
+     "y = a + b on a stream of its own (cudaStreamNonBlocking), ignoring ctx->stream",
+     "not ordered after the work that writes its inputs, nor before the work that reads y",
+     "inputs written on the run's stream just before the call (every training step)",
+     "inputs already in memory when the call is queued"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 3, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 4, kVariants};
 
 }  // namespace
 
