@@ -329,18 +329,18 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         const bool significant =
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
         v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
-        v.shift = stats::root_mean_square(s.gaps);
-        if (control_gaps.size() >= 2) {
-          v.control_shift = stats::root_mean_square(control_gaps);
-          v.p_shift = stats::welch(absolute(s.gaps), absolute(control_gaps)).p_greater;
-          v.perturbed = !significant && !v.control && v.p_shift < alpha &&
-                        v.shift >= kMinRelativeGap * std::abs(v.final_loss_ref);
-        }
         const bool one_side =
             std::all_of(s.gaps.begin(), s.gaps.end(), [&](double g) { return sign * g > 0; });
         v.lopsided = !significant && !v.control && material && one_side &&
                      v.p_permutation < alpha && v.p_welch >= alpha;
-        if (v.lopsided) v.perturbed = false;  // its seeds moved one way: a direction, not noise
+        v.shift = stats::root_mean_square(s.gaps);
+        if (control_gaps.size() >= 2) {
+          v.control_shift = stats::root_mean_square(control_gaps);
+          v.p_shift = stats::welch(absolute(s.gaps), absolute(control_gaps)).p_greater;
+          // A lopsided row's seeds moved one way: a direction, not noise.
+          v.perturbed = !significant && !v.control && !v.lopsided && v.p_shift < alpha &&
+                        v.shift >= kMinRelativeGap * std::abs(v.final_loss_ref);
+        }
         // An onset is the start of a divergence: none is reported (csv, summary, plots, report)
         // for a gap that did not pass its test.
         if (!significant) v.onset = -1;

@@ -51,6 +51,22 @@ struct OpRun {
 constexpr int64_t kGuardValues = 1024;  // values before and after every array (an aligned start)
 constexpr float kGuardSentinel = -12345.678f;
 
+// `live` filled with `poison` now; `pristine` (made in the same memory on first use) takes
+// `initial`, which restore_buffer queues back into `live` on a stream.
+template <class T>
+void poison_buffer(const MemoryOps& mem, Buffer<T>& live, Buffer<T>& pristine,
+                   const std::vector<T>& initial, T poison) {
+  if (!pristine.size()) pristine = Buffer<T>(mem, live.size());
+  pristine.upload(initial.data(), pristine.size());
+  const std::vector<T> filled(size_t(live.size()), poison);
+  live.upload(filled.data(), live.size());
+}
+template <class T>
+void restore_buffer(const MemoryOps& mem, void* stream, Buffer<T>& live,
+                    const Buffer<T>& pristine) {
+  mem.copy(stream, live.data(), pristine.data(), sizeof(T) * size_t(live.size()));
+}
+
 // One of an op call's tensors, given as doubles and bound to the backend's memory in whatever
 // storage type the kernel's parameter asks for (T or the activation type A: the conversion
 // operator sees the parameter's type), with guard regions around it.
@@ -73,16 +89,10 @@ class BoundArray {
   // on the stream it is given reads NaN (all-ones bytes). The poison is written at once (call it
   // before queuing anything the host must not wait for); the restore is queued on the stream.
   void poison() {
-    if (!bound()) return;
-    if (!pristine_.size()) {
-      pristine_ = Buffer<unsigned char>(*mem_, bytes_.size());
-      pristine_.upload(initial_.data(), pristine_.size());
-    }
-    const std::vector<unsigned char> nan(initial_.size(), 0xFF);
-    bytes_.upload(nan.data(), int64_t(nan.size()));
+    if (bound()) poison_buffer(*mem_, bytes_, pristine_, initial_, (unsigned char)0xFF);
   }
   void restore_on(void* stream) {
-    if (bound()) mem_->copy(stream, bytes_.data(), pristine_.data(), initial_.size());
+    if (bound()) restore_buffer(*mem_, stream, bytes_, pristine_);
   }
   // New contents of the same size in the same memory, as training refills a buffer each step.
   void refill(const std::vector<double>& values) {
@@ -184,17 +194,8 @@ class BoundIds {
   const TokenId* data() const { return ids_.data() + guard_; }
   // As BoundArray's: ids of 0 (in range, so a kernel that reads them early computes wrong rows
   // rather than faulting) until the stream brings the real ones.
-  void poison() {
-    if (!pristine_.size()) {
-      pristine_ = Buffer<TokenId>(*mem_, ids_.size());
-      pristine_.upload(initial_.data(), pristine_.size());
-    }
-    const std::vector<TokenId> zeros(initial_.size(), 0);
-    ids_.upload(zeros.data(), ids_.size());
-  }
-  void restore_on(void* stream) {
-    mem_->copy(stream, ids_.data(), pristine_.data(), sizeof(TokenId) * initial_.size());
-  }
+  void poison() { poison_buffer(*mem_, ids_, pristine_, initial_, TokenId(0)); }
+  void restore_on(void* stream) { restore_buffer(*mem_, stream, ids_, pristine_); }
   void refill(const std::vector<TokenId>& ids) {
     if (ids.size() + 2 * size_t(guard_) != initial_.size())
       throw std::logic_error("run_op: ids refilled with another count");

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU benchmarks' bad command lines (bench/int_options.h): each exits 2 with one line naming
+# The benchmarks' bad command lines (bench/int_options.h): each exits 2 with one line naming
 # the option and its value, before any GPU work (so this runs where there is no GPU), and writes
-# nothing. Usage: tests/bench_bad_options.sh BENCHMARK_BINARY
+# nothing. Usage: tests/bench_bad_options.sh BENCHMARK_BINARY [SECOND_OPTION (default --d-model)]
 set -u
 bin=$(realpath "$1")
+opt=${2:---d-model}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail=0
@@ -20,9 +21,9 @@ expect() {  # expect TEXT_THE_LINE_MUST_HOLD ARGS...
 }
 expect "--reps 0: expected a positive integer" --reps 0
 expect "--reps 12x: expected a positive integer" --reps 12x
-expect "--d-model -5: expected a positive integer" --d-model -5
-expect "--d-model 99999999999: expected a positive integer" --d-model 99999999999
-expect "--d-model: missing value" --reps 8 --d-model
+expect "$opt -5: expected a positive integer" "$opt" -5
+expect "$opt 99999999999: expected a positive integer" "$opt" 99999999999
+expect "$opt: missing value" --reps 8 "$opt"
 expect "unknown option '--bogus'" --bogus 3
 [ $fail = 0 ] && echo "$(basename "$bin"): every bad command line refused"
 exit $fail
