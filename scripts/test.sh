@@ -8,9 +8,10 @@
 # cores; docs/reliability.md.) Time on CI's 2 cores is kept under 30 minutes: the cuda build
 # compiles through ccache (only its CUDA sources and the files its define changes are new), and
 # the sanitizer build is -O1 with line tables only and a unity build (5.9 min; 10 at -O2 -g
-# file by file), and clang-tidy reads sources in batches (scripts/lint.sh). A clean clone took
-# 21 min 4 s on 2 cores (2026-11-27, apt packages and ccache warm; CI's fresh machine took 2 498 s
-# the day before, with lint file by file and the long tests at 100 steps).
+# file by file), coverage instrumentation sits only where the fuzz targets' inputs go, and
+# clang-tidy reads sources in batches (scripts/lint.sh). A clean clone with an empty ccache took
+# 28 min 8 s on 2 cores (2026-11-28; a fresh machine adds ~80 s of apt and npm; CI's own machine
+# took 2 208 s the day before, without the sanitizer cuts: docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each phase's wall time, so that a slow CI run shows where its minutes went.
