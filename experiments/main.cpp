@@ -70,6 +70,21 @@ const CLI::Validator kNotNegative(
     },
     "N >= 0");
 
+// The run's last line. A run of train.steps = 0 (its initial weights into a trace, for `check
+// --trace` or `export`) computed no loss: it says so rather than "final loss 0".
+int report_train(const TrainResult& r, const std::string& trace) {
+  if (r.launcher_exit) return *r.launcher_exit;  // rank 0 reported the run
+  if (r.reports) {
+    std::cout << "status " << r.status << "  steps " << r.steps << "  final loss ";
+    if (r.steps > 0)
+      std::cout << r.final_loss;
+    else
+      std::cout << "- (no step ran)";
+    std::cout << "  trace " << trace << std::endl;
+  }
+  return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
+}
+
 int cmd_train(const std::string& config, const std::vector<std::string>& sets,
               const std::string& out, bool force, bool quiet, const std::string& resume,
               bool profile) {
@@ -78,12 +93,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
       throw InputError(
           "--resume: the trace holds its config and is the output; drop --config "
           "and --out");
-    const TrainResult r = resume_training(resume, sets, !quiet);
-    if (r.launcher_exit) return *r.launcher_exit;  // rank 0 reported the run
-    if (!r.reports) return r.status == "interrupted" ? 128 + r.signal : 0;
-    std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
-              << "  trace " << resume << std::endl;
-    return r.status == "interrupted" ? 128 + r.signal : 0;
+    return report_train(resume_training(resume, sets, !quiet), resume);
   }
   const RunConfig cfg = load_config(config, sets);
   check_dataset_source(cfg.data);
@@ -105,12 +115,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   opt.force = force;
   opt.progress = !quiet;
   opt.profile = profile;
-  const TrainResult r = train(cfg, opt);
-  if (r.launcher_exit) return *r.launcher_exit;
-  if (!r.reports) return r.status == "interrupted" ? 128 + r.signal : 0;
-  std::cout << "status " << r.status << "  steps " << r.steps << "  final loss " << r.final_loss
-            << "  trace " << out << std::endl;
-  return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
+  return report_train(train(cfg, opt), out);
 }
 
 int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t seed, int ranks) {

@@ -180,6 +180,17 @@ class Trace(unittest.TestCase):
         self.assertEqual(self.f["dataset"].attrs["spec"], "zipf:1.2")
 
 
+    def test_a_run_of_no_steps_claims_no_loss(self):
+        # train.steps = 0 writes the initial weights into a trace; its last line said "final
+        # loss 0", a loss no step computed.
+        path = os.path.join(tmpdir(), "init.h5")
+        r = run("train", "--set", *SMALL, "train.steps=0", "trace.initial_weights=true", "--out",
+                path, check=True)
+        self.assertRegex(r.stdout, r"status completed  steps 0  final loss - \(no step ran\)")
+        with h5py.File(path, "r") as f:
+            self.assertEqual(f["metrics/loss"].shape, (0,))
+
+
 class Determinism(unittest.TestCase):
     def test_loss_bitwise_identical_for_one_and_two_threads(self):
         d = tmpdir()
