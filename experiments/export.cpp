@@ -46,6 +46,7 @@ std::string export_weights(const ExportOptions& opt) {
     throw InputError("--weights '" + opt.weights + "': expected final, initial or checkpoint");
   if (opt.dtype != "f32" && opt.dtype != "f64")
     throw InputError("--dtype '" + opt.dtype + "': expected f32 or f64");
+  check_out_is_no_input(opt.out, {{opt.trace, "the trace being read"}}, "");
   check_output_path(opt.out, opt.force);
   const TraceReader r(opt.trace);
   const std::vector<ParamInfo> layout = param_layout(model_of(r, opt.trace));
@@ -106,6 +107,7 @@ void dump_batch(const BatchDumpOptions& opt) {
   if (int64_t(opt.batch) * opt.seq > (int64_t(1) << 31))
     throw InputError("--batch * --seq = " + std::to_string(int64_t(opt.batch) * opt.seq) +
                      " tokens: at most 2^31");
+  check_out_is_no_input(opt.out, {}, opt.dataset);
   check_output_path(opt.out, opt.force);
   DatasetOptions dopt;
   dopt.vocab = opt.vocab, dopt.seq_len = opt.seq, dopt.seed = opt.seed;

@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 
 #include "analysis/analyze.h"
@@ -33,34 +32,6 @@
 
 namespace divlab {
 namespace {
-
-// --out must not be one of the run's inputs (the config, the corpus or a file in its folder, a
-// plug-in): with --force the trace would be written over it.
-void check_out_is_no_input(const std::string& out, const std::string& config,
-                           const RunConfig& cfg) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path target = fs::weakly_canonical(out, ec);
-  if (ec) return;  // check_output_path reports what is wrong with it
-  auto same = [&](const std::string& input) {
-    std::error_code e;
-    return !input.empty() && fs::exists(input, e) && fs::weakly_canonical(input, e) == target;
-  };
-  if (same(config)) throw InputError("--out '" + out + "': is the config file being read");
-  for (const auto& p : cfg.plugins)
-    if (same(p)) throw InputError("--out '" + out + "': is the plug-in '" + p + "'");
-  if (cfg.data.rfind("text:", 0) == 0) {
-    const std::string corpus = cfg.data.substr(5);
-    if (same(corpus)) throw InputError("--out '" + out + "': is the corpus being read");
-    std::error_code e;
-    if (fs::is_directory(corpus, e)) {
-      const std::string dir = fs::weakly_canonical(corpus, e).string() + "/";
-      if (target.string().rfind(dir, 0) == 0)
-        throw InputError("--out '" + out + "': is inside the corpus folder '" + corpus +
-                         "' (the next run would read it as text)");
-    }
-  }
-}
 
 // Unsigned options: CLI11 reads "-1" into a uint64_t as 2^64 - 1, and an int option's "-1" would
 // mean "not given" (sweep --cell), so a sign is refused before conversion.
@@ -101,7 +72,10 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   // the config (or, under mpirun and srun, rank 0 does); rank 0 alone reports the run.
   const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
   if (launch) check_world_size(*launch, cfg.ranks);
-  check_out_is_no_input(out, config, cfg);
+  // --out must not be one of the run's inputs: with --force the trace would be written over it.
+  std::vector<ReadFile> inputs{{config, "the config file being read"}};
+  for (const auto& p : cfg.plugins) inputs.push_back({p, "the plug-in '" + p + "'"});
+  check_out_is_no_input(out, inputs, cfg.data);
   TrainOptions opt;
   if (answers_for_output(launch)) {
     check_output_path(out, force);

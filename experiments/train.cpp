@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -64,6 +65,31 @@ void check_output_path(const std::string& path, bool force) {
     throw InputError("output '" + path + "': directory '" + dir +
                      "' does not exist or is not "
                      "writable");
+}
+
+void check_out_is_no_input(const std::string& out, const std::vector<ReadFile>& inputs,
+                           const std::string& data_spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(out, ec);
+  if (ec) return;  // check_output_path reports what is wrong with it
+  auto same = [&](const std::string& input) {
+    std::error_code e;
+    return !input.empty() && fs::exists(input, e) && fs::weakly_canonical(input, e) == target;
+  };
+  for (const ReadFile& f : inputs)
+    if (same(f.path)) throw InputError("--out '" + out + "': is " + f.what);
+  if (data_spec.rfind("text:", 0) == 0) {
+    const std::string corpus = data_spec.substr(5);
+    if (same(corpus)) throw InputError("--out '" + out + "': is the corpus being read");
+    std::error_code e;
+    if (fs::is_directory(corpus, e)) {
+      const std::string dir = fs::weakly_canonical(corpus, e).string() + "/";
+      if (target.string().rfind(dir, 0) == 0)
+        throw InputError("--out '" + out + "': is inside the corpus folder '" + corpus +
+                         "' (the next run would read it as text)");
+    }
+  }
 }
 
 struct Resume {

@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "experiments/config.h"
 
@@ -58,5 +59,15 @@ int default_threads();
 
 // The checks train() makes on its output path, for other commands that write files.
 void check_output_path(const std::string& path, bool force);
+
+// A file a command reads, and what to call it when --out names it ("the trace being read").
+struct ReadFile {
+  std::string path, what;
+};
+// --out must be none of the files the command reads, nor inside the folder of the text corpus
+// that `data_spec` names: with --force it would be written over one (or read as text by the
+// next run).
+void check_out_is_no_input(const std::string& out, const std::vector<ReadFile>& inputs,
+                           const std::string& data_spec);
 
 }  // namespace divlab
