@@ -29,6 +29,7 @@ DatasetSpec parse_dataset_spec(const std::string& spec) {
   using Kind = DatasetSpec::Kind;
   if (spec == "uniform") return s;
   if (spec == "brown") return s.kind = Kind::Brown, s;
+  if (spec == "english") return s.kind = Kind::English, s;
   if (spec.rfind("text:", 0) == 0) return s.kind = Kind::Text, s.path = spec.substr(5), s;
   if (spec.rfind("zipf:", 0) == 0) {
     s.kind = Kind::Zipf, s.exponent = spec_number(spec, spec.substr(5), "Zipf exponent");
@@ -51,13 +52,14 @@ DatasetSpec parse_dataset_spec(const std::string& spec) {
     return s;
   }
   throw InputError("data = '" + spec + "': unknown dataset kind; valid: uniform, zipf:S, " +
-                   "markov:S,P, text:PATH, brown");
+                   "markov:S,P, text:PATH, brown, english");
 }
 
 void check_dataset_source(const std::string& spec) {
   const DatasetSpec s = parse_dataset_spec(spec);
   if (s.kind == DatasetSpec::Kind::Text) check_text_source(s.path);
   if (s.kind == DatasetSpec::Kind::Brown) check_brown_source(data_dir() + "/brown");
+  if (s.kind == DatasetSpec::Kind::English) check_english_source(data_dir());
 }
 
 std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt) {
@@ -73,6 +75,8 @@ std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOpti
       return std::make_unique<TextDataset>(spec, read_text_corpus(s.path), opt);
     case DatasetSpec::Kind::Brown:
       return std::make_unique<TextDataset>(spec, read_brown_corpus(data_dir() + "/brown"), opt);
+    case DatasetSpec::Kind::English:
+      return std::make_unique<TextDataset>(spec, read_english_corpus(data_dir()), opt);
   }
   throw std::logic_error("make_dataset: a DatasetSpec kind without a dataset");
 }

@@ -191,24 +191,19 @@ Corpus read_text_corpus(const std::string& path) {
 }
 
 namespace {
-DIR* open_brown(const std::string& dir) {
+// `spec` names the data spec in the message: brown, or english, which reads Brown too.
+DIR* open_corpus_folder(const std::string& dir, const std::string& spec) {
   DIR* d = opendir(dir.c_str());
   if (!d)
-    throw InputError("data = 'brown': corpus not found at '" + dir +
+    throw InputError("data = '" + spec + "': corpus not found at '" + dir +
                      "' (scripts/setup.sh fetches it; DIVLAB_DATA points elsewhere)");
   return d;
 }
-}  // namespace
 
-void check_brown_source(const std::string& dir) {
-  closedir(open_brown(dir));
-}
-
-Corpus read_brown_corpus(const std::string& dir) {
+Corpus read_brown_lines(const std::string& dir, const std::string& spec) {
   Corpus c;
-  c.source = "brown";
   std::vector<std::string> files;
-  DIR* d = open_brown(dir);
+  DIR* d = open_corpus_folder(dir, spec);
   while (dirent* e = readdir(d)) {
     const std::string n = e->d_name;  // ca01 ... cr09
     if (n.size() == 4 && n[0] == 'c' && n[1] >= 'a' && n[1] <= 'r' && isdigit(n[2]))
@@ -222,7 +217,35 @@ Corpus read_brown_corpus(const std::string& dir) {
     for (const auto& l : raw.lines) c.lines.push_back(strip_brown_tags(l));
     c.bytes += raw.bytes;
   }
+  return c;
+}
+}  // namespace
+
+void check_brown_source(const std::string& dir) {
+  closedir(open_corpus_folder(dir, "brown"));
+}
+
+void check_english_source(const std::string& data) {
+  for (const char* part : {"/brown", "/english"})
+    closedir(open_corpus_folder(data + part, "english"));
+}
+
+Corpus read_brown_corpus(const std::string& dir) {
+  Corpus c = read_brown_lines(dir, "brown");
+  c.source = "brown";
   finish(c, "data = 'brown' ('" + dir + "')");
+  return c;
+}
+
+Corpus read_english_corpus(const std::string& data) {
+  check_english_source(data);
+  Corpus c = read_brown_lines(data + "/brown", "english");
+  c.source = "english";
+  std::vector<std::string> files;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  list_files(data + "/english", files, seen);
+  for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
+  finish(c, "data = 'english' ('" + data + "/brown', '" + data + "/english')");
   return c;
 }
 

@@ -10,7 +10,7 @@
 namespace divlab {
 
 struct Corpus {
-  std::string source;              // what the user named (path, or "brown")
+  std::string source;              // what the user named (text:PATH, "brown", "english")
   std::vector<std::string> lines;  // non-empty lines (Brown: one sentence per line, tags removed)
   std::string sha256;  // of the lines joined by '\n': the corpus identity in cache keys and traces
   int64_t bytes = 0;
@@ -22,10 +22,14 @@ struct Corpus {
 Corpus read_text_corpus(const std::string& path);
 // The Brown corpus folder as fetched by scripts/setup.sh: files c[a-r]NN of word/tag tokens.
 Corpus read_brown_corpus(const std::string& dir);
-// The first checks of the two above, reading no file: the path is a file or folder (text; returns
-// whether it is a folder), the folder opens (brown). Throw InputError as they do.
+// Brown's lines, then every file under <data>/english as text:PATH reads a folder (both fetched
+// by scripts/setup.sh).
+Corpus read_english_corpus(const std::string& data);
+// The first checks of the three above, reading no file: the path is a file or folder (text;
+// returns whether it is a folder), the folders open (brown, english). Throw InputError as they do.
 bool check_text_source(const std::string& path);
 void check_brown_source(const std::string& dir);
+void check_english_source(const std::string& data);
 
 // Where data lives: $DIVLAB_DATA, else the source tree's data/ folder. The tokenizer cache is
 // $DIVLAB_CACHE, else <data>/cache.

@@ -111,7 +111,7 @@ const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       key("backend", DIVLAB_AT(backend), "cpu", "where the run executes"),
       key("data", DIVLAB_AT(data), "uniform",
-          "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown"),
+          "dataset spec: uniform | zipf:S | markov:S,P | text:PATH | brown | english"),
       key("plugins", DIVLAB_AT(plugins), "",
           "shared libraries with candidate kernels (C ABI: kernels/plugin_abi.h)"),
       key("model.vocab", DIVLAB_AT(model.vocab), "256", "vocabulary size V", Range::Positive),

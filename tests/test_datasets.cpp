@@ -1,9 +1,12 @@
 // Token streams: the Zipf sampler's fit, uniform's flatness, the Markov chain's statistics, BPE
 // round trip and cache, splits.
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 
 #include "datasets/synthetic.h"
 #include "datasets/text.h"
@@ -260,6 +263,39 @@ TEST_F(Text, TrainingAndValidationWindowsStayInTheirSplits) {
       const auto it = std::search(all.begin() + split, all.end(), win.begin(), win.end());
       EXPECT_NE(it, all.end()) << "validation window outside the tail";
     }
+  }
+}
+
+// `english` is Brown's lines (tags stripped) and then every file under <data>/english, as
+// text:PATH reads a folder, in sorted order; without either folder it names the spec and path.
+TEST_F(Text, EnglishIsBrownThenTheEnglishFolder) {
+  const std::string data = dir_ + "/data";
+  for (const char* d : {"", "/brown", "/english", "/english/b-part", "/english/a-part"})
+    ASSERT_EQ(mkdir((data + d).c_str(), 0755), 0) << d;
+  const auto write = [&](const std::string& path, const std::string& text) {
+    std::ofstream(data + path) << text;
+  };
+  write("/brown/ca01", "The/at jury/nn said/vbd ./.\n\nIt/pps ended/vbd ./.\n");
+  write("/brown/README", "not a Brown text file\n");
+  write("/english/b-part/z.txt", "from b\n");
+  write("/english/a-part/y.txt", "from a, first\n\nsecond line\n");
+  const Corpus c = read_english_corpus(data);
+  EXPECT_EQ(c.source, "english");
+  EXPECT_EQ(c.lines, (std::vector<std::string>{"The jury said .", "It ended .", "from a, first",
+                                               "second line", "from b"}));
+  EXPECT_NE(c.sha256, read_brown_corpus(data + "/brown").sha256);
+  for (const char* missing : {"/english", "/brown"}) {
+    ASSERT_EQ(std::rename((data + missing).c_str(), (data + missing + ".away").c_str()), 0);
+    try {
+      read_english_corpus(data);
+      ADD_FAILURE() << "expected InputError without " << missing;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("data = 'english': corpus not found at '" + data +
+                                           missing + "'"),
+                std::string::npos)
+          << e.what();
+    }
+    ASSERT_EQ(std::rename((data + missing + ".away").c_str(), (data + missing).c_str()), 0);
   }
 }
 

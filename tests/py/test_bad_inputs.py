@@ -99,7 +99,10 @@ class BadInputCatalogue(unittest.TestCase):
                 args = case["args"]
                 for k, v in SUBST.items():
                     args = [a.replace(k, v) for a in args]
-                assert_rejected(self, args, case["needle"], setup_for(case), case.get("env"))
+                env = case.get("env")  # its values may name the case's folder, {d}
+                assert_rejected(self, args, case["needle"], setup_for(case),
+                                env and (lambda d, env=env: {k: v.replace("{d}", d)
+                                                             for k, v in env.items()}))
 
 
 if __name__ == "__main__":
