@@ -33,6 +33,14 @@ constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
 // 8192), in 33 heads of 128 channels, the head width of the llama family (GPT-2's is 64, where
 // every other condition's heads stop).
 constexpr OpShape kWideRows{2, 9, 4224, 33, 97};
+// More values in one array than any other condition's (4.19 M: 4094 rows of 1024, and logits of
+// 1024 ids; the others stop near 560 000): a kernel with a path of its own for large tensors (a
+// grid-stride loop, a split reduction, a vectorised or lossy fast path chosen past 2^20 values)
+// runs that path in every real step (GPT-2 small's MLP holds 50 M activations a step, its logits
+// 824 M) and in no other condition. 2047 positions: 2047 x 2^11 values, so a path in chunks of
+// 2^12 values or more has a last, partial one. Larger costs more than the rest of a check
+// together: at 33.5 M values 5-9 s and 2.3-3.4 GB more (measured), against 0.3-2 s.
+constexpr OpShape kManyValues{2, 2047, 1024, 8, 1024};
 
 std::vector<Op> every_op_but(std::initializer_list<Op> skipped) {
   std::vector<Op> ops;
@@ -159,6 +167,15 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   loss_only.only = {Op::cross_entropy};
   loss_only.not_for = "only the cross-entropy has a loss-only call";
   list.push_back(loss_only);
+  Condition many_values = c("arrays large (4 M)", kManyValues);
+  many_values.draws = 0, many_values.shrink = true;
+  many_values.only = every_op_but({Op::linear_forward, Op::linear_backward, Op::attention_forward,
+                                   Op::attention_backward, Op::rope_forward, Op::rope_backward,
+                                   Op::gqa_forward, Op::gqa_backward});
+  many_values.not_for =
+      "its work grows faster than its arrays (a GEMM; attention's T^2) or its arrays triple "
+      "here (RoPE's and GQA's heads): 'rows many' is its largest";
+  list.push_back(many_values);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;
