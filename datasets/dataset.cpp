@@ -62,6 +62,12 @@ void check_dataset_source(const std::string& spec) {
   if (s.kind == DatasetSpec::Kind::English) check_english_source(data_dir());
 }
 
+std::string text_read_whole(const std::string& spec) {
+  if (spec.rfind("text:", 0) == 0) return spec.substr(5);
+  if (spec == "english") return english_folder(data_dir());
+  return "";
+}
+
 std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt) {
   const DatasetSpec s = parse_dataset_spec(spec);
   switch (s.kind) {

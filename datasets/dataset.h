@@ -75,6 +75,10 @@ DatasetSpec parse_dataset_spec(const std::string& spec);
 // anything).
 void check_dataset_source(const std::string& spec);
 
+// The file or folder a run of `spec` reads every file of as text (text:PATH's path, english's
+// folder of texts), where an output must not go; empty for the other specs.
+std::string text_read_whole(const std::string& spec);
+
 // Throws InputError naming the spec or path on bad input.
 std::unique_ptr<Dataset> make_dataset(const std::string& spec, const DatasetOptions& opt);
 

@@ -96,6 +96,14 @@ void add_lines(Corpus& c, const std::string& text, const std::string& path) {
   c.bytes += int64_t(text.size());
 }
 
+// Every file under `dir` (sorted, hidden ones skipped), its lines appended to `c`.
+void add_folder(Corpus& c, const std::string& dir) {
+  std::vector<std::string> files;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  list_files(dir, files, seen);
+  for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
+}
+
 void finish(Corpus& c, const std::string& what) {
   if (c.lines.empty()) throw InputError(what + ": the corpus is empty (no non-blank lines)");
   std::string joined;
@@ -178,14 +186,10 @@ bool check_text_source(const std::string& path) {
 Corpus read_text_corpus(const std::string& path) {
   Corpus c;
   c.source = "text:" + path;
-  std::vector<std::string> files;
-  if (check_text_source(path)) {
-    std::set<std::pair<dev_t, ino_t>> seen;
-    list_files(path, files, seen);
-  } else {
-    files.push_back(path);
-  }
-  for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
+  if (check_text_source(path))
+    add_folder(c, path);
+  else
+    add_lines(c, read_corpus_file(path), path);
   finish(c, "data = 'text:" + path + "'");
   return c;
 }
@@ -221,13 +225,17 @@ Corpus read_brown_lines(const std::string& dir, const std::string& spec) {
 }
 }  // namespace
 
+std::string english_folder(const std::string& data) {
+  return data + "/english";
+}
+
 void check_brown_source(const std::string& dir) {
   closedir(open_corpus_folder(dir, "brown"));
 }
 
 void check_english_source(const std::string& data) {
-  for (const char* part : {"/brown", "/english"})
-    closedir(open_corpus_folder(data + part, "english"));
+  for (const std::string& dir : {data + "/brown", english_folder(data)})
+    closedir(open_corpus_folder(dir, "english"));
 }
 
 Corpus read_brown_corpus(const std::string& dir) {
@@ -241,11 +249,8 @@ Corpus read_english_corpus(const std::string& data) {
   check_english_source(data);
   Corpus c = read_brown_lines(data + "/brown", "english");
   c.source = "english";
-  std::vector<std::string> files;
-  std::set<std::pair<dev_t, ino_t>> seen;
-  list_files(data + "/english", files, seen);
-  for (const auto& f : files) add_lines(c, read_corpus_file(f), f);
-  finish(c, "data = 'english' ('" + data + "/brown', '" + data + "/english')");
+  add_folder(c, english_folder(data));
+  finish(c, "data = 'english' ('" + data + "/brown', '" + english_folder(data) + "')");
   return c;
 }
 

@@ -25,6 +25,8 @@ Corpus read_brown_corpus(const std::string& dir);
 // Brown's lines, then every file under <data>/english as text:PATH reads a folder (both fetched
 // by scripts/setup.sh).
 Corpus read_english_corpus(const std::string& data);
+// <data>/english: the folder of texts `english` adds to Brown.
+std::string english_folder(const std::string& data);
 // The first checks of the three above, reading no file: the path is a file or folder (text;
 // returns whether it is a folder), the folders open (brown, english). Throw InputError as they do.
 bool check_text_source(const std::string& path);

@@ -25,7 +25,6 @@
 #include "common/signals.h"
 #include "common/version.h"
 #include "datasets/dataset.h"
-#include "datasets/text.h"
 #include "experiments/crash_report.h"
 #include "experiments/data_parallel.h"
 #include "experiments/ranks.h"
@@ -80,10 +79,8 @@ void check_out_is_no_input(const std::string& out, const std::vector<ReadFile>& 
   };
   for (const ReadFile& f : inputs)
     if (same(f.path)) throw InputError("--out '" + out + "': is " + f.what);
-  // The file or folder of text the run reads whole: text:PATH, or english's folder of texts.
-  const bool english = data_spec == "english";
-  if (data_spec.rfind("text:", 0) == 0 || english) {
-    const std::string corpus = english ? data_dir() + "/english" : data_spec.substr(5);
+  const std::string corpus = text_read_whole(data_spec);
+  if (!corpus.empty()) {
     if (same(corpus)) throw InputError("--out '" + out + "': is the corpus being read");
     std::error_code e;
     if (fs::is_directory(corpus, e)) {
