@@ -55,6 +55,10 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   }
   c.config =
       read_toml_texts(r.string_attr("/", "config_toml"), "trace '" + path + "': config_toml");
+  // Another token stream (another corpus, or the same one under another sentencepiece version's
+  // tokenizer) is another experiment: its identity groups cells as a config key does.
+  if (r.exists("/dataset") && r.has_attr("/dataset", "tokens_sha256"))
+    c.config["data.tokens"] = r.string_attr("/dataset", "tokens_sha256").substr(0, 12);
   {
     auto attr = [&](const char* name) {
       try {

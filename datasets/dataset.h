@@ -33,6 +33,11 @@ struct DatasetInfo {
   // any model can reach; -1 where unknown (text).
   double entropy_rate = -1;
   std::string tokenizer_model;  // serialized sentencepiece model bytes (text only)
+  // Text only: SHA-256 of the token stream (its ids' bytes), the corpus and the tokenizer
+  // together. The same corpus and settings give other tokens under another sentencepiece
+  // version (0.1.97 and 0.2.0 train different models), so runs are comparable only where this
+  // agrees; analyze groups by it.
+  std::string tokens_sha256;
 };
 
 class Dataset {

@@ -367,6 +367,8 @@ TextDataset::TextDataset(const std::string& spec, const Corpus& corpus, const Da
   info_.corpus_sha256 = corpus.sha256;
   info_.corpus_tokens = train_end_;
   info_.tokenizer_model = std::move(tc.model);
+  info_.tokens_sha256 = sha256_hex(
+      std::string(reinterpret_cast<const char*>(tokens_.data()), tokens_.size() * sizeof(TokenId)));
   info_.zipf_exponent = fit_zipf_exponent(unigram());
 }
 

@@ -107,6 +107,7 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   const DatasetInfo& info = data->info();
   std::printf("dataset %s (%s), vocab %d\n", info.spec.c_str(), info.kind.c_str(), info.vocab);
   if (!info.corpus_sha256.empty()) std::printf("corpus sha256 %s\n", info.corpus_sha256.c_str());
+  if (!info.tokens_sha256.empty()) std::printf("tokens sha256 %s\n", info.tokens_sha256.c_str());
   if (s.tokens >= 0)
     std::printf("%-44s %lld\n", "tokens (training split)", (long long)s.tokens);
   else

@@ -181,6 +181,7 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/dataset", "kind", data.kind);
   w.attr("/dataset", "vocab", int64_t(data.vocab));
   w.attr("/dataset", "corpus_sha256", data.corpus_sha256);
+  if (!data.tokens_sha256.empty()) w.attr("/dataset", "tokens_sha256", data.tokens_sha256);
   w.attr("/dataset", "zipf_exponent", data.zipf_exponent);
   w.attr("/dataset", "entropy_rate", data.entropy_rate);
   w.array("/dataset/token_counts", TraceWriter::Kind::Int64, data.vocab);

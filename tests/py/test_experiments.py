@@ -18,10 +18,11 @@ STEPS = 600
 
 
 def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None,
-                    role=None):
+                    role=None, tokens=None):
     """A trace with the fields analyze reads, written by h5py (not by divlab). With `batch`, the
     config also says the tokens per step (batch x 64), which makes dose series; with `role`
-    (control or candidate) the trace records its kernel's role, as divlab's traces do."""
+    (control or candidate) the trace records its kernel's role, as divlab's traces do; with
+    `tokens`, its token stream's SHA-256, as text runs record it."""
     toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
             + (f"batch = {batch}\n[model]\nseq_len = 64\n" if batch else "")
             + f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
@@ -32,6 +33,8 @@ def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=1
         f["metrics/max_row_contributions"] = np.full(len(loss), dose, dtype=np.int64)
         if role and variant != "reference":
             f.attrs["kernel_roles"] = f"embed_rmsnorm_backward={variant} {role}\n"
+        if tokens:
+            f.create_group("dataset").attrs["tokens_sha256"] = tokens
 
 
 def curve(rng, noise=0.02):
@@ -41,9 +44,9 @@ def curve(rng, noise=0.02):
     return 2.0 + 3.0 * np.exp(-steps / 150.0) + wobble
 
 
-def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0):
+def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, tokens=None):
     """gap_for(group, variant, seed) -> array added to that cell's loss. Seeds first_seed and on
-    (a re-run with --seed-offset)."""
+    (a re-run with --seed-offset); `tokens`: the token stream's SHA-256 every trace records."""
     os.makedirs(os.path.join(d, "cells"), exist_ok=True)
     i = 0
     for g in groups:
@@ -53,7 +56,7 @@ def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0):
                 # Controls and candidates move away from the reference by their own small noise.
                 own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
                 synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), g, v, s,
-                                base + own + gap_for(g, v, s))
+                                base + own + gap_for(g, v, s), tokens=tokens)
                 i += 1
 
 
@@ -126,6 +129,28 @@ class AnalysisSelfTest(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(out, "story.png")))
         self.assertEqual({d: sorted(os.listdir(d)) for d in (first, fresh)}, before)
         self.assertFalse(os.path.exists(os.path.join(out, "analyze.lock")))
+
+    def test_pooled_sweeps_of_other_token_streams_stay_apart(self):
+        # The same grid on two machines whose sentencepiece versions train other tokenizers from
+        # the same corpus: pooled, each token stream is its own group (labelled by its SHA-256's
+        # first 12 digits), never one verdict over both; the same stream pools.
+        rng = np.random.default_rng()
+        root = tmpdir()
+        a, b, c = (os.path.join(root, n) for n in ("a", "b", "c"))
+        streams = {a: "0ede028f6b3a" + "0" * 52, b: "b6ecf968c0c7" + "1" * 52,
+                   c: "0ede028f6b3a" + "0" * 52}
+        for d, first_seed in ((a, 0), (b, 4), (c, 8)):
+            synthetic_grid(d, ["english"], ["bf16_accum", "fp32_reordered"], 4,
+                           lambda g, v, s: 0.05 if v == "bf16_accum" else 0, rng, first_seed,
+                           tokens=streams[d])
+        out = os.path.join(root, "pooled")
+        r = run("analyze", a, b, c, "--out", out, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [row for row in verdicts(out)
+                if row["variant"] == "embed_rmsnorm_backward=bf16_accum"]
+        self.assertEqual(sorted((row["group"], row["seeds"]) for row in rows),
+                         [("data.tokens=0ede028f6b3a", "8"), ("data.tokens=b6ecf968c0c7", "4")],
+                         rows)
 
     def test_controls_against_reference_say_no_divergence(self):
         # 240 control cells: the measured false-positive rate is ~0.2 % (alpha = 0.05 plus the
