@@ -116,12 +116,16 @@ std::string perturbed_words(const Verdict& v) {
 }
 
 std::string lopsided_words(const Verdict& v) {
-  return "`" + v.variant + "` in " + v.group + ": lopsided. Every seed's gap is on one side (" +
-         std::to_string(v.seeds) + " of " + std::to_string(v.seeds) + ", mean " +
-         fmt(v.gap, "%+.4f") + "), yet Welch's t gives p = " + fmt(v.p_welch) +
-         " (the permutation test " + fmt(v.p_permutation) +
-         "): a seed far beyond the rest widens the t-test's spread. No verdict; more seeds "
-         "(divlab sweep --seed-offset, then analyze both folders) settle it.";
+  const bool every = v.seeds_one_way == v.seeds;
+  return "`" + v.variant + "` in " + v.group + ": lopsided. " +
+         (every ? "Every seed's gap is on one side (" : "Most seeds' gaps are on one side (") +
+         std::to_string(v.seeds_one_way) + " of " + std::to_string(v.seeds) + ", median " +
+         fmt(v.median_gap, "%+.4f") + ", mean " + fmt(v.gap, "%+.4f") +
+         "; sign test p = " + fmt(v.p_sign) + "), yet Welch's t gives p = " + fmt(v.p_welch) +
+         " (the permutation test " + fmt(v.p_permutation) + "): " +
+         (every ? "a seed far beyond the rest widens" : "seeds far out, either way, widen") +
+         " the t-test's spread. No verdict; more seeds (divlab sweep --seed-offset, then analyze "
+         "both folders) settle it.";
 }
 
 void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
@@ -138,6 +142,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     w.attr(g, "onset_step", int64_t(v.onset));
     w.attr(g, "perturbed", int64_t(v.perturbed));
     w.attr(g, "lopsided", int64_t(v.lopsided));
+    w.attr(g, "seeds_one_way", int64_t(v.seeds_one_way));
     w.attr(g, "series", v.series);
     w.attr(g, "no_verdict_reason", v.no_verdict_reason);
     w.attr(g, "nan_runs", join(v.nan_runs, "\n"));
@@ -157,6 +162,8 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
                                                       {"shift", v.shift},
                                                       {"control_shift", v.control_shift},
                                                       {"p_shift", v.p_shift},
+                                                      {"median_gap", v.median_gap},
+                                                      {"p_sign", v.p_sign},
                                                       {"final_loss_ref", v.final_loss_ref}};
     for (const auto& [name, value] : numbers) w.attr(g, name, value);
     const std::pair<const char*, const std::vector<double>*> curves[] = {
@@ -208,6 +215,9 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
         {"p_shift", [&](const Verdict& v) { return num(v.p_shift); }},
         {"perturbed", [](const Verdict& v) { return std::string(v.perturbed ? "1" : "0"); }},
         {"lopsided", [](const Verdict& v) { return std::string(v.lopsided ? "1" : "0"); }},
+        {"median_gap", [&](const Verdict& v) { return num(v.median_gap); }},
+        {"seeds_one_way", [](const Verdict& v) { return std::to_string(v.seeds_one_way); }},
+        {"p_sign", [&](const Verdict& v) { return num(v.p_sign); }},
         {"area", [&](const Verdict& v) { return num(v.area); }},
         {"val_gap", [&](const Verdict& v) { return num(v.val_gap); }},
         {"p_welch", [&](const Verdict& v) { return num(v.p_welch); }},

@@ -100,6 +100,27 @@ TestResult one_sample(const std::vector<double>& a) {
   return from_t(t, double(a.size() - 1));
 }
 
+TestResult sign_test(const std::vector<double>& a) {
+  int positive = 0, negative = 0;
+  for (double v : a) positive += v > 0, negative += v < 0;
+  const int n = positive + negative;
+  // P(X >= k) for X ~ Binomial(n, 1/2): I_{1/2}(k, n - k + 1), no C(n, i) to overflow.
+  auto upper_tail = [n](int k) { return k <= 0 ? 1.0 : incomplete_beta(k, n - k + 1.0, 0.5); };
+  TestResult r;
+  r.statistic = positive, r.df = n;
+  r.p_greater = upper_tail(positive), r.p_less = upper_tail(negative);
+  return r;
+}
+
+double median(std::vector<double> x) {
+  if (x.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const size_t mid = x.size() / 2;
+  std::nth_element(x.begin(), x.begin() + std::ptrdiff_t(mid), x.end());
+  if (x.size() % 2) return x[mid];
+  const double upper = x[mid];
+  return 0.5 * (upper + *std::max_element(x.begin(), x.begin() + std::ptrdiff_t(mid)));
+}
+
 TestResult permutation(const std::vector<double>& a, const std::vector<double>& b,
                        int64_t max_exact, int samples) {
   std::vector<double> pool = a;

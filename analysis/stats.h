@@ -38,6 +38,13 @@ TestResult one_sample(const std::vector<double>& a);
 // among them (so a p-value is at least 1 / (samples + 1), never 0).
 TestResult permutation(const std::vector<double>& a, const std::vector<double>& b,
                        int64_t max_exact = 20000, int samples = 20000);
+// Exact sign test of a's values against zero, zeros dropped: with X ~ Binomial(nonzero, 1/2),
+// p_greater = P(X >= positives), p_less = P(X >= negatives); statistic = positives, df =
+// nonzero values. It sees only which side each value lies on, so no few values far out,
+// either way, can outweigh the rest (as they can a mean).
+TestResult sign_test(const std::vector<double>& a);
+// The median (the mean of the middle two for an even count); NaN for no values.
+double median(std::vector<double> x);
 // Hedges' g: the mean difference in pooled standard deviations, small-sample corrected.
 double hedges_g(const std::vector<double>& a, const std::vector<double>& b);
 

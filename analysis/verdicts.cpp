@@ -120,6 +120,21 @@ std::string crashed_run(const Cell& c, const char* role) {
 
 }  // namespace
 
+bool lopsided_gaps(const std::vector<double>& gaps, double p_permutation, double min_gap,
+                   double alpha) {
+  const double mean = stats::mean(gaps), median = stats::median(gaps);
+  const int sign = mean >= 0 ? 1 : -1;
+  const bool every_seed =
+      std::all_of(gaps.begin(), gaps.end(), [&](double g) { return sign * g > 0; }) &&
+      std::abs(mean) >= min_gap && p_permutation < alpha;
+  const stats::TestResult signs = stats::sign_test(gaps);
+  const double p_sign = 2 * std::min(signs.p_greater, signs.p_less);
+  const bool majority_side =
+      median > 0 ? signs.p_greater < signs.p_less : signs.p_less < signs.p_greater;
+  const bool most_seeds = p_sign < alpha && std::abs(median) >= min_gap && majority_side;
+  return every_seed || most_seeds;
+}
+
 std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
   std::map<std::string, std::vector<Cell*>> groups;
   for (auto& c : cells) groups[group_key(c)].push_back(&c);
@@ -329,10 +344,13 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         const bool significant =
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
         v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
-        const bool one_side =
-            std::all_of(s.gaps.begin(), s.gaps.end(), [&](double g) { return sign * g > 0; });
-        v.lopsided = !significant && !v.control && material && one_side &&
-                     v.p_permutation < alpha && v.p_welch >= alpha;
+        const double min_gap = kMinRelativeGap * std::abs(v.final_loss_ref);
+        const stats::TestResult signs = stats::sign_test(s.gaps);
+        v.median_gap = stats::median(s.gaps);
+        v.seeds_one_way = int(v.median_gap >= 0 ? signs.statistic : signs.df - signs.statistic);
+        v.p_sign = std::min(1.0, 2 * std::min(signs.p_greater, signs.p_less));
+        v.lopsided = !significant && !v.control && v.p_welch >= alpha &&
+                     lopsided_gaps(s.gaps, v.p_permutation, min_gap, alpha);
         v.shift = stats::root_mean_square(s.gaps);
         if (control_gaps.size() >= 2) {
           v.control_shift = stats::root_mean_square(control_gaps);

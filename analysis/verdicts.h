@@ -62,12 +62,16 @@ struct Verdict {
   // normalisation) and still carry the kernel's noise into every run.
   double shift = 0, control_shift = 0, p_shift = 1;
   bool perturbed = false;
-  // `lopsided`: no verdict, yet every seed's gap lies on one side, materially, and the
-  // permutation test passes alpha where Welch's t does not. One seed far beyond the rest
-  // inflates the t-test's variance (its power on such skewed gaps: docs/analysis.md); Welch
-  // stays the test because the permutation test's errors grow on a noisy candidate beside more
-  // control gaps than its own. More seeds settle it.
+  // `lopsided`: no verdict, yet the seeds' gaps lie on one side (lopsided_gaps below): seeds
+  // far beyond the rest inflate the t-test's variance (its power on such gaps:
+  // docs/analysis.md); Welch stays the test because the permutation test's errors grow on a
+  // noisy candidate beside more control gaps than its own. More seeds settle it.
   bool lopsided = false;
+  // The per-seed gaps' median, how many lie on its side of zero, and the two-sided exact sign
+  // test of the gaps against zero (stats::sign_test): what `lopsided` reads besides the tests.
+  double median_gap = 0;
+  int seeds_one_way = 0;
+  double p_sign = 1;
   // Per paired seed: the seed, its gap and the dose its reference run received.
   std::vector<long long> seed_ids;
   std::vector<double> seed_gaps, seed_doses;
@@ -83,6 +87,14 @@ struct Verdict {
   // plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve, spread_curve;
 };
+
+// Whether the per-seed `gaps` of a row Welch's t did not call lie on one side: every gap on
+// the mean's side with the permutation test (`p_permutation`, one-sided that way) below alpha and
+// the mean at least `min_gap` (one seed far beyond the rest: a run that blew up), or most of
+// them, by the two-sided sign test below alpha with the median at least `min_gap` on the side
+// most take (a few seeds far out either way: chaotic runs, which any rounding change flips).
+bool lopsided_gaps(const std::vector<double>& gaps, double p_permutation, double min_gap,
+                   double alpha);
 
 // The verdict of every variant in every group, groups in key order; `alpha` is the test's level.
 // Throws InputError when a group holds one variant's seed twice (pooled sweeps that share seeds).

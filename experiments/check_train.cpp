@@ -175,8 +175,9 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
         if (v.perturbed) perturbed.push_back(v.group + ": " + shift_words(v));
         if (v.lopsided) {
           char b[128];
-          std::snprintf(b, sizeof b, ": gap %+.4f, p %.2g by Welch's t, %.2g by permutation", v.gap,
-                        v.p_welch, v.p_permutation);
+          std::snprintf(b, sizeof b,
+                        ": %d of %d seeds, median gap %+.4f, mean %+.4f, p %.2g by Welch's t",
+                        v.seeds_one_way, v.seeds, v.median_gap, v.gap, v.p_welch);
           lopsided.push_back(v.group + b);
         }
       } else {
@@ -213,7 +214,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
     std::snprintf(b, sizeof b, " (largest gap %+.4f)", largest ? largest->gap : 0.0);
     s += " left training within its controls' noise floor in all " + std::to_string(groups) +
          " groups" + b +
-         (!lopsided.empty() ? ": no verdict, but every seed moved the same way (below)"
+         (!lopsided.empty() ? ": no verdict, but the seeds moved one way (below)"
           : perturbed.empty()
               ? ": this grid shows no effect on the loss"
               : ": no consistent effect on the loss, but it perturbs every run (below)");
@@ -230,7 +231,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   for (const auto& g : perturbed)
     s += "note: perturbed, in no consistent direction, in " + g + "\n";
   for (const auto& g : lopsided)
-    s += "note: lopsided, every seed one way but one far beyond the rest, which Welch's t does "
+    s += "note: lopsided, the seeds one way but some far beyond the rest, which Welch's t does "
          "not call, in " +
          g + " (more seeds settle it: docs/analysis.md)\n";
   for (const auto& c : moved_controls)

@@ -184,8 +184,9 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
         "further than the controls move theirs (report.md, docs/analysis.md)\n");
   if (std::any_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return v.lopsided; }))
     std::printf(
-        "lopsided: no verdict, yet every seed's gap is on one side; one seed far beyond the rest "
-        "weakens Welch's t: more seeds settle it (report.md, docs/analysis.md)\n");
+        "lopsided: no verdict, yet the seeds' gaps are on one side (all, or most by a sign "
+        "test); seeds far beyond the rest weaken Welch's t: more seeds settle it (report.md, "
+        "docs/analysis.md)\n");
   const auto responses = dose_responses(verdicts);
   if (!responses.empty()) std::printf("\n%s", dose_table(responses).c_str());
   if (const std::string samples = model_samples(verdicts); !samples.empty())
