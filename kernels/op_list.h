@@ -6,18 +6,18 @@
 
 #include <string_view>
 
-#define DIVLAB_OPS(X)        \
-  DIVLAB_PLUGGABLE_OPS(X)    \
-  X(cast, Cast)              \
-  X(sum_squares, SumSquares) \
-  X(sgd_step, SgdStep)       \
-  X(adamw_step, AdamwStep)
+#define DIVLAB_OPS(X)     \
+  DIVLAB_PLUGGABLE_OPS(X) \
+  X(cast, Cast)           \
+  X(sum_squares, SumSquares)
 // The ops plug-ins may replace (each has its function types in kernels/plugin_abi.h): the model's
-// ops and the data-parallel gradient reduction (train.ranks > 1), listed first; the four after
-// them are the bf16 weight copy and the optimizer's reduction and updates.
+// ops, the data-parallel gradient reduction (train.ranks > 1) and the optimizer's updates, listed
+// first; the two after them are the bf16 weight copy and the gradient norm's reduction.
 #define DIVLAB_PLUGGABLE_OPS(X) \
   DIVLAB_MODEL_OPS(X)           \
-  X(grad_reduce, GradReduce)
+  X(grad_reduce, GradReduce)    \
+  X(sgd_step, SgdStep)          \
+  X(adamw_step, AdamwStep)
 // The model's ops: those a forward and backward call, which shadow mode can tap.
 #define DIVLAB_MODEL_OPS(X)                       \
   X(embedding_forward, EmbeddingForward)          \
@@ -115,7 +115,8 @@ constexpr bool pluggable(Op op) {
 // and, where plug-ins may replace it, its ABI function types (kernels/plugin_abi.h, tied to its
 // signature by static_asserts generated in kernels/plugin_calls.h).
 static_assert(kOpCount == 26, "an op was added: give it what the comment above lists");
-static_assert(kModelOpCount == 21 && kPluggableOpCount == 22 && !pluggable(Op::cast) &&
-              pluggable(Op::grad_reduce) && !model_op(Op::grad_reduce));
+static_assert(kModelOpCount == 21 && kPluggableOpCount == 24 && !pluggable(Op::cast) &&
+              !pluggable(Op::sum_squares) && pluggable(Op::grad_reduce) &&
+              pluggable(Op::adamw_step) && !model_op(Op::grad_reduce));
 
 }  // namespace divlab

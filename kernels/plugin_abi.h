@@ -8,8 +8,10 @@
  *
  * divlab loads it with `--plugins path/libx.so` or `plugins = ["..."]` (a config, a grid, or
  * `--set plugins=[...]`) in every command; its variants then appear in `divlab kernels` and can
- * be selected with kernels.<op> = "name", shadowed (shadow.variants), checked and swept in grids
- * like the built-in ones. The table and its strings must stay valid while the library is loaded.
+ * be selected with kernels.<op> = "name", shadowed (shadow.variants; the model's ops), checked
+ * and swept in grids like the built-in ones. The ops: the model's, the data-parallel gradient
+ * reduction and the optimizer's updates (each op's function types below). The table and its
+ * strings must stay valid while the library is loaded.
  *
  * Tensors: row-major, contiguous. N = B * T rows (batch-major, then position). Token ids are
  * int32 in [0, V). Conventions as in kernels/ops.h: a backward ADDS into parameter gradients and
@@ -38,6 +40,7 @@
 #ifndef DIVLAB_PLUGIN_ABI_H
 #define DIVLAB_PLUGIN_ABI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -155,7 +158,14 @@ typedef struct divlab_op_context {
       const divlab_op_context* ctx, float* xout, A* y, float* rstd, const float* a, const A* b,    \
       const float* w, int B, int T, int C, float eps);                                             \
   typedef void (*divlab2_grad_reduce_##dtype)(const divlab_op_context* ctx, float* out,            \
-                                              const float* shards, int ranks, int64_t n);
+                                              const float* shards, int ranks, int64_t n);          \
+  typedef void (*divlab2_sgd_step_##dtype)(const divlab_op_context* ctx, float* p, float* buf,     \
+                                           const float* g, int64_t n, float lr, float momentum,    \
+                                           bool nesterov, float weight_decay, float grad_scale);   \
+  typedef void (*divlab2_adamw_step_##dtype)(const divlab_op_context* ctx, float* p, float* m,     \
+                                             float* v, const float* g, int64_t n, float lr,        \
+                                             float beta1, float beta2, float eps,                  \
+                                             float weight_decay, float grad_scale, int64_t step);
 /* NOLINTEND(bugprone-macro-parentheses) */
 DIVLAB2_FUNCTION_TYPES(fp32, float)
 DIVLAB2_FUNCTION_TYPES(bf16, divlab_bf16)
@@ -262,6 +272,26 @@ typedef void (*divlab_add_rmsnorm_forward)(float* xout, float* y, float* rstd, c
  * (overwrite); an all-reduce with the world-size division, as divlab's ranks simulate it. Its
  * arrays are all float: the dtype a variant declares only says which mode runs it. */
 typedef void (*divlab_grad_reduce)(float* out, const float* shards, int ranks, int64_t n);
+
+/* The optimizer's updates, one parameter tensor of n values a call, in place, every array float
+ * whatever the mode (the dtype a variant declares only says which mode runs it), the parameter
+ * p the fp32 master copy. Both take the gradient g times grad_scale (global-norm clipping's
+ * factor, 1 without it) as the step's gradient. PyTorch's semantics, to the letter:
+ * (sgd_step) d = g grad_scale + weight_decay p (coupled L2 decay); with momentum != 0,
+ *   buf = momentum buf + d (buf starts at zeros) and d = nesterov ? d + momentum buf : buf;
+ *   then p -= lr d.
+ * (adamw_step) p *= 1 - lr weight_decay (decoupled decay); m = beta1 m + (1 - beta1) g';
+ *   v = beta2 v + (1 - beta2) g'^2 with g' = g grad_scale; then
+ *   p -= lr (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps), step counting from 1.
+ * The trainer calls them once per parameter tensor per step, in parameter order; a kernel that
+ * keeps state between calls is wrong (the state belongs in p, buf, m and v, which checkpoints
+ * save and resumes restore). */
+typedef void (*divlab_sgd_step)(float* p, float* buf, const float* g, int64_t n, float lr,
+                                float momentum, bool nesterov, float weight_decay,
+                                float grad_scale);
+typedef void (*divlab_adamw_step)(float* p, float* m, float* v, const float* g, int64_t n, float lr,
+                                  float beta1, float beta2, float eps, float weight_decay,
+                                  float grad_scale, int64_t step);
 
 typedef struct {
   const char* op;         /* e.g. "embed_rmsnorm_backward" (see the op names above) */

@@ -107,7 +107,8 @@ std::string refusal(const Cat& cat, const Declared& v) {
   if (!parse_op(v.op, &o)) return "unknown op '" + v.op + "'";
   if (!pluggable(o))
     return "op '" + v.op +
-           "' is not replaceable by plug-ins (the ABI covers the model's ops and grad_reduce)";
+           "' is not replaceable by plug-ins (the ABI covers the model's ops, grad_reduce and the "
+           "optimizer's updates)";
   std::string why;
   cat.for_each_op([&](const auto& ops, auto) {
     if (ops.op == v.op && ops.find(v.name))

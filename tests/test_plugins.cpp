@@ -239,6 +239,58 @@ TEST(Plugins, Abi2KernelsRunInTheirDtypesModesWithTheirContext) {
 }
 
 // ABI 1 libraries still load, and their kernels compute without a context.
+// The optimizer's updates plug in like the model's ops (fp32 arrays in both modes): the plain
+// SGD gives the reference's values, momentum and Nesterov included (to fp32's last bits: two
+// builds may fuse other multiply-adds); AdamW with bf16 moments moves m and v by bf16 roundings.
+TEST(Plugins, OptimizerUpdatesPlugInInBothModes) {
+  Unload guard;
+  load_plugins({DIVLAB_ABI2_PLUGIN});
+  const auto& f32 = cpu_catalogue<float>();
+  const auto& b16 = cpu_bf16_catalogue();
+  EXPECT_TRUE(f32.sgd_step.find("abi2_sgd") && b16.sgd_step.find("abi2_sgd"));
+  EXPECT_TRUE(f32.adamw_step.find("abi2_adamw_bf16_moments") &&
+              b16.adamw_step.find("abi2_adamw_bf16_moments"));
+  std::mt19937_64 gen(test_seed());
+  const int64_t n = 4099;
+  const std::vector<float> g = randn<float>(n, gen), p0 = randn<float>(n, gen),
+                           m0 = randn<float>(n, gen);
+  const auto in_mode = [&](const auto& cat) {
+    const auto sgd = [&](const std::string& variant) {
+      std::vector<float> p = p0, buf = m0;
+      const auto k = cat.select({{"sgd_step", variant}});
+      for (int step = 0; step < 3; ++step)
+        k.sgd_step(test_context(), p.data(), buf.data(), g.data(), n, 0.1f, 0.9f, true, 0.01f,
+                   0.5f);
+      return std::make_pair(p, buf);
+    };
+    const auto ref = sgd("reference"), plug = sgd("abi2_sgd");
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(plug.first[i], ref.first[i], 1e-6 * (1 + std::abs(ref.first[i])))
+          << i << ", seed " << test_seed();
+      ASSERT_NEAR(plug.second[i], ref.second[i], 1e-6 * (1 + std::abs(ref.second[i])))
+          << i << ", seed " << test_seed();
+    }
+    const auto adamw = [&](const std::string& variant) {
+      std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
+      const auto k = cat.select({{"adamw_step", variant}});
+      for (int64_t step = 1; step <= 3; ++step)
+        k.adamw_step(test_context(), p.data(), m.data(), v.data(), g.data(), n, 1e-3f, 0.9f, 0.95f,
+                     1e-8f, 0.1f, 1.0f, step);
+      return m;
+    };
+    const auto m_ref = adamw("reference"), m_bf16 = adamw("abi2_adamw_bf16_moments");
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(m_bf16[i], widen(to_bf16(m_bf16[i]))) << i;  // held at bf16's 8 bits
+      worst = std::max(worst, std::abs(double(m_bf16[i]) - m_ref[i]) / std::abs(m_ref[i]));
+    }
+    EXPECT_GT(worst, 1e-4) << "seed " << test_seed();  // past fp32's grade, within bf16's
+    EXPECT_LT(worst, 1e-2) << "seed " << test_seed();
+  };
+  in_mode(f32);
+  in_mode(b16);
+}
+
 TEST(Plugins, Abi1LibrariesStillLoad) {
   Unload guard;
   load_plugins({DIVLAB_ABI1_PLUGIN});

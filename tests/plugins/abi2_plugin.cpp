@@ -9,6 +9,9 @@
 //                                         gradient in int8 with one scale per 256 values
 //   rmsnorm_forward abi2_scratch_as_zero  fp32, sums each row's squares into workspace it never
 //                                         clears, as if new scratch were zeros
+//   sgd_step       abi2_sgd               correct: PyTorch's SGD, one value at a time
+//   adamw_step     abi2_adamw_bf16_moments  AdamW whose moments m and v are kept in bf16 (16-bit
+//                                         optimizer states), the update itself in fp32
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
 #include <cmath>
@@ -120,6 +123,31 @@ void scratch_as_zero(const divlab_op_context* ctx, float* y, float* rstd, const 
   }
 }
 
+void sgd(const divlab_op_context*, float* p, float* buf, const float* g, int64_t n, float lr,
+         float momentum, bool nesterov, float weight_decay, float grad_scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i] * grad_scale + weight_decay * p[i];
+    if (momentum != 0.0f) {
+      buf[i] = momentum * buf[i] + d;
+      d = nesterov ? d + momentum * buf[i] : buf[i];
+    }
+    p[i] -= lr * d;
+  }
+}
+
+void adamw_bf16_moments(const divlab_op_context*, float* p, float* m, float* v, const float* g,
+                        int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float grad_scale, int64_t step) {
+  const float c1 = 1.0f - std::pow(beta1, float(step)), c2 = 1.0f - std::pow(beta2, float(step));
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * grad_scale;
+    p[i] *= 1.0f - lr * weight_decay;
+    m[i] = from_bf16(to_bf16(beta1 * m[i] + (1.0f - beta1) * gi));
+    v[i] = from_bf16(to_bf16(beta2 * v[i] + (1.0f - beta2) * gi * gi));
+    p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+  }
+}
+
 const divlab_variant2 kVariants[] = {
     {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
@@ -138,8 +166,14 @@ const divlab_variant2 kVariants[] = {
     {"rmsnorm_forward", "abi2_scratch_as_zero", "cpu", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&scratch_as_zero), "row sums of squares in workspace",
      "the workspace is never cleared: each call adds to what the last one left", "", ""},
+    {"sgd_step", "abi2_sgd", "cpu", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&sgd),
+     "SGD with momentum, one value at a time", "", "", ""},
+    {"adamw_step", "abi2_adamw_bf16_moments", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&adamw_bf16_moments), "AdamW with bf16 moments",
+     "m and v rounded to bf16 at every step: a moment's small updates round away",
+     "gradients far below the moments' running scale", "a few steps at bf16's grade"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 6, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 8, kVariants};
 
 }  // namespace
 

@@ -172,6 +172,37 @@ class Abi2Kernels(unittest.TestCase):
             self.assertIn("[%s]" % condition, r.stdout)
         self.assertIn("scratch left unwritten or read before it is written", r.stdout)
 
+    def test_optimizer_updates_plug_in_checked_and_trained(self):
+        # The optimizer's updates are pluggable like the model's ops: a plain SGD passes check
+        # and trains as the reference does (to fp32's last bits: its multiply-adds may fuse
+        # otherwise); AdamW with bf16 moments (16-bit optimizer states) fails the fp32 grade
+        # and trains in both modes, its kernel's role recorded.
+        good = run("check", "sgd_step=abi2_sgd", "--plugins", ABI2)
+        self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+        bad = run("check", "adamw_step=abi2_adamw_bf16_moments", "--plugins", ABI2)
+        self.assertEqual(bad.returncode, 1, bad.stdout + bad.stderr)
+        self.assertIn("[fp32 grade] reduced-precision arithmetic", bad.stdout)
+        d = tmpdir()
+        losses = {}
+        for name, extra in (("ref", []), ("sgd", ["kernels.sgd_step=abi2_sgd"])):
+            out = os.path.join(d, name + ".h5")
+            run("train", "--set", *SMALL, "train.optimizer=sgd", *extra, "--plugins", ABI2,
+                "--out", out, check=True)
+            with h5py.File(out, "r") as f:
+                losses[name] = f["metrics/loss"][:]
+                roles = f.attrs.get("kernel_roles", "")
+        self.assertEqual(len(losses["sgd"]), 20)
+        for a, b in zip(losses["ref"], losses["sgd"]):
+            self.assertAlmostEqual(a, b, delta=1e-5 * abs(a))
+        self.assertIn("sgd_step=abi2_sgd candidate", roles)
+        for precision in ("fp32", "bf16"):
+            out = os.path.join(d, "adamw-" + precision + ".h5")
+            run("train", "--set", *SMALL, "train.optimizer=adamw", "train.lr=3e-3",
+                "train.precision=" + precision, "kernels.adamw_step=abi2_adamw_bf16_moments",
+                "--plugins", ABI2, "--out", out, check=True)
+            with h5py.File(out, "r") as f:
+                self.assertEqual(f.attrs["status"], "completed")
+
     def test_trained_in_the_bf16_mode_and_refused_in_fp32(self):
         d = tmpdir()
         out = os.path.join(d, "r.h5")
