@@ -1,9 +1,11 @@
-// An example CUDA plug-in (ABI 2): two GPU candidates for the fused embedding-gradient op,
-// written only against kernels/plugin_abi.h. Every launch goes on the stream divlab gives
-// (ctx->stream) and the scratch comes from its workspace, so nothing here synchronises the device.
+// An example CUDA plug-in (ABI 2): two GPU candidates for the fused embedding-gradient op and an
+// optimizer update, written only against kernels/plugin_abi.h. Every launch goes on the stream
+// divlab gives (ctx->stream) and the scratch comes from its workspace, so nothing here
+// synchronises the device.
 //   example_cuda_fp32_atomic  correct up to fp32 rounding: float atomicAdd into dwte (the order,
 //                             and so the last bits, vary from run to run).
 //   example_cuda_bf16_atomic  the seed bug as written in the wild: atomicAdd into a bf16 buffer.
+//   example_cuda_sgd          sgd_step, one thread per value: PyTorch's SGD with momentum.
 // Build: part of the project's CMake with the cuda preset (target divlab_example_cuda_plugin).
 #include <cuda_bf16.h>
 
@@ -81,6 +83,28 @@ void embed_rmsnorm_backward(const divlab_op_context* ctx, float* dwte, float* dw
   if (bf16) add_bf16_kernel<<<unsigned((table + 255) / 256), 256, 0, stream>>>(dwte, acc, table);
 }
 
+__global__ void sgd_kernel(float* p, float* buf, const float* g, int64_t n, float lr,
+                           float momentum, bool nesterov, float weight_decay, float grad_scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float d = g[i] * grad_scale + weight_decay * p[i];
+    if (momentum != 0.0f) {
+      buf[i] = momentum * buf[i] + d;
+      d = nesterov ? d + momentum * buf[i] : buf[i];
+    }
+    p[i] -= lr * d;
+  }
+}
+
+void sgd_step(const divlab_op_context* ctx, float* p, float* buf, const float* g, int64_t n,
+              float lr, float momentum, bool nesterov, float weight_decay, float grad_scale) {
+  if (n <= 0) return;
+  const int64_t blocks = (n + 255) / 256;
+  sgd_kernel<<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0,
+               static_cast<cudaStream_t>(ctx->stream)>>>(p, buf, g, n, lr, momentum, nesterov,
+                                                         weight_decay, grad_scale);
+}
+
 const divlab_variant2 kVariants[] = {
     {"embed_rmsnorm_backward", "example_cuda_fp32_atomic", "cuda", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&embed_rmsnorm_backward<false>),
@@ -90,8 +114,11 @@ const divlab_variant2 kVariants[] = {
      "example CUDA plug-in: atomicAdd into a bf16 buffer",
      "a frequent token's row stalls once its sum is 2^8 times a contribution",
      "skewed token streams (Zipf, real text), many tokens per step", "uniform tokens; AdamW"},
+    {"sgd_step", "example_cuda_sgd", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&sgd_step), "example CUDA plug-in: SGD, a thread a value", "",
+     "", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 3, kVariants};
 
 }  // namespace
 

@@ -296,6 +296,41 @@ TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
   EXPECT_NE(text.find("6 completed"), std::string::npos) << text;
 }
 
+// An optimizer update from a plug-in, on the device: the example's SGD passes check there and
+// trains as the reference does in both modes (in the bf16 mode the reference's update writes the
+// weights' bf16 copy in the same pass, which a plug-in's update leaves to the cast after it).
+TEST(GpuPlugin, AnOptimizerUpdatePlugsInOnTheGpu) {
+  REQUIRE_GPU();
+  CheckOptions opt;
+  opt.target = "sgd_step=example_cuda_sgd", opt.backend = Backend::Cuda;
+  opt.plugins = {DIVLAB_EXAMPLE_CUDA_PLUGIN};
+  opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
+  const CheckReport r = run_check(opt);
+  EXPECT_TRUE(r.failing.empty()) << format_check(r);
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::string dir = temp_dir("gpu_plugin_sgd");
+    std::vector<std::vector<double>> losses;
+    for (const char* sgd : {"reference", "example_cuda_sgd"}) {
+      const std::string out = dir + "/" + sgd + ".h5";
+      const RunConfig cfg = load_config(
+          "", {"backend=cuda", std::string("train.precision=") + precision,
+               std::string("plugins=[") + DIVLAB_EXAMPLE_CUDA_PLUGIN + "]", "data=zipf:1.1",
+               "model.vocab=512", "model.seq_len=64", "train.batch=16", "train.steps=20",
+               "train.optimizer=sgd", std::string("kernels.sgd_step=") + sgd});
+      TrainOptions train_opt;
+      train_opt.out = out, train_opt.progress = false;
+      ASSERT_EQ(train(cfg, train_opt).status, "completed") << precision << " " << sgd;
+      losses.push_back(TraceReader(out).floats("/metrics/loss"));
+      unlink(out.c_str());
+    }
+    rmdir(dir.c_str());
+    ASSERT_EQ(losses[0].size(), losses[1].size());
+    for (size_t s = 0; s < losses[0].size(); ++s)
+      EXPECT_NEAR(losses[1][s], losses[0][s], 1e-4 * std::abs(losses[0][s]))
+          << precision << " step " << s;
+  }
+}
+
 // A check of one of the racy CUDA plug-in's kernels, in this process, without the sanitizer pass.
 namespace {
 CheckOptions racy_plugin_check(const std::string& target) {
