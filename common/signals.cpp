@@ -36,4 +36,10 @@ int stop_signal() {
   return int(g_stop_signal);
 }
 
+void end_by_signal(int sig) {
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+  std::_Exit(128 + sig);  // a signal whose usual effect is not to end the process
+}
+
 }  // namespace divlab

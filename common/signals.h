@@ -15,6 +15,9 @@ namespace divlab {
 void install_stop_handlers();
 void accept_stop_requests();  // from now on, for the rest of the process
 int stop_signal();            // the first stop signal received, or 0
+// Ends the process as `sig`'s usual effect would, for work that cannot stop at a step of its own
+// (a library call that runs for minutes) and has written nothing yet.
+[[noreturn]] void end_by_signal(int sig);
 
 // Thrown by a loop that stopped on request, after leaving everything resumable; main() exits
 // with 128 + signal.

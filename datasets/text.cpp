@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -14,12 +15,14 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/paths.h"
 #include "common/rng.h"
 #include "common/sha256.h"
+#include "common/signals.h"
 #include "common/utf8.h"
 
 namespace divlab {
@@ -254,6 +257,29 @@ Corpus read_english_corpus(const std::string& data) {
   return c;
 }
 
+namespace {
+// sentencepiece's BPE trainer with divlab's settings (kTokenizerSettings names them in cache keys).
+void train_bpe(LineIterator& it, int vocab, std::string* model,
+               sentencepiece::util::Status* status) {
+  *status = sentencepiece::SentencePieceTrainer::Train({{"model_type", "bpe"},
+                                                        {"vocab_size", std::to_string(vocab)},
+                                                        {"character_coverage", "1.0"},
+                                                        {"normalization_rule_name", "identity"},
+                                                        {"remove_extra_whitespaces", "false"},
+                                                        {"split_digits", "false"},
+                                                        {"max_sentence_length", "1000000"},
+                                                        {"input_sentence_size", "0"},
+                                                        {"shuffle_input_sentence", "false"},
+                                                        {"unk_id", "0"},
+                                                        {"eos_id", std::to_string(kEndOfLine)},
+                                                        {"bos_id", "-1"},
+                                                        {"pad_id", "-1"},
+                                                        {"num_threads", "2"},
+                                                        {"minloglevel", "2"}},
+                                                       &it, model);
+}
+}  // namespace
+
 TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::string& cache,
                                 bool verbose, const std::function<void(int64_t)>& accept) {
   const std::string key =
@@ -283,24 +309,25 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   const auto t0 = std::chrono::steady_clock::now();
   LineIterator it(corpus.lines);
   sentencepiece::util::Status status;
+  // Training takes seconds to minutes and sentencepiece cannot be stopped: it runs on a thread of
+  // its own while this one polls for a stop request (common/signals.h), which then ends the
+  // process as the signal would (nothing is cached or traced yet), instead of after the training:
+  // a run's cell must not outlive a sweep that was killed.
+  std::atomic<bool> trained{false};
+  int stopped_by = 0;
   const std::string log = with_stderr_captured([&] {
-    status = sentencepiece::SentencePieceTrainer::Train({{"model_type", "bpe"},
-                                                         {"vocab_size", std::to_string(vocab)},
-                                                         {"character_coverage", "1.0"},
-                                                         {"normalization_rule_name", "identity"},
-                                                         {"remove_extra_whitespaces", "false"},
-                                                         {"split_digits", "false"},
-                                                         {"max_sentence_length", "1000000"},
-                                                         {"input_sentence_size", "0"},
-                                                         {"shuffle_input_sentence", "false"},
-                                                         {"unk_id", "0"},
-                                                         {"eos_id", std::to_string(kEndOfLine)},
-                                                         {"bos_id", "-1"},
-                                                         {"pad_id", "-1"},
-                                                         {"num_threads", "2"},
-                                                         {"minloglevel", "2"}},
-                                                        &it, &out.model);
+    std::thread trainer([&] {
+      train_bpe(it, vocab, &out.model, &status);
+      trained = true;
+    });
+    while (!trained && (stopped_by = stop_signal()) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (stopped_by == 0)
+      trainer.join();
+    else
+      trainer.detach();  // it reads `it` and writes `out` and `status`: all outlive the process
   });
+  if (stopped_by != 0) end_by_signal(stopped_by);
   if (!status.ok()) {
     std::string msg = status.ToString();
     throw InputError("data = '" + corpus.source + "': cannot train a BPE tokenizer with " +

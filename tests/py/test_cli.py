@@ -275,6 +275,24 @@ class Signals(unittest.TestCase):
                 np.testing.assert_array_equal(f["metrics/step"][:], np.arange(n))
 
 
+    def test_a_stop_while_the_tokenizer_trains_ends_the_run_at_once(self):
+        # Training a BPE tokenizer (Brown at 32 768 pieces: tens of seconds) cannot stop at a step
+        # of its own: a stop request then ends the run as the signal would, at once, with nothing
+        # written (no trace, nothing cached), so a sweep's cell does not outlive its sweep.
+        d = tmpdir()
+        path, cache = os.path.join(d, "run.h5"), os.path.join(d, "cache")
+        env = dict(os.environ, DIVLAB_CACHE=cache)
+        p = subprocess.Popen([BIN, "train", "--set", "data=brown", "model.vocab=32768",
+                              "model.seq_len=16", "model.d_model=16", "model.n_heads=1",
+                              "train.batch=2", "--out", path, "--quiet"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=20), -signal.SIGTERM)
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(os.listdir(cache) if os.path.exists(cache) else [], [])
+
+
 class DiskFull(unittest.TestCase):
     def test_clear_error_and_the_trace_so_far_intact(self):
         # A file-size limit stands in for a full disk: writes past it fail with EFBIG.
