@@ -120,18 +120,25 @@ std::string crashed_run(const Cell& c, const char* role) {
 
 }  // namespace
 
+SeedSides seed_sides(const std::vector<double>& gaps) {
+  const stats::TestResult signs = stats::sign_test(gaps);
+  SeedSides s;
+  s.median = stats::median(gaps);
+  s.positive = int(signs.statistic), s.negative = int(signs.df - signs.statistic);
+  s.p_sign = std::min(1.0, 2 * std::min(signs.p_greater, signs.p_less));
+  return s;
+}
+
 bool lopsided_gaps(const std::vector<double>& gaps, double p_permutation, double min_gap,
                    double alpha) {
-  const double mean = stats::mean(gaps), median = stats::median(gaps);
+  const double mean = stats::mean(gaps);
   const int sign = mean >= 0 ? 1 : -1;
   const bool every_seed =
       std::all_of(gaps.begin(), gaps.end(), [&](double g) { return sign * g > 0; }) &&
       std::abs(mean) >= min_gap && p_permutation < alpha;
-  const stats::TestResult signs = stats::sign_test(gaps);
-  const double p_sign = 2 * std::min(signs.p_greater, signs.p_less);
-  const bool majority_side =
-      median > 0 ? signs.p_greater < signs.p_less : signs.p_less < signs.p_greater;
-  const bool most_seeds = p_sign < alpha && std::abs(median) >= min_gap && majority_side;
+  const SeedSides s = seed_sides(gaps);
+  const bool majority_side = s.median > 0 ? s.positive > s.negative : s.negative > s.positive;
+  const bool most_seeds = s.p_sign < alpha && std::abs(s.median) >= min_gap && majority_side;
   return every_seed || most_seeds;
 }
 
@@ -345,10 +352,9 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
         v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
         const double min_gap = kMinRelativeGap * std::abs(v.final_loss_ref);
-        const stats::TestResult signs = stats::sign_test(s.gaps);
-        v.median_gap = stats::median(s.gaps);
-        v.seeds_one_way = int(v.median_gap >= 0 ? signs.statistic : signs.df - signs.statistic);
-        v.p_sign = std::min(1.0, 2 * std::min(signs.p_greater, signs.p_less));
+        const SeedSides sides = seed_sides(s.gaps);
+        v.median_gap = sides.median, v.p_sign = sides.p_sign;
+        v.seeds_one_way = sides.median >= 0 ? sides.positive : sides.negative;
         v.lopsided = !significant && !v.control && v.p_welch >= alpha &&
                      lopsided_gaps(s.gaps, v.p_permutation, min_gap, alpha);
         v.shift = stats::root_mean_square(s.gaps);

@@ -95,6 +95,15 @@ struct Verdict {
 // most take (a few seeds far out either way: chaotic runs, which any rounding change flips).
 bool lopsided_gaps(const std::vector<double>& gaps, double p_permutation, double min_gap,
                    double alpha);
+// What the "most seeds" rule reads: the gaps' median, how many lie above and below zero, and
+// the two-sided exact sign test's p (a verdict row carries them: median_gap, seeds_one_way,
+// p_sign).
+struct SeedSides {
+  double median = 0;
+  int positive = 0, negative = 0;
+  double p_sign = 1;
+};
+SeedSides seed_sides(const std::vector<double>& gaps);
 
 // The verdict of every variant in every group, groups in key order; `alpha` is the test's level.
 // Throws InputError when a group holds one variant's seed twice (pooled sweeps that share seeds).
