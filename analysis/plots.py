@@ -174,6 +174,11 @@ def load_cells(sweeps):
                 if f.attrs.get("status") != "completed":
                     continue
                 cfg = flatten(tomllib.loads(f.attrs["config_toml"]))
+                # The token stream splits groups as analyze does (analysis/analyze.cpp).
+                stream = f["dataset"].attrs.get("tokens_sha256") if "dataset" in f else None
+                if stream is not None:
+                    cfg["data.tokens"] = str(stream.decode() if isinstance(stream, bytes)
+                                             else stream)[:12]
                 loss = f["metrics/loss"][:]
         except (OSError, KeyError, tomllib.TOMLDecodeError):
             continue
@@ -185,13 +190,15 @@ def load_cells(sweeps):
     return cells
 
 
+def grouped_by(key):
+    """Whether a config key defines a cell's group: the rule of analysis/verdicts.cpp."""
+    return (not key.startswith(("kernels.", "shadow.", "trace.", "debug."))
+            and key not in ("train.seed", "train.threads"))
+
+
 def group_key(cfg, drop_dose=False):
-    ignored = ("kernels.", "shadow.", "trace.", "debug.")
-    keys = {"train.seed", "train.threads"}
-    if drop_dose:
-        keys |= {"train.batch", "model.seq_len"}
-    return tuple(sorted((k, str(v)) for k, v in cfg.items()
-                        if not k.startswith(ignored) and k not in keys))
+    dose = ("train.batch", "model.seq_len") if drop_dose else ()
+    return tuple(sorted((k, str(v)) for k, v in cfg.items() if grouped_by(k) and k not in dose))
 
 
 def title_of(cfg, differing):
@@ -223,10 +230,11 @@ def story_figure(sweeps, summary, palette, max_panels=5):
             best[series] = (tokens, g)
     panels = sorted((g for _, g in best.values()), key=lambda g: g["first"])[:max_panels]
     all_keys = set().union(*(g["cfg"].keys() for g in panels))
+    # A title names what tells its panel from the others; keys that do not define a group
+    # (threads, seeds) may differ inside one, so they would mislabel it.
     differing = sorted(k for k in all_keys
                        if len({str(g["cfg"].get(k)) for g in panels}) > 1
-                       and not k.startswith("kernels.") and k not in
-                       ("train.seed", "train.batch", "model.seq_len"))
+                       and grouped_by(k) and k not in ("train.batch", "model.seq_len"))
     n = len(panels) + 1
     cols = min(3, n)
     rows = (n + cols - 1) // cols

@@ -18,12 +18,14 @@ STEPS = 600
 
 
 def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None,
-                    role=None, tokens=None):
+                    role=None, tokens=None, threads=None):
     """A trace with the fields analyze reads, written by h5py (not by divlab). With `batch`, the
     config also says the tokens per step (batch x 64), which makes dose series; with `role`
     (control or candidate) the trace records its kernel's role, as divlab's traces do; with
-    `tokens`, its token stream's SHA-256, as text runs record it."""
+    `tokens`, its token stream's SHA-256, as text runs record it; with `threads`, the threads
+    its sweep gave it."""
     toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
+            + (f"threads = {threads}\n" if threads else "")
             + (f"batch = {batch}\n[model]\nseq_len = 64\n" if batch else "")
             + f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
     with h5py.File(path, "w") as f:
@@ -44,9 +46,11 @@ def curve(rng, noise=0.02):
     return 2.0 + 3.0 * np.exp(-steps / 150.0) + wobble
 
 
-def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, tokens=None):
+def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, tokens=None,
+                   threads=None):
     """gap_for(group, variant, seed) -> array added to that cell's loss. Seeds first_seed and on
-    (a re-run with --seed-offset); `tokens`: the token stream's SHA-256 every trace records."""
+    (a re-run with --seed-offset); `tokens`: the token stream's SHA-256 every trace records;
+    `threads`: train.threads in every cell (a sweep's --jobs decides it)."""
     os.makedirs(os.path.join(d, "cells"), exist_ok=True)
     i = 0
     for g in groups:
@@ -56,7 +60,8 @@ def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, token
                 # Controls and candidates move away from the reference by their own small noise.
                 own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
                 synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), g, v, s,
-                                base + own + gap_for(g, v, s), tokens=tokens)
+                                base + own + gap_for(g, v, s), tokens=tokens,
+                                threads=threads)
                 i += 1
 
 

@@ -166,5 +166,36 @@ class Plots(unittest.TestCase):
             self.assertTrue(same_rgb(artist_colour(box), to_rgba(plots.BAND_COLOR)))
 
 
+class StoryPanels(unittest.TestCase):
+    def test_panels_are_analyzes_groups_titled_by_what_tells_them_apart(self):
+        # Three sweep folders of one grid: two on one token stream, run at 4 and at 3 threads (a
+        # sweep's --jobs decides train.threads), one on another stream. The story figure draws one
+        # panel per group analyze judges (by stream; threads never split a group), and a title
+        # names the stream, never the threads that differ inside its own group.
+        rng = np.random.default_rng()
+        seed = int(rng.integers(1 << 31))
+        rng = np.random.default_rng(seed)
+        root = tmpdir()
+        folders = [os.path.join(root, n) for n in ("a", "b", "c")]
+        streams = ["0ede028f6b3a" + "0" * 52, "0ede028f6b3a" + "0" * 52, "b6ecf968c0c7" + "1" * 52]
+        for i, (d, stream) in enumerate(zip(folders, streams)):
+            synthetic_grid(d, ["english"], [BUG, CONTROL], 3,
+                           lambda g, v, s: 0.05 if v == BUG else 0, rng, 3 * i,
+                           tokens=stream, threads=4 - i % 2)
+        out = os.path.join(root, "pooled")
+        r = run("analyze", *folders, "--out", out, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        story = plots.figures(out, folders)["story.png"]
+        panels = {ax.get_title(): sorted(label for label, _ in legend_entries(ax))
+                  for ax in story.axes if ax.get_xlabel() == "step"}
+        msg = f"(synthetic traces from seed {seed}) {panels}"
+        self.assertEqual(sorted(t.split(",")[0] for t in panels),
+                         ["tokens 0ede028f6b3a", "tokens b6ecf968c0c7"], msg)
+        self.assertFalse(any("threads" in t for t in panels), msg)
+        seeds = {t.split(",")[0]: labels for t, labels in panels.items()}
+        self.assertIn(f"{BUG} (6 seeds)", seeds["tokens 0ede028f6b3a"], msg)
+        self.assertIn(f"{BUG} (3 seeds)", seeds["tokens b6ecf968c0c7"], msg)
+
+
 if __name__ == "__main__":
     unittest.main()
