@@ -476,6 +476,9 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   o.total_steps = cfg.steps;
 
   parse_dataset_spec(cfg.data);  // its syntax and numbers; the corpus is checked before a run
+  if (cfg.threads > kMaxThreads)
+    throw InputError("config key 'train.threads' = " + std::to_string(cfg.threads) + ": at most " +
+                     std::to_string(kMaxThreads));
   // Cross-key rules.
   if (m.vocab < 2)
     throw InputError("config key 'model.vocab' = " + std::to_string(m.vocab) + ": must be >= 2");

@@ -43,6 +43,10 @@ struct EnumNames<ShadowReference> {
       {ShadowReference::Fp32Device, "fp32_device"}};
 };
 
+// The most CPU threads one run may ask for: OpenMP could not start 100 000 in one process (the
+// run crashed at its first parallel loop), while 4096 start and run.
+constexpr int kMaxThreads = 4096;
+
 struct RunConfig {
   Backend backend = Backend::Cpu;
   std::string data = "uniform";
@@ -55,7 +59,7 @@ struct RunConfig {
   int64_t steps = 100;
   uint64_t seed = 0;
   Precision precision = Precision::Fp32;
-  int threads = 0;         // 0: all cores
+  int threads = 0;         // 0: all cores; at most kMaxThreads
   int64_t eval_every = 0;  // 0: no evaluation
   int eval_batches = 4;
   std::map<std::string, std::string> kernels;  // op -> variant

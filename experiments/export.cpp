@@ -1,5 +1,6 @@
 #include "experiments/export.h"
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -9,6 +10,7 @@
 #include "experiments/train.h"
 #include "experiments/weights.h"
 #include "io/toml_reader.h"
+#include "kernels/backend.h"
 
 namespace divlab {
 
@@ -102,11 +104,27 @@ std::string export_weights(const ExportOptions& opt) {
          std::to_string(step) + " steps)";
 }
 
+void check_batch_fits(int batch, int seq, size_t bytes_per_position) {
+  if (batch < 1 || seq < 1) throw InputError("--batch and --seq: must be >= 1");
+  const int64_t positions = int64_t(batch) * seq;
+  if (positions >= (int64_t(1) << 31))
+    throw InputError("--batch * --seq = " + std::to_string(positions) +
+                     " positions: at most 2^31 - 1, as train.batch * model.seq_len");
+  const double bytes = double(positions) * double(bytes_per_position);
+  const size_t available = available_host_memory();
+  if (available > 0 && bytes > double(available)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "--batch %d x --seq %d needs %.2f GiB of memory; %.2f GiB available", batch, seq,
+                  bytes / (1 << 30), double(available) / (1 << 30));
+    throw InputError(buf);
+  }
+}
+
 void dump_batch(const BatchDumpOptions& opt) {
   if (opt.step < 0) throw InputError("--dump-batch " + std::to_string(opt.step) + ": must be >= 0");
-  if (int64_t(opt.batch) * opt.seq > (int64_t(1) << 31))
-    throw InputError("--batch * --seq = " + std::to_string(int64_t(opt.batch) * opt.seq) +
-                     " tokens: at most 2^31");
+  // The batch in 32-bit ids, then both halves widened to int64 for the file.
+  check_batch_fits(opt.batch, opt.seq, 2 * sizeof(TokenId) + 2 * sizeof(int64_t));
   check_out_is_no_input(opt.out, {}, opt.dataset);
   check_output_path(opt.out, opt.force);
   DatasetOptions dopt;

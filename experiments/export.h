@@ -30,4 +30,8 @@ struct BatchDumpOptions {
 // The training batch of `step` exactly as `divlab train` draws it for these settings.
 void dump_batch(const BatchDumpOptions& opt);
 
+// InputError naming --batch and --seq unless a batch of that shape has at most the positions a
+// training step may have (2^31 - 1) and `bytes_per_position` of each fit in the host's memory.
+void check_batch_fits(int batch, int seq, size_t bytes_per_position);
+
 }  // namespace divlab

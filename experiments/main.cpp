@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -34,10 +35,14 @@ namespace divlab {
 namespace {
 
 // Unsigned options: CLI11 reads "-1" into a uint64_t as 2^64 - 1, and an int option's "-1" would
-// mean "not given" (sweep --cell), so a sign is refused before conversion.
+// mean "not given" (sweep --cell), so a sign is refused before conversion; CLI11 2.1 also reads
+// a seed past 2^64 - 1 as 2^64 - 1, so that is refused too (a replayed seed must be the one given).
 const CLI::Validator kNotNegative(
     [](std::string& value) {
-      return !value.empty() && value[0] == '-' ? "'" + value + "': must be >= 0" : std::string();
+      if (!value.empty() && value[0] == '-') return "'" + value + "': must be >= 0";
+      errno = 0;
+      std::strtoull(value.c_str(), nullptr, 0);
+      return errno == ERANGE ? "'" + value + "': at most 2^64 - 1" : std::string();
     },
     "N >= 0");
 
@@ -100,6 +105,7 @@ int cmd_data(const std::string& spec, int vocab, int batch, int seq, uint64_t se
   if (batch % ranks != 0)
     throw InputError("--ranks " + std::to_string(ranks) + " does not divide --batch " +
                      std::to_string(batch) + " (every rank takes an equal shard of the batch)");
+  check_batch_fits(batch, seq, 2 * sizeof(TokenId));  // a batch's inputs and targets
   DatasetOptions opt;
   opt.vocab = vocab, opt.seq_len = seq, opt.seed = seed;
   const auto data = make_dataset(spec, opt);
@@ -474,6 +480,9 @@ int main(int argc, char** argv) {
         v && std::string(v) != "0" && std::string(v) != "1")
       throw InputError(std::string("environment variable DIVLAB_GEMM_TUNING='") + v +
                        "': expected 0 (GEMMs run cuBLASLt's first choice) or 1 (tuned)");
+    // Every command may run OpenMP loops (check's references, analyze's statistics), and one
+    // asked for more threads than start crashes in the first: refused here for all of them.
+    default_threads();
     if (*train) {
       if (help_config) {
         std::cout << describe_config_keys();
@@ -494,7 +503,6 @@ int main(int argc, char** argv) {
       if (dump.out.empty()) throw InputError("--dump-batch: --out names the file to write");
       dump.dataset = spec, dump.vocab = vocab, dump.batch = batch, dump.seq = seq, dump.seed = seed;
       if (vocab < 2) throw InputError("--vocab " + std::to_string(vocab) + ": must be >= 2");
-      if (batch < 1 || seq < 1) throw InputError("--batch and --seq: must be >= 1");
       dump_batch(dump);
       std::printf("wrote %s: step %lld, %d x %d tokens\n", dump.out.c_str(), (long long)dump.step,
                   batch, seq);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "common/rng.h"
@@ -76,9 +77,12 @@ Sample sample(const SampleOptions& opt) {
                                         "shadow.every=0", "shadow.variants=[]"};
   for (const TomlEntry& e : read_toml(recorded, "trace '" + opt.trace + "'"))
     if (e.key.rfind("kernels.", 0) == 0) overrides.push_back(e.key + "=reference");
+  std::set<std::string> named;
   for (const auto& k : opt.kernels) {
-    if (k.find('=') == std::string::npos)
-      throw InputError("--kernels '" + k + "': expected op=variant");
+    const size_t eq = k.find('=');
+    if (eq == std::string::npos) throw InputError("--kernels '" + k + "': expected op=variant");
+    if (!named.insert(k.substr(0, eq)).second)
+      throw InputError("--kernels: op '" + k.substr(0, eq) + "' named twice");
     overrides.push_back("kernels." + k);
   }
   RunConfig cfg;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -45,8 +46,11 @@ namespace divlab {
 int default_threads() {
   // OMP_NUM_THREADS when set (several runs sharing a machine), else every core.
   const char* env = std::getenv("OMP_NUM_THREADS");
-  const int n = env ? std::atoi(env) : 0;
-  return n > 0 ? n : omp_get_num_procs();
+  const long n = env ? std::strtol(env, nullptr, 10) : 0;
+  if (n > kMaxThreads)
+    throw InputError("OMP_NUM_THREADS=" + std::string(env) + ": at most " +
+                     std::to_string(kMaxThreads) + " threads (or set train.threads)");
+  return n > 0 ? int(n) : omp_get_num_procs();
 }
 
 void check_output_path(const std::string& path, bool force) {

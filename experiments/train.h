@@ -54,7 +54,8 @@ bool graph_steps(const RunConfig& cfg, bool profile, const Catalogue<T, A>& cata
 TrainResult resume_training(const std::string& trace, const std::vector<std::string>& overrides,
                             bool progress);
 
-// Threads for train.threads = 0: OMP_NUM_THREADS when set, else the number of cores.
+// Threads for train.threads = 0: OMP_NUM_THREADS when set, else the number of cores. InputError
+// when OMP_NUM_THREADS asks for more than kMaxThreads.
 int default_threads();
 
 // The checks train() makes on its output path, for other commands that write files.
