@@ -8,6 +8,7 @@
 
 #include "common/files.h"
 #include "common/sha256.h"
+#include "common/signals.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "io/toml_reader.h"
@@ -63,10 +64,21 @@ void add_axis(std::vector<std::pair<std::string, std::vector<std::string>>>& axe
   axes.emplace_back(key, values);
 }
 
-// Appends the cells of one part (last axis fastest) to g.
+// Appends the cells of one part (last axis fastest) to g; refuses a grid past kMaxGridCells
+// before allocating a cell of it.
 void expand(Grid& g, const Part& part, const std::string& path) {
   size_t total = 1;
-  for (const auto& a : part.axes) total *= a.second.size();
+  std::string product;
+  for (const auto& a : part.axes) {
+    product += (product.empty() ? "" : " x ") + std::to_string(a.second.size());
+    total = std::min(total * a.second.size(), kMaxGridCells + 1);  // no overflow past the cap
+  }
+  if (g.cells.size() + total > kMaxGridCells)
+    throw InputError(
+        "grid '" + path + "': " + (part.name.empty() ? "" : "part '" + part.name + "': ") +
+        "more than " + std::to_string(kMaxGridCells) + " cells (axes of " + product + " values" +
+        (g.cells.empty() ? "" : ", after " + std::to_string(g.cells.size()) + " cells") +
+        "); split the grid into several");
   for (size_t i = 0; i < total; ++i) {
     std::vector<std::string> cell = part.fixed;
     size_t rest = i;
@@ -204,6 +216,8 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
   std::string identity = g.base_config_text;
   std::map<std::string, size_t> resolved;  // a cell's whole resolved config -> the cell
   for (size_t i = 0; i < g.cells.size(); ++i) {
+    // A large grid takes seconds to check, and nothing is written yet: a stop ends it here.
+    if (const int sig = stop_signal(); sig != 0) end_by_signal(sig);
     try {
       RunConfig cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       if (seed_offset != 0) {  // fresh seeds: every cell's seed moved by the same offset
@@ -216,6 +230,7 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
         cfg = parse_config_text(g.base_config_text, g.base_config, g.cells[i]);
       }
       resolve_kernels(cfg);  // its kernel names, against its backend (plug-ins loaded once)
+      if (cfg.backend == Backend::Cuda && g.first_cuda_cell < 0) g.first_cuda_cell = int64_t(i);
       check_dataset_source(cfg.data);  // a missing corpus, before any cell runs
       // Two cells that resolve to one run (a repeated axis value, an axis value whose own
       // overrides undo another axis) would count one experiment twice as two seeds' worth.

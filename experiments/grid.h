@@ -45,6 +45,10 @@
 
 namespace divlab {
 
+// The most cells one grid may have: checking a cell's config takes ~60 us and ~2 KB, so a grid
+// of 40 million (two long axes) held the sweep for an hour in 80 GB before it ran anything.
+constexpr size_t kMaxGridCells = 100000;
+
 struct Grid {
   std::string path;                // the grid file
   std::string base_config;         // resolved path, or empty
@@ -56,6 +60,7 @@ struct Grid {
   std::vector<std::string> labels;  // per cell: its axis values (and what they brought along)
   std::string id;                   // sha256 of the base config's text and every cell's overrides
   std::map<std::string, std::string> slurm;  // [slurm] key -> value text (not part of the id)
+  int64_t first_cuda_cell = -1;              // the first cell with backend = "cuda", if any
 
   size_t size() const { return cells.size(); }
   const std::string& describe(size_t cell) const { return labels.at(cell); }

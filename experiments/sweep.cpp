@@ -29,6 +29,7 @@
 #include "experiments/grid.h"
 #include "experiments/train.h"
 #include "io/trace.h"
+#include "kernels/backend.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -375,6 +376,13 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   if (!(opt.timeout_s >= 0))
     throw InputError("--timeout " + std::to_string(opt.timeout_s) + ": must be >= 0 seconds");
+  // Cells this machine cannot run would each fail the same way: refused before the folder is
+  // touched, unless they are to run elsewhere (--emit-slurm, or one --cell from a job array).
+  if (g.first_cuda_cell >= 0 && !opt.emit_slurm && opt.cell < 0)
+    if (const std::string why = cuda_unavailable(); !why.empty())
+      throw InputError("grid '" + g.path + "', cell " + std::to_string(g.first_cuda_cell) + " (" +
+                       g.describe(size_t(g.first_cuda_cell)) + "): backend = \"cuda\": " + why +
+                       " (--emit-slurm writes the job array for a GPU machine)");
   // Checked before the folder is touched, like everything else the command line gives.
   const auto slurm =
       opt.emit_slurm ? slurm_resources(g, opt.slurm) : std::map<std::string, std::string>{};

@@ -62,6 +62,29 @@ class BadInput(unittest.TestCase):
         # Refused up front, nothing created (before, 75 cells each failed the same way).
         self.check(["reproduce", "--backend", "cuda", "--out", "{d}/r"], "reproduce --backend cuda")
 
+    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
+                     "a GPU is present: a grid of cuda cells runs here")
+    def test_a_grid_of_cuda_cells_without_a_gpu(self):
+        # Refused naming the first such cell, nothing created (before, every cell failed alike);
+        # --emit-slurm still writes the job array, which runs on a GPU machine.
+        grid = "[set]\nbackend = \"cuda\"\n[axes.train]\nseed = [0, 1]\n"
+        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"],
+                   'cell 0 (train.seed=0): backend = "cuda"', self.write("g.toml", grid))
+        d = tmpdir()
+        with open(os.path.join(d, "g.toml"), "w") as f:
+            f.write(grid)
+        r = run("sweep", "--config", os.path.join(d, "g.toml"), "--out", os.path.join(d, "out"),
+                "--emit-slurm")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_a_grid_past_the_cell_limit_is_refused_before_it_is_expanded(self):
+        # 400 x 300 values: 120 000 cells, past the 100 000 a grid may have. Checking each
+        # cell's config would take minutes and gigabytes before this refusal.
+        grid = ("[axes.train]\nseed = [" + ", ".join(map(str, range(400))) + "]\n"
+                "[axes.model]\nvocab = [" + ", ".join(map(str, range(2, 302))) + "]\n")
+        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out", "--emit-slurm"],
+                   "more than 100000 cells (axes of 400 x 300 values)", self.write("g.toml", grid))
+
     def test_fp64_precision_on_the_gpu(self):
         self.check(["train", "--set", *SMALL, "backend=cuda", "train.precision=fp64", "--out",
                     "{d}/r.h5"], 'train.precision = "fp64" runs on backend = "cpu" only')
