@@ -159,6 +159,16 @@ std::string output_folder(const AnalyzeOptions& opt) {
     return opt.dirs[0];
   }
   std::error_code ec;
+  // Inside a sweep's cells/, the analysis's summary.h5 would be read as a trace from then on.
+  const fs::path out_path = fs::weakly_canonical(opt.out, ec);
+  for (const fs::path& d : seen) {
+    const fs::path cells = d / "cells";
+    if (std::mismatch(cells.begin(), cells.end(), out_path.begin(), out_path.end()).first ==
+        cells.end())
+      throw InputError("--out '" + opt.out +
+                       "': inside a sweep's cells/ folder, where every .h5 is read as a trace; "
+                       "name a folder of its own");
+  }
   const bool the_sweeps_own = opt.dirs.size() == 1 && seen.count(fs::weakly_canonical(opt.out, ec));
   if (the_sweeps_own) return opt.out;
   if (seen.count(fs::weakly_canonical(opt.out, ec)) || fs::exists(fs::path(opt.out) / "cells", ec))
