@@ -17,6 +17,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <utility>
 
 #include "common/host.h"
@@ -793,6 +794,28 @@ void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
                        "had other learning rates");
   }
 }
+
+// The libraries a resumed run loads must be the files its trace recorded (`PATH sha256:HEX
+// abi:N` a line): a library rebuilt since would compute the steps still to run with other
+// kernels under the same names.
+void check_resume_plugins(const std::string& recorded, const std::string& now,
+                          const std::string& path) {
+  const auto digests = [](const std::string& lines) {
+    std::map<std::string, std::string> out;  // library -> sha256:HEX
+    std::istringstream in(lines);
+    for (std::string library, digest, abi; in >> library >> digest >> abi;) out[library] = digest;
+    return out;
+  };
+  const auto loaded = digests(now);
+  for (const auto& [library, digest] : digests(recorded)) {
+    const auto it = loaded.find(library);
+    if (it != loaded.end() && it->second != digest)
+      throw InputError("--resume '" + path + "': plug-in '" + library +
+                       "' is not the file the run started with (" + digest.substr(0, 19) +
+                       "... recorded, " + it->second.substr(0, 19) +
+                       "... now): its kernels would compute the remaining steps");
+  }
+}
 }  // namespace
 
 TrainResult resume_training(const std::string& path, const std::vector<std::string>& overrides,
@@ -800,21 +823,22 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   Resume resume;
   RunConfig cfg;
   if (access(path.c_str(), F_OK) != 0) throw InputError("--resume '" + path + "': no such file");
-  // Over NCCL, whether this process is a rank (and which) decides who takes the lock.
-  std::optional<RankLaunch> launch;
-  {
-    const TraceReader r(path);
-    launch = launched_rank(
-        parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", overrides)
-            .data_parallel);
-  }
-  std::optional<WriterLock> lock;
-  if (answers_for_output(launch)) lock.emplace(path + ".lock", "--resume '" + path + "'");
+  // What the trace records decides whether it may resume at all, before the lock is taken (a
+  // refusal then leaves every file as it was); over NCCL, whether this process is a rank (and
+  // which) decides who takes the lock.
   {
     const TraceReader r(path);
     const std::string recorded = r.string_attr("/", "config_toml");
     cfg = load_config_text(recorded, "trace '" + path + "'", overrides);
     check_resume_overrides(parse_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
+    if (r.has_attr("/", "plugins"))
+      check_resume_plugins(r.string_attr("/", "plugins"), loaded_plugins_identity(), path);
+  }
+  const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
+  std::optional<WriterLock> lock;
+  if (answers_for_output(launch)) lock.emplace(path + ".lock", "--resume '" + path + "'");
+  {
+    const TraceReader r(path);
     const auto done = int64_t(r.ints("/metrics/step").size());
     if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +

@@ -81,6 +81,31 @@ class Plugins(unittest.TestCase):
         assert_rejected(self, ["train", "--set", *SMALL, f"plugins=[{PLUGIN}]", "--plugins",
                                PLUGIN, "--out", "{d}/r.h5"], "give the libraries once")
 
+    def test_a_resumed_run_refuses_a_rebuilt_library(self):
+        # Stopped after its step-10 checkpoint; the library at the recorded path then changes (a
+        # rebuild: here the same library with bytes appended, which still loads). Resuming would
+        # run the remaining steps with other kernels under the same names: refused, the trace
+        # untouched. With the recorded file back in place the run resumes and completes.
+        def setup(d):
+            lib = os.path.join(d, "lib.so")
+            shutil.copy(PLUGIN, lib)
+            run("train", "--set", *SMALL, "checkpoint.every=10", "debug.abort_at_step=15",
+                "kernels.embed_rmsnorm_backward=example_bf16_rows", "--plugins", lib, "--out",
+                os.path.join(d, "r.h5"))
+            with open(lib, "ab") as f:
+                f.write(b"rebuilt")
+        d = tmpdir()
+        setup(d)
+        with h5py.File(os.path.join(d, "r.h5"), "r") as f:
+            self.assertEqual(f.attrs["status"], "failed")  # the abort, after its checkpoint
+        assert_rejected(self, ["train", "--resume", "{d}/r.h5"],
+                        "plug-in '{d}/lib.so' is not the file the run started with", setup)
+        shutil.copy(PLUGIN, os.path.join(d, "lib.so"))
+        r = run("train", "--resume", os.path.join(d, "r.h5"), "--set", "debug.abort_at_step=-1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(os.path.join(d, "r.h5"), "r") as f:
+            self.assertEqual(f.attrs["status"], "completed")
+
     def test_swept_in_a_grid(self):
         d = tmpdir()
         grid = os.path.join(d, "grid.toml")
