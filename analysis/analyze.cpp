@@ -17,6 +17,7 @@
 #include "common/lock.h"
 #include "common/paths.h"
 #include "common/process.h"
+#include "common/sha256.h"
 #include "io/toml_reader.h"
 #include "io/trace.h"
 
@@ -35,6 +36,19 @@ std::vector<std::string> list_traces(const std::string& dir) {
   closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// The identity of a run's plug-in libraries from its trace's /@plugins (`PATH sha256:HEX abi:N`
+// a line): their contents alone, wherever they were loaded from. analysis/plots.py computes the
+// same.
+std::string plugins_build(const std::string& identity) {
+  std::vector<std::string> digests;
+  std::istringstream in(identity);
+  for (std::string library, digest, abi; in >> library >> digest >> abi;) digests.push_back(digest);
+  std::sort(digests.begin(), digests.end());
+  std::string joined;
+  for (const auto& d : digests) joined += (joined.empty() ? "" : "\n") + d;
+  return sha256_hex(joined).substr(0, 12);
 }
 
 Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
@@ -59,6 +73,10 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   // tokenizer) is another experiment: its identity groups cells as a config key does.
   if (r.exists("/dataset") && r.has_attr("/dataset", "tokens_sha256"))
     c.config["data.tokens"] = r.string_attr("/dataset", "tokens_sha256").substr(0, 12);
+  // So is another build of its plug-in libraries (a sweep continued, or pooled with one, after a
+  // rebuild): the same variant names, other kernels.
+  if (r.has_attr("/", "plugins"))
+    c.config["plugins.build"] = plugins_build(r.string_attr("/", "plugins"));
   {
     auto attr = [&](const char* name) {
       try {

@@ -4,6 +4,7 @@ gap against the control band; the gap against the dose, per seed; shadow-mode er
 token-frequency bucket. `plots.py OUT [SWEEP...]` reads OUT/summary.h5 and the SWEEPs' cells/*.h5
 (default: OUT's own, a sweep folder); writes the PNGs into OUT. Debian's python3-matplotlib."""
 import glob
+import hashlib
 import os
 import sys
 import textwrap
@@ -160,6 +161,13 @@ def flatten(table, prefix=""):
     return out
 
 
+def plugins_build(identity):
+    """The libraries' identity from a trace's /@plugins, as analysis/analyze.cpp computes it."""
+    text = identity.decode() if isinstance(identity, bytes) else str(identity)
+    digests = sorted(line.split()[1] for line in text.splitlines() if len(line.split()) >= 3)
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()[:12]
+
+
 def cell_paths(sweeps):
     """Every cell trace of the sweep folders, folder by folder."""
     return [p for d in sweeps for p in sorted(glob.glob(os.path.join(d, "cells", "*.h5")))]
@@ -179,6 +187,9 @@ def load_cells(sweeps):
                 if stream is not None:
                     cfg["data.tokens"] = str(stream.decode() if isinstance(stream, bytes)
                                              else stream)[:12]
+                # Another build of the plug-ins splits groups too (analysis/analyze.cpp).
+                if "plugins" in f.attrs:
+                    cfg["plugins.build"] = plugins_build(f.attrs["plugins"])
                 loss = f["metrics/loss"][:]
         except (OSError, KeyError, tomllib.TOMLDecodeError):
             continue
@@ -193,7 +204,7 @@ def load_cells(sweeps):
 def grouped_by(key):
     """Whether a config key defines a cell's group: the rule of analysis/verdicts.cpp."""
     return (not key.startswith(("kernels.", "shadow.", "trace.", "debug."))
-            and key not in ("train.seed", "train.threads"))
+            and key not in ("train.seed", "train.threads", "plugins"))
 
 
 def group_key(cfg, drop_dose=False):

@@ -32,7 +32,8 @@ const double kNaN = std::numeric_limits<double>::quiet_NaN();
 bool ignored_for_grouping(const std::string& key) {
   for (const char* prefix : {"kernels.", "shadow.", "trace.", "debug."})
     if (key.rfind(prefix, 0) == 0) return true;
-  return key == "train.seed" || key == "train.threads";
+  // Where the plug-ins were loaded from is bookkeeping; what they hold is `plugins.build`.
+  return key == "train.seed" || key == "train.threads" || key == "plugins";
 }
 
 // The config keys that define a cell's group: everything but kernels, seed and bookkeeping.

@@ -1,6 +1,7 @@
 """Grids, sweeps and the analysis: self-tests on synthetic traces with known answers, resume,
 crash isolation, Slurm emission and bad input."""
 import csv
+import hashlib
 import os
 import subprocess
 import unittest
@@ -18,13 +19,16 @@ STEPS = 600
 
 
 def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=100, batch=None,
-                    role=None, tokens=None, threads=None):
+                    role=None, tokens=None, threads=None, plugins=None):
     """A trace with the fields analyze reads, written by h5py (not by divlab). With `batch`, the
     config also says the tokens per step (batch x 64), which makes dose series; with `role`
     (control or candidate) the trace records its kernel's role, as divlab's traces do; with
     `tokens`, its token stream's SHA-256, as text runs record it; with `threads`, the threads
-    its sweep gave it."""
-    toml = (f'data = "{group}"\n[train]\nseed = {seed}\noptimizer = "sgd"\n'
+    its sweep gave it; with `plugins`, its /@plugins lines (the libraries' paths and digests)."""
+    paths = [line.split()[0] for line in (plugins or "").splitlines()]
+    toml = (f'data = "{group}"\n'
+            + ("plugins = [" + ", ".join(f'"{p}"' for p in paths) + "]\n" if paths else "")
+            + f'[train]\nseed = {seed}\noptimizer = "sgd"\n'
             + (f"threads = {threads}\n" if threads else "")
             + (f"batch = {batch}\n[model]\nseq_len = 64\n" if batch else "")
             + f'[kernels]\nembed_rmsnorm_backward = "{variant}"\n')
@@ -37,6 +41,8 @@ def synthetic_trace(path, group, variant, seed, loss, status="completed", dose=1
             f.attrs["kernel_roles"] = f"embed_rmsnorm_backward={variant} {role}\n"
         if tokens:
             f.create_group("dataset").attrs["tokens_sha256"] = tokens
+        if plugins:
+            f.attrs["plugins"] = plugins
 
 
 def curve(rng, noise=0.02):
@@ -47,10 +53,11 @@ def curve(rng, noise=0.02):
 
 
 def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, tokens=None,
-                   threads=None):
+                   threads=None, plugins=None):
     """gap_for(group, variant, seed) -> array added to that cell's loss. Seeds first_seed and on
     (a re-run with --seed-offset); `tokens`: the token stream's SHA-256 every trace records;
-    `threads`: train.threads in every cell (a sweep's --jobs decides it)."""
+    `threads`: train.threads in every cell (a sweep's --jobs decides it); `plugins`: the
+    /@plugins lines every trace records."""
     os.makedirs(os.path.join(d, "cells"), exist_ok=True)
     i = 0
     for g in groups:
@@ -61,7 +68,7 @@ def synthetic_grid(d, groups, variants, seeds, gap_for, rng, first_seed=0, token
                 own = 0 if v == "reference" else np.cumsum(rng.normal(0, 2e-4, STEPS))
                 synthetic_trace(os.path.join(d, "cells", f"{i:04d}.h5"), g, v, s,
                                 base + own + gap_for(g, v, s), tokens=tokens,
-                                threads=threads)
+                                threads=threads, plugins=plugins)
                 i += 1
 
 
@@ -135,27 +142,42 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertEqual({d: sorted(os.listdir(d)) for d in (first, fresh)}, before)
         self.assertFalse(os.path.exists(os.path.join(out, "analyze.lock")))
 
+    def pooled_groups(self, identities, **traced):
+        """Three sweep folders (4 seeds each, the bug +0.05) whose traces record identities[i]
+        as `traced` names it (tokens=, plugins=), analysed pooled: the bug's (group, seeds)."""
+        rng = np.random.default_rng()
+        root = tmpdir()
+        folders = [os.path.join(root, n) for n in ("a", "b", "c")]
+        for i, (d, identity) in enumerate(zip(folders, identities)):
+            synthetic_grid(d, ["english"], ["bf16_accum", "fp32_reordered"], 4,
+                           lambda g, v, s: 0.05 if v == "bf16_accum" else 0, rng, 4 * i,
+                           **{key: identity for key in traced})
+        out = os.path.join(root, "pooled")
+        r = run("analyze", *folders, "--out", out, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [row for row in verdicts(out)
+                if row["variant"] == "embed_rmsnorm_backward=bf16_accum"]
+        return sorted((row["group"], row["seeds"]) for row in rows)
+
     def test_pooled_sweeps_of_other_token_streams_stay_apart(self):
         # The same grid on two machines whose sentencepiece versions train other tokenizers from
         # the same corpus: pooled, each token stream is its own group (labelled by its SHA-256's
         # first 12 digits), never one verdict over both; the same stream pools.
-        rng = np.random.default_rng()
-        root = tmpdir()
-        a, b, c = (os.path.join(root, n) for n in ("a", "b", "c"))
-        streams = {a: "0ede028f6b3a" + "0" * 52, b: "b6ecf968c0c7" + "1" * 52,
-                   c: "0ede028f6b3a" + "0" * 52}
-        for d, first_seed in ((a, 0), (b, 4), (c, 8)):
-            synthetic_grid(d, ["english"], ["bf16_accum", "fp32_reordered"], 4,
-                           lambda g, v, s: 0.05 if v == "bf16_accum" else 0, rng, first_seed,
-                           tokens=streams[d])
-        out = os.path.join(root, "pooled")
-        r = run("analyze", a, b, c, "--out", out, "--no-plots")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        rows = [row for row in verdicts(out)
-                if row["variant"] == "embed_rmsnorm_backward=bf16_accum"]
-        self.assertEqual(sorted((row["group"], row["seeds"]) for row in rows),
-                         [("data.tokens=0ede028f6b3a", "8"), ("data.tokens=b6ecf968c0c7", "4")],
-                         rows)
+        one, other = "0ede028f6b3a" + "0" * 52, "b6ecf968c0c7" + "1" * 52
+        self.assertEqual(self.pooled_groups([one, other, one], tokens=True),
+                         [("data.tokens=0ede028f6b3a", "8"), ("data.tokens=b6ecf968c0c7", "4")])
+
+    def test_pooled_sweeps_of_other_plugin_builds_stay_apart(self):
+        # A sweep continued (or pooled with another) after its plug-in library was rebuilt: the
+        # same variant names, other kernels. Each build is its own group (its libraries' digests,
+        # wherever they were loaded from); the same build from another path pools.
+        lines = ["/home/x/lib.so sha256:" + "1" * 64 + " abi:2\n",
+                 "/home/x/lib.so sha256:" + "2" * 64 + " abi:2\n",
+                 "/scratch/lib.so sha256:" + "1" * 64 + " abi:2\n"]
+        build = {n: hashlib.sha256(("sha256:" + n * 64).encode()).hexdigest()[:12] for n in "12"}
+        self.assertEqual(self.pooled_groups(lines, plugins=True),
+                         sorted([(f"plugins.build={build['1']}", "8"),
+                                 (f"plugins.build={build['2']}", "4")]))
 
     def test_controls_against_reference_say_no_divergence(self):
         # 240 control cells: the measured false-positive rate is ~0.2 % (alpha = 0.05 plus the
