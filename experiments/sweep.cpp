@@ -30,6 +30,7 @@
 #include "experiments/train.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
+#include "kernels/plugins.h"
 #include "kernels/registry.h"
 
 namespace divlab {
@@ -358,6 +359,24 @@ AnalyzeOptions analyze_options(const std::string& dir) {
   return an;
 }
 
+namespace {
+// A sweep continued after its plug-in libraries were rebuilt would pool two builds' cells under
+// one variant name: refused, judged by the first finished cell that recorded its libraries.
+void check_cells_plugins(const Grid& g, const std::string& out) {
+  if (loaded_plugins().empty()) return;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const std::string path = cell_trace_path(out, i);
+    if (finished_status(path).empty()) continue;
+    const TraceReader r(path);
+    if (!r.has_attr("/", "plugins")) continue;
+    if (const std::string changed = changed_plugin(r.string_attr("/", "plugins")); !changed.empty())
+      throw InputError("--out '" + out + "': cell " + std::to_string(i) + " ran with another " +
+                       "build: " + changed + "; the new build's cells need a folder of their own");
+    return;
+  }
+}
+}  // namespace
+
 SweepSummary run_sweep(const SweepOptions& opt) {
   accept_stop_requests();  // a signal now stops the cells in order (signals.h)
   if (opt.out.empty()) throw InputError("--out: an output folder is required");
@@ -383,6 +402,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       throw InputError("grid '" + g.path + "', cell " + std::to_string(g.first_cuda_cell) + " (" +
                        g.describe(size_t(g.first_cuda_cell)) + "): backend = \"cuda\": " + why +
                        " (--emit-slurm writes the job array for a GPU machine)");
+  if (opt.cell < 0 && !opt.emit_slurm) check_cells_plugins(g, opt.out);
   // Checked before the folder is touched, like everything else the command line gives.
   const auto slurm =
       opt.emit_slurm ? slurm_resources(g, opt.slurm) : std::map<std::string, std::string>{};

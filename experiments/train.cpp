@@ -795,27 +795,6 @@ void check_resume_overrides(const RunConfig& recorded, const RunConfig& now,
   }
 }
 
-// The libraries a resumed run loads must be the files its trace recorded (`PATH sha256:HEX
-// abi:N` a line): a library rebuilt since would compute the steps still to run with other
-// kernels under the same names.
-void check_resume_plugins(const std::string& recorded, const std::string& now,
-                          const std::string& path) {
-  const auto digests = [](const std::string& lines) {
-    std::map<std::string, std::string> out;  // library -> sha256:HEX
-    std::istringstream in(lines);
-    for (std::string library, digest, abi; in >> library >> digest >> abi;) out[library] = digest;
-    return out;
-  };
-  const auto loaded = digests(now);
-  for (const auto& [library, digest] : digests(recorded)) {
-    const auto it = loaded.find(library);
-    if (it != loaded.end() && it->second != digest)
-      throw InputError("--resume '" + path + "': plug-in '" + library +
-                       "' is not the file the run started with (" + digest.substr(0, 19) +
-                       "... recorded, " + it->second.substr(0, 19) +
-                       "... now): its kernels would compute the remaining steps");
-  }
-}
 }  // namespace
 
 TrainResult resume_training(const std::string& path, const std::vector<std::string>& overrides,
@@ -831,8 +810,13 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
     const std::string recorded = r.string_attr("/", "config_toml");
     cfg = load_config_text(recorded, "trace '" + path + "'", overrides);
     check_resume_overrides(parse_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
+    // A library rebuilt since would compute the remaining steps with other kernels under the
+    // same names.
     if (r.has_attr("/", "plugins"))
-      check_resume_plugins(r.string_attr("/", "plugins"), loaded_plugins_identity(), path);
+      if (const std::string changed = changed_plugin(r.string_attr("/", "plugins"));
+          !changed.empty())
+        throw InputError("--resume '" + path + "': " + changed +
+                         ": its kernels would compute the remaining steps");
   }
   const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
   std::optional<WriterLock> lock;

@@ -386,6 +386,16 @@ std::string loaded_plugins_identity() {
   return out;
 }
 
+std::string changed_plugin(const std::string& recorded) {
+  std::istringstream in(recorded);
+  for (std::string library, digest, abi; in >> library >> digest >> abi;)
+    for (const auto& l : loaded())
+      if (l.path == library && "sha256:" + l.sha256 != digest)
+        return "plug-in '" + library + "' is not the file the run started with (" +
+               digest.substr(0, 19) + "... recorded, sha256:" + l.sha256.substr(0, 12) + "... now)";
+  return "";
+}
+
 std::vector<PluginVariant> plugin_variants() {
   std::vector<PluginVariant> out;
   for (const auto& l : loaded()) out.insert(out.end(), l.variants.begin(), l.variants.end());

@@ -52,4 +52,9 @@ std::vector<std::string> loaded_plugins();
 // library, "PATH sha256:HEX abi:N" (the file's content hash and the ABI it registered with).
 std::string loaded_plugins_identity();
 
+// "" when every library that `recorded` (a trace's /@plugins, as above) names and this process
+// has loaded is the same file; otherwise a phrase naming the first that changed and both digests
+// ("plug-in 'PATH' is not the file the run started with (sha256:... recorded, sha256:... now)").
+std::string changed_plugin(const std::string& recorded);
+
 }  // namespace divlab

@@ -106,6 +106,24 @@ class Plugins(unittest.TestCase):
         with h5py.File(os.path.join(d, "r.h5"), "r") as f:
             self.assertEqual(f.attrs["status"], "completed")
 
+    def test_a_sweep_continued_with_a_rebuilt_library_is_refused(self):
+        # One cell of two finished, then the library rebuilt: the rest would run another build
+        # under the same variant name in the same folder.
+        def setup(d):
+            lib = os.path.join(d, "lib.so")
+            shutil.copy(PLUGIN, lib)
+            with open(os.path.join(d, "grid.toml"), "w") as f:
+                f.write(SMALL_GRID_SET.replace("[set]\n", f'[set]\nplugins = ["{lib}"]\n') +
+                        '[axes.kernels]\nembed_rmsnorm_backward = ["reference", '
+                        '"example_bf16_rows"]\n')
+            run("sweep", "--config", os.path.join(d, "grid.toml"), "--out",
+                os.path.join(d, "out"), "--cell", "0", check=True)
+            with open(lib, "ab") as f:
+                f.write(b"rebuilt")
+        assert_rejected(self, ["sweep", "--out", "{d}/out"],
+                        "--out '{d}/out': cell 0 ran with another build: plug-in '{d}/lib.so' is "
+                        "not the file the run started with", setup)
+
     def test_swept_in_a_grid(self):
         d = tmpdir()
         grid = os.path.join(d, "grid.toml")
