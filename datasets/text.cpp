@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -258,25 +259,29 @@ Corpus read_english_corpus(const std::string& data) {
 }
 
 namespace {
+// The longest line, in bytes, sentencepiece's trainer reads (longer ones it skips).
+constexpr size_t kMaxTrainingLine = 1000000;
+
 // sentencepiece's BPE trainer with divlab's settings (kTokenizerSettings names them in cache keys).
 void train_bpe(LineIterator& it, int vocab, std::string* model,
                sentencepiece::util::Status* status) {
-  *status = sentencepiece::SentencePieceTrainer::Train({{"model_type", "bpe"},
-                                                        {"vocab_size", std::to_string(vocab)},
-                                                        {"character_coverage", "1.0"},
-                                                        {"normalization_rule_name", "identity"},
-                                                        {"remove_extra_whitespaces", "false"},
-                                                        {"split_digits", "false"},
-                                                        {"max_sentence_length", "1000000"},
-                                                        {"input_sentence_size", "0"},
-                                                        {"shuffle_input_sentence", "false"},
-                                                        {"unk_id", "0"},
-                                                        {"eos_id", std::to_string(kEndOfLine)},
-                                                        {"bos_id", "-1"},
-                                                        {"pad_id", "-1"},
-                                                        {"num_threads", "2"},
-                                                        {"minloglevel", "2"}},
-                                                       &it, model);
+  *status = sentencepiece::SentencePieceTrainer::Train(
+      {{"model_type", "bpe"},
+       {"vocab_size", std::to_string(vocab)},
+       {"character_coverage", "1.0"},
+       {"normalization_rule_name", "identity"},
+       {"remove_extra_whitespaces", "false"},
+       {"split_digits", "false"},
+       {"max_sentence_length", std::to_string(kMaxTrainingLine)},
+       {"input_sentence_size", "0"},
+       {"shuffle_input_sentence", "false"},
+       {"unk_id", "0"},
+       {"eos_id", std::to_string(kEndOfLine)},
+       {"bos_id", "-1"},
+       {"pad_id", "-1"},
+       {"num_threads", "2"},
+       {"minloglevel", "2"}},
+      &it, model);
 }
 }  // namespace
 
@@ -329,7 +334,23 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   });
   if (stopped_by != 0) end_by_signal(stopped_by);
   if (!status.ok()) {
-    std::string msg = status.ToString();
+    // Every line past the trainer's limit leaves it nothing to learn from, which it reports as
+    // an internal check ("!sentences_.empty()").
+    if (std::all_of(corpus.lines.begin(), corpus.lines.end(),
+                    [](const std::string& l) { return l.size() > kMaxTrainingLine; }))
+      throw InputError("data = '" + corpus.source + "': every line is longer than the " +
+                       std::to_string(kMaxTrainingLine) +
+                       " bytes the tokenizer trains on (it learns from lines); break the text "
+                       "into lines, e.g. one per paragraph");
+    const std::string msg = status.ToString();
+    // sentencepiece's own words for a vocabulary the corpus cannot fill: "... Vocabulary size too
+    // high (64). Please set it to a value <= 5."
+    const std::string bound = "Please set it to a value <= ";
+    if (const size_t at = msg.find(bound); at != std::string::npos)
+      throw InputError("data = '" + corpus.source + "': model.vocab = " + std::to_string(vocab) +
+                       " is larger than this corpus supports (at most " +
+                       std::to_string(std::atoll(msg.c_str() + at + bound.size())) +
+                       " BPE pieces)");
     throw InputError("data = '" + corpus.source + "': cannot train a BPE tokenizer with " +
                      "model.vocab = " + std::to_string(vocab) + ": " + msg);
   }

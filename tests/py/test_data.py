@@ -94,7 +94,16 @@ class BadCorpus(unittest.TestCase):
         def setup(d):
             with open(os.path.join(d, "small.txt"), "w") as f:
                 f.write("the cat sat on the mat\nthe dog sat on the log\n" * 20)
-        self.check("text:{d}/small.txt", "model.vocab = 5000", setup, ("model.vocab=5000",))
+        # sentencepiece's own bound, said in the config's words.
+        self.check("text:{d}/small.txt",
+                   "model.vocab = 5000 is larger than this corpus supports (at most ", setup,
+                   ("model.vocab=5000",))
+
+    def test_a_corpus_of_lines_too_long_to_train_on(self):
+        # One 2 MB line: the tokenizer trainer skips lines past 1 000 000 bytes, so it had
+        # nothing to learn from and said only "Internal: ... [!sentences_.empty()]".
+        self.check("text:{d}/one.txt", "every line is longer than the 1000000 bytes",
+                   self.write("one.txt", b"word " * 400000 + b"\n"), ("model.vocab=64",))
 
     def test_corpus_too_small_for_seq_len(self):
         self.check("text:{d}/tiny.txt", "model.seq_len", self.write("tiny.txt", b"a b a b\n"),
