@@ -74,8 +74,10 @@ class Bisector {
         swapped_.push_back(op + "=" + variant);
         cat.for_each_op([&](const auto& ops, auto) {
           if (ops.op != op) return;
+          // Not the swapped variant itself, when it is a control: its runs would be the
+          // decision's own.
           for (const auto& e : ops.entries)
-            if (e.doc.benign) {
+            if (e.doc.benign && e.name != variant) {
               controls_.push_back(op + "=" + e.name);
               return;
             }

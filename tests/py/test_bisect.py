@@ -84,6 +84,25 @@ class Bisect(unittest.TestCase):
         last = r.stdout.strip().splitlines()[-1]
         self.assertRegex(last, r"\d+ decisions, \d+ runs$")
 
+    def test_a_run_with_benign_controls_swapped_has_nothing_to_blame(self):
+        # Swapped kernels that are controls themselves: gelu_forward's only one (fp64_accum) and
+        # one of embed_rmsnorm_backward's two. Bisect picks each op's noise floor among the other
+        # controls; before, it picked the swapped variant itself and its analysis refused the
+        # same run twice ("seed 0 of gelu_forward=fp64_accum twice").
+        d = tmpdir()
+        cfg = os.path.join(d, "c.toml")
+        with open(cfg, "w") as f:
+            f.write(SEED_BUG_CONFIG.replace('"bf16_accum"', '"fp32_reordered"')
+                    .replace('attention_forward = "no_max_subtraction"',
+                             'gelu_forward = "fp64_accum"')
+                    .replace('cross_entropy = "no_max_subtraction"\n', ""))
+        r = run("bisect", cfg, "--seeds", "2", "--steps", "10", "--out", os.path.join(d, "b"),
+                "--jobs", "2")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # no culprit: exit 1, not 2
+        self.assertIn("2 swapped kernels: embed_rmsnorm_backward=fp32_reordered, "
+                      "gelu_forward=fp64_accum", r.stdout)
+        self.assertIn("nothing to blame", r.stdout)
+
     def test_bad_input(self):
         def write(text):
             def setup(d):
