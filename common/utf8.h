@@ -19,4 +19,8 @@ size_t first_invalid_utf8(std::string_view s);
 // Appends `code_point` (at most U+10FFFF, not a surrogate) encoded as UTF-8.
 void append_utf8(std::string& out, char32_t code_point);
 
+// `s` on one line: control characters (a newline inside a value a user gave) written as escapes
+// both C and TOML read (\n, \t, \r, \u00XX), so a message quoting the value stays one line.
+std::string one_line(std::string_view s);
+
 }  // namespace divlab

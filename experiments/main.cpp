@@ -14,6 +14,7 @@
 #include "analysis/analyze.h"
 #include "common/paths.h"
 #include "common/signals.h"
+#include "common/utf8.h"
 #include "common/version.h"
 #include "datasets/dataset.h"
 #include "experiments/bisect.h"
@@ -566,23 +567,23 @@ int main(int argc, char** argv) {
       return fail_on_diverged && diverged ? 1 : 0;
     }
   } catch (const DeviceBusyError& e) {
-    std::cerr << "divlab: " << e.what() << "\n";
+    std::cerr << "divlab: " << one_line(e.what()) << "\n";
     return kExitDeviceBusy;
   } catch (const InputError& e) {
-    std::cerr << "divlab: " << e.what() << "\n";
+    std::cerr << "divlab: " << one_line(e.what()) << "\n";
     return 2;
   } catch (const TraceWriteError& e) {
-    std::cerr << "divlab: " << e.what() << "\n";
+    std::cerr << "divlab: " << one_line(e.what()) << "\n";
     return 1;
   } catch (const RunFailed& e) {
-    std::cerr << "divlab: " << e.what() << "\n";
+    std::cerr << "divlab: " << one_line(e.what()) << "\n";
     return 1;
   } catch (const StopRequested& e) {
-    std::cerr << "divlab: " << e.what()
+    std::cerr << "divlab: " << one_line(e.what())
               << "; finished cells are kept, and running the same command again continues\n";
     return 128 + e.signal;
   } catch (const std::exception& e) {
-    std::cerr << "divlab: internal error: " << e.what() << "\n";
+    std::cerr << "divlab: internal error: " << one_line(e.what()) << "\n";
     return 1;
   } catch (const H5::Exception& e) {
     std::cerr << "divlab: HDF5 error in " << e.getFuncName() << ": " << e.getDetailMsg() << "\n";

@@ -85,35 +85,14 @@ std::string without_stand_ins(const std::string& text) {
 }
 
 std::string quoted(const std::string& s) {
-  std::string out = "\"";
+  // Quotes and backslashes escaped first, so that one_line's escapes of the control characters
+  // (which TOML's basic strings may not hold, DEL included) stay single.
+  std::string out;
   for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char esc[8];
-          std::snprintf(esc, sizeof esc, "\\u%04x", c);
-          out += esc;
-        } else {
-          out += c;
-        }
-    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
   }
-  return out + "\"";
+  return "\"" + one_line(out) + "\"";
 }
 
 [[noreturn]] void refuse(const std::string& source, const toml::source_region& at,
@@ -141,6 +120,9 @@ TomlValue convert(const toml::node& node, const std::string& key, const std::str
     case toml::node_type::string:
       v.kind = TomlValue::Kind::String;
       v.text = without_stand_ins(node.as_string()->get());
+      // Every message quoting the value would end at it, and no key takes one.
+      if (v.text.find('\0') != std::string::npos)
+        refuse(source, node.source(), "'" + key + "': a NUL character (\\u0000) in a string");
       break;
     case toml::node_type::array:
       v.kind = TomlValue::Kind::Array;
