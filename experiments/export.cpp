@@ -2,11 +2,11 @@
 
 #include <cstdio>
 #include <cstring>
-#include <map>
 
 #include "common/errors.h"
 #include "common/files.h"
 #include "datasets/dataset.h"
+#include "experiments/config.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
 #include "io/toml_reader.h"
@@ -16,19 +16,11 @@ namespace divlab {
 
 namespace {
 
-// The model's shape from a trace's resolved config, read without loading its kernels or
-// plug-ins (the exporting machine need not have them).
+// The model from a trace's resolved config, parsed without loading its kernels or plug-ins (the
+// exporting machine need not have them): every [model] key, so the layout is the run's (the
+// llama family, a tied head, the MLP's width, grouped key/value heads).
 ModelConfig model_of(const TraceReader& r, const std::string& path) {
-  std::map<std::string, std::string> cfg =
-      read_toml_texts(r.string_attr("/", "config_toml"), "trace '" + path + "'");
-  ModelConfig m;
-  auto get = [&](const char* key, int& field) {
-    if (cfg.count(key)) field = std::stoi(cfg[key]);
-  };
-  get("model.vocab", m.vocab), get("model.d_model", m.d_model);
-  get("model.n_layers", m.n_layers), get("model.n_heads", m.n_heads);
-  get("model.seq_len", m.seq_len);
-  return m;
+  return parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", {}).model;
 }
 
 void append_le(std::string& out, uint64_t x) {

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import struct
+import tomllib
 import unittest
 
 import h5py
@@ -116,6 +117,58 @@ class Export(unittest.TestCase):
         run("export", self.trace, "--weights", which, "--dtype", dtype, "--out", out, "--force",
             check=True)
         return out
+
+
+class ExportEveryArchitecture(unittest.TestCase):
+    """Every model the config can describe exports in its own layout: before, export read five
+    [model] keys and laid out the default gpt2, so a llama trace failed ('cannot read dataset
+    /weights/final/wpe.weight') and so did a tied head."""
+    MODELS = {
+        "llama, grouped kv heads, soft-cap, tied": ["model.arch=llama", "model.n_heads=4",
+                                                    "model.n_kv_heads=2", "model.logit_softcap=5",
+                                                    "model.tied_embeddings=true"],
+        "llama, its own MLP width": ["model.arch=llama", "model.mlp_hidden=40"],
+        "gpt2, tied": ["model.tied_embeddings=true"],
+    }
+
+    def test_names_shapes_and_values_are_the_traces_and_the_twin_computes_its_first_loss(self):
+        seed = int.from_bytes(os.urandom(2), "little")
+        for name, model in self.MODELS.items():
+            with self.subTest(name):
+                d = tmpdir()
+                trace, out = os.path.join(d, "run.h5"), os.path.join(d, "w.safetensors")
+                run("train", "--quiet", "--set", *SETTINGS, *model, f"train.seed={seed}",
+                    "train.steps=2", "trace.initial_weights=true", "--out", trace, check=True)
+                run("export", trace, "--weights", "initial", "--dtype", "f64", "--out", out,
+                    check=True)
+                _, order, tensors = read_safetensors(out)
+                with h5py.File(trace, "r", swmr=True) as f:
+                    kept = {k: f["weights/initial"][k][:] for k in f["weights/initial"]}
+                    recorded = float(f["metrics/loss"][0])
+                    config = tomllib.loads(f.attrs["config_toml"])
+                self.assertEqual(set(order), set(kept), f"seed {seed}")
+                for tensor in order:
+                    np.testing.assert_array_equal(tensors[tensor], kept[tensor],
+                                                  err_msg=f"{tensor}, seed {seed}")
+                if importlib.util.find_spec("torch") is None:
+                    continue
+                self.assertAlmostEqual(twin_first_loss(config, tensors, d, seed), recorded,
+                                       delta=1e-5, msg=f"seed {seed}")
+
+
+def twin_first_loss(config, weights, d, seed):
+    """The PyTorch twin's loss on the run's first batch, from the exported weights alone."""
+    torch = __import__("torch")
+    from divlab_torch import from_config
+    batch = os.path.join(d, "batch0.h5")
+    run("data", "--dataset", config["data"], "--vocab", str(config["model"]["vocab"]), "--batch",
+        str(config["train"]["batch"]), "--seq", str(config["model"]["seq_len"]), "--seed",
+        str(seed), "--dump-batch", "0", "--out", batch, check=True)
+    with h5py.File(batch, "r") as f:
+        inputs, targets = f["inputs"][:], f["targets"][:]
+    model = from_config(config["model"]).double()
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in weights.items()})
+    return float(model(torch.from_numpy(inputs), torch.from_numpy(targets)))
 
 
 if __name__ == "__main__":
