@@ -629,13 +629,19 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
         // forward (e.g. a leaky mask) must not grade itself.
         model.set_kernels(tracked_reference.kernels());
         double val = 0;
-        for (int i = 0; i < cfg.eval_batches; ++i) {
-          data.validation_batch(i, B, Tn, in.data(), tgt.data());
+        int evaluated = 0;
+        // A stop request ends a long evaluation (eval.batches may be large) without its row: a
+        // mean over part of the batches would be another measurement. Over NCCL every rank
+        // evaluates to the end, as it must join every collective.
+        for (; evaluated < cfg.eval_batches && (comm || stop_signal() == 0); ++evaluated) {
+          data.validation_batch(evaluated, B, Tn, in.data(), tgt.data());
           val += data_parallel.evaluate(in.data(), tgt.data());
         }
         model.set_kernels(run_kernels);
-        trace.append("/eval/step", step);
-        trace.append("/eval/val_loss", val / cfg.eval_batches);
+        if (evaluated == cfg.eval_batches) {
+          trace.append("/eval/step", step);
+          trace.append("/eval/val_loss", val / cfg.eval_batches);
+        }
       }
       trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
       progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);

@@ -297,6 +297,28 @@ class Signals(unittest.TestCase):
                 self.assertGreater(n, 0)
                 np.testing.assert_array_equal(f["metrics/step"][:], np.arange(n))
 
+    def test_a_stop_during_a_long_evaluation_ends_the_run_without_its_row(self):
+        # eval.batches = 10^8 after the first step: hours of validation. SIGTERM ends it (before,
+        # the loop never looked and the run went on), the run is interrupted, and the
+        # evaluation it cut short leaves no row: a mean over part of the batches would be
+        # another measurement.
+        path = os.path.join(tmpdir(), "run.h5")
+        p = subprocess.Popen([BIN, "train", "--set", *SMALL, "eval.every=1",
+                              "eval.batches=100000000", "--out", path, "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGTERM)
+        try:
+            self.assertEqual(p.wait(timeout=30), 128 + signal.SIGTERM)
+        finally:
+            p.kill()  # a run that did not stop must not outlive the test
+        with h5py.File(path, "r") as f:
+            self.assertEqual(f.attrs["status"], "interrupted")
+            self.assertEqual(f["metrics/loss"].shape[0], 1)
+            self.assertEqual(f["eval/val_loss"].shape[0], 0)
 
     def test_a_stop_while_the_tokenizer_trains_ends_the_run_at_once(self):
         # Training a BPE tokenizer (Brown at 32 768 pieces: tens of seconds) cannot stop at a step
