@@ -1,6 +1,5 @@
 #include "experiments/export.h"
 
-#include <cstdio>
 #include <cstring>
 
 #include "common/errors.h"
@@ -102,14 +101,11 @@ void check_batch_fits(int batch, int seq, size_t bytes_per_position) {
   if (positions >= (int64_t(1) << 31))
     throw InputError("--batch * --seq = " + std::to_string(positions) +
                      " positions: at most 2^31 - 1, as train.batch * model.seq_len");
-  const double bytes = double(positions) * double(bytes_per_position);
-  const size_t available = available_host_memory();
-  if (available > 0 && bytes > double(available)) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf,
-                  "--batch %d x --seq %d needs %.2f GiB of memory; %.2f GiB available", batch, seq,
-                  bytes / (1 << 30), double(available) / (1 << 30));
-    throw InputError(buf);
+  try {  // the host's own check, as a run's memory is checked before it allocates
+    check_backend_fits(Backend::Cpu, size_t(positions) * bytes_per_position,
+                       "--batch " + std::to_string(batch) + " x --seq " + std::to_string(seq));
+  } catch (const BackendError& e) {
+    throw InputError(e.what());
   }
 }
 

@@ -17,7 +17,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <utility>
 
 #include "common/host.h"
