@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/op_context.h"
+#include "kernels/plugin_calls.h"
 
 namespace divlab {
 
@@ -651,14 +652,25 @@ KernelSet<T, A> no_op_kernels(const KernelSet<T, A>& k) {
 }
 }  // namespace
 
+namespace {
+// A plug-in's writes past the scratch it asked for, among the call's writes outside its outputs.
+void add_stray_writes(const GuardedWorkspace& scratch, OpRun* r) {
+  for (std::string& line : scratch.stray_writes()) r->stray_writes.push_back(std::move(line));
+}
+}  // namespace
+
 template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written) {
   OpContextSource contexts(*k.memory);
+  GuardedWorkspace plugin_scratch(*k.memory, kPluginWorkspaceSlot);
+  contexts.set_plugin_workspace(&plugin_scratch);
   const OpContext ctx = contexts.next();
-  return run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
+  OpRun r = run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
     invoke_op(op_named(op), kk, ctx, in, ids, out, s, x.scalars, written);
   });
+  add_stray_writes(plugin_scratch, &r);
+  return r;
 }
 
 namespace {
@@ -679,6 +691,8 @@ OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs&
                              const OpInputs& x, const OpShape& s, MemoryGrowth* leak) {
   using Clock = std::chrono::steady_clock;
   OpContextSource contexts(*k.memory);
+  GuardedWorkspace plugin_scratch(*k.memory, kPluginWorkspaceSlot);
+  contexts.set_plugin_workspace(&plugin_scratch);
   BoundCall b(*k.memory, first);
   const bool probe = leak != nullptr && earlier > kLeakFrom;
   const bool device = k.memory->bytes_in_use != nullptr;
@@ -722,7 +736,9 @@ OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs&
   }
   b.refill(x);
   invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);
-  return b.read();
+  OpRun r = b.read();
+  add_stray_writes(plugin_scratch, &r);
+  return r;
 }
 
 template <class KS>
@@ -732,7 +748,9 @@ PreparedCall<KS>::PreparedCall(const std::string& op, const KS& k, OpInputs x, c
       x_(std::move(x)),
       s_(s),
       arrays_(*k.memory, x_),
-      contexts_(*k.memory) {
+      contexts_(*k.memory),
+      plugin_scratch_(std::make_unique<GuardedWorkspace>(*k.memory, kPluginWorkspaceSlot)) {
+  contexts_.set_plugin_workspace(plugin_scratch_.get());
   invoke_op(op_, no_op_kernels(k_), contexts_.next(), arrays_.in, arrays_.id_data(), arrays_.out,
             s_, x_.scalars, nullptr);
 }
@@ -752,7 +770,9 @@ void PreparedCall<KS>::reset() {
 template <class KS>
 OpRun PreparedCall<KS>::read() {
   k_.memory->synchronize(stream_);
-  return arrays_.read();
+  OpRun r = arrays_.read();
+  add_stray_writes(*plugin_scratch_, &r);
+  return r;
 }
 
 template OpRun call_op(const std::string&, const KernelSet<double>&, const OpInputs&,

@@ -8,10 +8,12 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/guarded_workspace.h"
 #include "kernels/harness.h"
 #include "kernels/op_spec.h"
 
@@ -130,6 +132,7 @@ class PreparedCall {
   OpShape s_;
   BoundCall arrays_;
   OpContextSource contexts_;
+  std::unique_ptr<GuardedWorkspace> plugin_scratch_;  // a plug-in's scratch, guarded
   void* stream_ = nullptr;
 };
 

@@ -5,6 +5,8 @@
 //              rounding) draws them from it, so two runs, two models or a resumed run draw the
 //              same bits for the same call (OpContextSource derives it from the caller's seed).
 //   workspace  scratch memory owned by the caller: two models or two shadow taps never share it.
+//   plugin_workspace  where a plug-in kernel's scratch comes from instead, when set: `divlab
+//              check` gives plug-ins scratch with guards (kernels/guarded_workspace.h).
 //   state      the called kernel's own bound state (Kernel::state below): an adapter's inner
 //              kernel, a shadow tap, a profiler. The caller never sets it; Kernel does.
 //   sync_each_launch  debugging (debug.sync_kernels): a device launcher waits for each kernel
@@ -56,6 +58,7 @@ struct OpContext {
   Workspace* workspace = nullptr;
   void* state = nullptr;
   bool sync_each_launch = false;
+  Workspace* plugin_workspace = nullptr;
 };
 
 // A kernel as the model holds it: a function and the state bound to it. Calling it passes the
@@ -117,7 +120,10 @@ class OpContextSource {
     calls_ = 0;
   }
   OpContext next() {
-    return {stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get(), nullptr, sync_each_launch_};
+    OpContext ctx{stream_, mix64(seed_ ^ mix64(calls_++)), workspace_.get()};
+    ctx.sync_each_launch = sync_each_launch_;
+    ctx.plugin_workspace = plugin_workspace_;
+    return ctx;
   }
   // Where the sequence is, and back there: a caller that discards calls (a failed CUDA graph
   // capture, which ran none of them) rewinds so the calls made again draw the same seeds.
@@ -125,6 +131,8 @@ class OpContextSource {
   void rewind(uint64_t calls) { calls_ = calls; }
   void set_stream(void* stream) { stream_ = stream; }
   void set_sync_each_launch(bool on) { sync_each_launch_ = on; }
+  // Plug-in kernels' scratch from `w` (which outlives the calls) instead of the workspace.
+  void set_plugin_workspace(Workspace* w) { plugin_workspace_ = w; }
   void* stream() const { return stream_; }
   uint64_t workspace_moves() const { return workspace_->moves(); }
 
@@ -133,6 +141,7 @@ class OpContextSource {
   std::unique_ptr<Workspace> workspace_;
   uint64_t seed_ = 0, calls_ = 0;
   bool sync_each_launch_ = false;
+  Workspace* plugin_workspace_ = nullptr;
 };
 
 }  // namespace divlab

@@ -90,12 +90,12 @@ typedef struct divlab_op_context {
    * rounding) draws them from it. A pure function of the run's seed, the step and the call, so
    * a repeated or resumed run draws the same bits. */
   uint64_t seed;
-  /* Scratch memory in the device's memory (host or device): region 0 to 7, at least `bytes`,
-   * 256-byte aligned, owned by divlab. Valid until the kernel returns and, on cuda, for the work
-   * it queued on ctx->stream; asking again for a region may move it (its contents are then
-   * lost). Its contents are whatever was last written there, never zeros by promise: a new
-   * region holds all-ones bytes (NaN as float). NULL if it cannot be had (a region out of range,
-   * memory exhausted). */
+  /* Scratch memory in the device's memory (host or device): region 0 to 7, `bytes` long (use
+   * no byte past them: `divlab check` guards the end), 256-byte aligned, owned by divlab. Valid
+   * until the kernel returns and, on cuda, for the work it queued on ctx->stream; asking again
+   * for a region may move it (its contents are then lost). Its contents are whatever was last
+   * written there, never zeros by promise: a new region holds all-ones bytes (NaN as float).
+   * NULL if it cannot be had (a region out of range, memory exhausted). */
   void* (*workspace)(const struct divlab_op_context* ctx, int region, size_t bytes);
   void* divlab_private; /* divlab's; do not touch */
 } divlab_op_context;

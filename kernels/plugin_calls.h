@@ -65,7 +65,7 @@ struct Abi2<void (*)(const OpContext&, Args...)> {
     c.stream = ctx.stream;
     c.seed = ctx.seed;
     c.workspace = &plugin_workspace;
-    c.divlab_private = ctx.workspace;
+    c.divlab_private = ctx.plugin_workspace ? ctx.plugin_workspace : ctx.workspace;
     // Function pointers round-trip through void* on every platform divlab builds on (POSIX).
     reinterpret_cast<Function>(ctx.state)(&c, AbiArg<Args>::of(args)...);
   }

@@ -402,6 +402,23 @@ TEST(GpuCheck, DeviceMemoryThatGrowsAtEveryCallFailsTheWarmedUpCall) {
   }
 }
 
+// A kernel that writes one value past the device scratch it asked for: check's scratch is exactly
+// the size asked, between guards read back after each call, so every condition names the write
+// (compute-sanitizer's memcheck does not: the write stays inside the allocation).
+TEST(GpuCheck, DeviceScratchWrittenPastItsEndFailsEveryCondition) {
+  REQUIRE_GPU();
+  const CheckReport r = run_check(racy_plugin_check("add=scratch_one_short"));
+  const std::string report = format_check(r);
+  for (const char* condition :
+       {"shape tiny", "shape odd", "shapes random", "concurrent load", "call 257 (warmed up)"})
+    EXPECT_NE(std::find(r.failing.begin(), r.failing.end(), condition), r.failing.end())
+        << condition << "\n"
+        << report;
+  EXPECT_NE(report.find("(asked for 31964 bytes): written up to 4 bytes past its end"),
+            std::string::npos)
+      << report;
+}
+
 // Run in a child of the test below (DIVLAB_TEST_HOLD_FILE set): holds 1 GiB of device memory,
 // says so in that file, and waits to be killed. Skipped when run as a test of its own.
 TEST(GpuCheck, HelperHoldingDeviceMemory) {

@@ -9,6 +9,8 @@
 //                                         gradient in int8 with one scale per 256 values
 //   rmsnorm_forward abi2_scratch_as_zero  fp32, sums each row's squares into workspace it never
 //                                         clears, as if new scratch were zeros
+//   add            abi2_scratch_one_short fp32, right values through scratch one value shorter
+//                                         than it writes (a fencepost in the size it asks for)
 //   sgd_step       abi2_sgd               correct: PyTorch's SGD, one value at a time
 //   adamw_step     abi2_adamw_bf16_moments  AdamW whose moments m and v are kept in bf16 (16-bit
 //                                         optimizer states), the update itself in fp32
@@ -93,6 +95,17 @@ void context_add(const divlab_op_context* ctx, float* y, const float* a, const f
   std::memcpy(y, sum, sizeof(float) * size_t(n));
 }
 
+// The sum staged in scratch sized for n - 1 values: its last value lands past the region. Training
+// rounds regions up to 256 bytes and keeps the largest size asked, so this writes into the heap
+// only where 4 (n - 1) is a multiple of 256 and no other kernel grew the region: rarely.
+void scratch_one_short(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                       int64_t n) {
+  float* sum = static_cast<float*>(ctx->workspace(ctx, 0, sizeof(float) * size_t(n - 1)));
+  if (!sum) return;
+  for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];
+  std::memcpy(y, sum, sizeof(float) * size_t(n));
+}
+
 // Each rank's gradient quantised to int8 with one absmax scale per block of 256 values (as a
 // compressed all-reduce sends it), dequantised and summed in fp32, divided by the rank count.
 void int8_reduce(const divlab_op_context*, float* out, const float* shards, int ranks, int64_t n) {
@@ -166,6 +179,9 @@ const divlab_variant2 kVariants[] = {
     {"rmsnorm_forward", "abi2_scratch_as_zero", "cpu", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&scratch_as_zero), "row sums of squares in workspace",
      "the workspace is never cleared: each call adds to what the last one left", "", ""},
+    {"add", "abi2_scratch_one_short", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&scratch_one_short), "an add staged in scratch",
+     "asks for one value less scratch than it writes", "", ""},
     {"sgd_step", "abi2_sgd", "cpu", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&sgd),
      "SGD with momentum, one value at a time", "", "", ""},
     {"adamw_step", "abi2_adamw_bf16_moments", "cpu", DIVLAB_FP32, 0,
@@ -173,7 +189,7 @@ const divlab_variant2 kVariants[] = {
      "m and v rounded to bf16 at every step: a moment's small updates round away",
      "gradients far below the moments' running scale", "a few steps at bf16's grade"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 8, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 9, kVariants};
 
 }  // namespace
 

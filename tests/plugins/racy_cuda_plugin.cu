@@ -10,6 +10,8 @@
 //   load" writes each call's inputs on the given stream just before it and must fail it.
 // And one fault no single call shows: `add` through device scratch of its own, allocated at every
 // call and never released; check's "call 257 (warmed up)" must fail it on the device's memory.
+// And `add` staged in the context's scratch, asked for one value less than it writes: check's
+// guarded scratch must name the write past its end in every condition.
 // (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
 
@@ -60,6 +62,16 @@ void add_own_stream(const divlab_op_context*, float* y, const float* a, const fl
   static cudaStream_t own = nullptr;
   if (!own && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) != cudaSuccess) return;
   add_direct<<<unsigned((n + 255) / 256), 256, 0, own>>>(y, a, b, n);
+}
+
+// The sum staged in scratch sized for n - 1 values: its last value lands past the region.
+void add_scratch_one_short(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                           int64_t n) {
+  const auto stream = static_cast<cudaStream_t>(ctx->stream);
+  auto* sum = static_cast<float*>(ctx->workspace(ctx, 0, sizeof(float) * size_t(n - 1)));
+  if (!sum) return;
+  add_direct<<<unsigned((n + 255) / 256), 256, 0, stream>>>(sum, a, b, n);
+  cudaMemcpyAsync(y, sum, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream);
 }
 
 // One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
@@ -118,8 +130,12 @@ const divlab_variant2 kVariants[] = {
      "not ordered after the work that writes its inputs, nor before the work that reads y",
      "inputs written on the run's stream just before the call (every training step)",
      "inputs already in memory when the call is queued"},
+    {"add", "scratch_one_short", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&add_scratch_one_short),
+     "y = a + b staged in the context's scratch", "asks for one value less scratch than it writes",
+     "a region whose rounded size ends where it asked", "rounded or larger regions"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 4, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 5, kVariants};
 
 }  // namespace
 

@@ -215,6 +215,24 @@ class Abi2Kernels(unittest.TestCase):
             self.assertIn("[%s]" % condition, r.stdout)
         self.assertIn("scratch left unwritten or read before it is written", r.stdout)
 
+    def test_scratch_written_past_its_end_fails_every_condition(self):
+        # A kernel that asks its workspace for one value less than it writes gets, under check,
+        # a region of exactly that size between guards, and each call's guards are read back:
+        # every condition fails by name, at every size (in training the last value lands in a
+        # region's rounding at most sizes and in the heap at a few; before the guards this
+        # kernel passed check).
+        r = run("check", "add=abi2_scratch_one_short", "--plugins", ABI2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        for condition in ("shape tiny", "shape odd", "shapes random", "arrays refilled",
+                          "call 257 (warmed up)", "arrays large (4 M)"):
+            self.assertIn("[%s]" % condition, r.stdout)
+        self.assertRegex(r.stdout, r"shape odd .* FAIL: writes outside its outputs \(scratch "
+                         r"region 0 \(asked for 31964 bytes\): written up to 4 bytes past its "
+                         r"end\)")
+        # The same add through scratch of the right size passes.
+        good = run("check", "add=abi2_context_add", "--plugins", ABI2)
+        self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+
     def test_optimizer_updates_plug_in_checked_and_trained(self):
         # The optimizer's updates are pluggable like the model's ops: a plain SGD passes check
         # and trains as the reference does (to fp32's last bits: its multiply-adds may fuse
