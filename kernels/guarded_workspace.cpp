@@ -19,6 +19,10 @@ size_t guard_after(size_t bytes) {
   return std::clamp(bytes * 7, kMinGuardAfter, kMaxGuardAfter);
 }
 
+std::string bytes_text(size_t n) {
+  return std::to_string(n) + (n == 1 ? " byte" : " bytes");
+}
+
 // The byte range of `bytes` (read from a guard) that is not the guard's: [first, last], or
 // {npos, npos} when untouched.
 std::pair<size_t, size_t> written(const std::vector<unsigned char>& bytes) {
@@ -82,11 +86,9 @@ std::vector<std::string> GuardedWorkspace::stray_writes() const {
       const std::string name = "scratch region " + std::to_string(r.slot - first_slot_) +
                                " (asked for " + std::to_string(r.bytes) + " bytes)";
       if (const auto [first, last] = written(before); first != std::string::npos)
-        lines.push_back(name + ": written from " + std::to_string(r.before - first) +
-                        " bytes before its start");
+        lines.push_back(name + ": written " + bytes_text(r.before - first) + " before its start");
       if (const auto [first, last] = written(after); last != std::string::npos)
-        lines.push_back(name + ": written up to " + std::to_string(last + 1) +
-                        " bytes past its end");
+        lines.push_back(name + ": written up to " + bytes_text(last + 1) + " past its end");
     }
   return lines;
 }

@@ -2,11 +2,14 @@
 // models, two shadow taps and two profilers work side by side in one process, and a kernel's
 // random bits come from its call's seed, so they repeat exactly when the caller's seed does; a
 // backend's reference pair (ReferencePairs) runs in place of its two ops with their bits and
-// leaves every later call's seed where it was; new host scratch is aligned and reads as NaN.
+// leaves every later call's seed where it was; new host scratch is aligned and reads as NaN, and
+// check's guarded scratch names a write past either end of what a kernel asked for.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/guarded_workspace.h"
+#include "kernels/memory.h"
 #include "kernels/op_tracker.h"
 #include "kernels/profile.h"
 #include "kernels/shadow.h"
@@ -253,5 +256,37 @@ TEST(OpContext, HostScratchIsAlignedAndStartsAsNaN) {
     EXPECT_EQ(p[0], 1.5f) << floats;
   }
   EXPECT_EQ(w.moves(), 4u);
+}
+
+// check's scratch for plug-ins (kernels/guarded_workspace.h) behaves as training's for the
+// kernel (aligned, NaN when new, the same region for a size it holds, a new one when it grows)
+// and reads back its guards: a byte written past the end, or before the start, of the size a
+// kernel asked for is named, in the region that grew too.
+TEST(OpContext, GuardedScratchNamesWritesPastWhatWasAsked) {
+  const int first = 64;
+  {
+    GuardedWorkspace w(host_memory(), first);
+    for (const size_t bytes : {size_t(1), size_t(12), size_t(4096), size_t(1) << 20}) {
+      auto* p = static_cast<unsigned char*>(w.get(first + 2, bytes));
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << bytes;
+      float f;
+      std::memcpy(&f, p, sizeof f < bytes ? sizeof f : bytes);
+      if (bytes >= sizeof f) EXPECT_TRUE(std::isnan(f)) << bytes;
+      std::memset(p, 0, bytes);                                // every byte asked for, and no more
+      EXPECT_EQ(w.get(first + 2, bytes / 2 + 1), p) << bytes;  // a smaller size: the same region
+    }
+    EXPECT_EQ(w.moves(), 4u);
+    EXPECT_TRUE(w.stray_writes().empty());
+  }
+  GuardedWorkspace w(host_memory(), first);
+  auto* small = static_cast<unsigned char*>(w.get(first, 100));
+  small[103] = 0;                                                 // four bytes past the end
+  auto* grown = static_cast<unsigned char*>(w.get(first, 1000));  // moves; the old one is kept
+  EXPECT_NE(grown, small);
+  grown[-1] = 0;
+  const std::vector<std::string> lines = w.stray_writes();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "scratch region 0 (asked for 1000 bytes): written 1 byte before its start");
+  EXPECT_EQ(lines[1], "scratch region 0 (asked for 100 bytes): written up to 4 bytes past its end");
 }
 }  // namespace divlab
