@@ -58,7 +58,9 @@ if [ $all_tests = 1 ]; then
   step cpu_tests ctest --preset cuda -L cpu -j 8 --timeout 600
 fi
 if [ $core = 1 ]; then
-  step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore
+  # Three at a time (docs/performance.md: the suite passes so): with them one at a time the
+  # default list ran past a machine call's 10 minutes on a fresh H200 (2026-11-29).
+  step gpu_tests ctest --preset cuda -L gpu --timeout 600 --no-tests=ignore -j 3
   # The parity numbers the gpu tests assert on, printed (docs/cuda.md records them).
   step gpu_bands build/cuda/tests/divlab_gpu_tests --gtest_filter='*GpuTraining*LossTracks*:*GpuTraining*Gradients*'
   # divlab check on the GPU candidates (exit 1 = the kernel fails its check, as bf16_accum must).
