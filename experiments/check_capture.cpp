@@ -117,6 +117,8 @@ bool run_calls(const RunConfig& cfg, Op op) {
 }
 
 RunConfig trace_config(const std::string& trace) {
+  if (std::filesystem::is_directory(trace))
+    throw InputError("check --trace '" + trace + "': a folder, not a trace (a run's --out file)");
   if (!std::filesystem::is_regular_file(trace))
     throw InputError("check --trace '" + trace + "': no such file");
   const TraceReader r(trace);
