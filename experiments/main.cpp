@@ -47,6 +47,12 @@ const CLI::Validator kNotNegative(
     },
     "N >= 0");
 
+// A path given as '' (an unset shell variable, say) is refused: a command would otherwise take it
+// for an option not given and run something else (the default grid, a check without the trace).
+const CLI::Validator kPathGiven(
+    [](std::string& value) { return value.empty() ? std::string("an empty path") : std::string(); },
+    "");
+
 // The run's last line. A run of train.steps = 0 (its initial weights into a trace, for `check
 // --trace` or `export`) computed no loss: it says so rather than "final loss 0".
 int report_train(const TrainResult& r, const std::string& trace) {
@@ -242,12 +248,14 @@ int main(int argc, char** argv) {
   std::string config, out;
   std::vector<std::string> sets;
   bool force = false, quiet = false, help_config = false, profile = false;
-  train->add_option("--config", config, "TOML config file");
+  train->add_option("--config", config, "TOML config file")->check(kPathGiven);
   train->add_option("--set", sets, "override keys: --set key=value [key=value ...]")
       ->allow_extra_args();
   std::vector<std::string> train_plugins;
-  train->add_option("--plugins", train_plugins,
-                    "load these plug-in libraries (the same as --set plugins=[...])");
+  train
+      ->add_option("--plugins", train_plugins,
+                   "load these plug-in libraries (the same as --set plugins=[...])")
+      ->check(kPathGiven);
   train->add_option("--out", out, "trace file to write (HDF5)");
   train->add_flag("--force", force, "overwrite an existing trace");
   train->add_flag("--quiet", quiet, "no progress line");
@@ -256,7 +264,8 @@ int main(int argc, char** argv) {
                   "steps run op by op) and print where a step's time goes");
   train->add_flag("--help-config", help_config, "list every config key and exit");
   std::string resume;
-  train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace");
+  train->add_option("--resume", resume, "continue a run from the newest checkpoint in its trace")
+      ->check(kPathGiven);
 
   auto* check = app.add_subcommand(
       "check", "stress one kernel variant against the fp64 reference (kernel authors)");
@@ -266,10 +275,13 @@ int main(int argc, char** argv) {
   std::string check_backend = "cpu";
   check->add_option("--backend", check_backend, "cpu | cuda (where the variant runs)")
       ->capture_default_str();
-  check->add_option("--plugins", ck.plugins, "load these plug-in libraries first");
-  check->add_option("--trace", ck.trace,
-                    "also judge the op on the values it saw in this run's trace (its newest "
-                    "weights)");
+  check->add_option("--plugins", ck.plugins, "load these plug-in libraries first")
+      ->check(kPathGiven);
+  check
+      ->add_option("--trace", ck.trace,
+                   "also judge the op on the values it saw in this run's trace (its newest "
+                   "weights)")
+      ->check(kPathGiven);
   check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
   std::string check_precision = "fp32", check_grade = "fp32";
   check
@@ -295,7 +307,8 @@ int main(int argc, char** argv) {
   check->add_flag("--shape-conditions-only", ck.shape_conditions_only)->group("");
   check->add_flag("--train", ck.train,
                   "then train with the candidate on a short grid chosen for the op");
-  check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)");
+  check->add_option("--out", ck.out, "--train: output folder (default runs/check-OP-VARIANT)")
+      ->check(kPathGiven);
   check->add_option("--jobs", ck.jobs, "--train: cells at a time");
   bool check_no_plots = false, check_no_sanitizer = false;
   check->add_flag("--no-sanitizer", check_no_sanitizer, "cuda: skip the compute-sanitizer pass");
@@ -377,7 +390,8 @@ int main(int argc, char** argv) {
   kernels->add_option("--op", only_op, "only this op");
   kernels->add_flag("--markdown", markdown, "as Markdown tables (docs/kernels.md)");
   std::vector<std::string> kernel_plugins;
-  kernels->add_option("--plugins", kernel_plugins, "also list the variants of these plug-ins");
+  kernels->add_option("--plugins", kernel_plugins, "also list the variants of these plug-ins")
+      ->check(kPathGiven);
   std::string kernels_backend = "cpu", kernels_precision = "fp32";
   kernels->add_option("--backend", kernels_backend, "whose catalogue: cpu or cuda (no GPU needed)")
       ->capture_default_str();
@@ -388,8 +402,10 @@ int main(int argc, char** argv) {
 
   auto* sweep = app.add_subcommand("sweep", "run every cell of an experiment grid");
   SweepOptions sw;
-  sweep->add_option("--config", sw.grid,
-                    "grid TOML file (default: the one frozen in --out by an earlier sweep)");
+  sweep
+      ->add_option("--config", sw.grid,
+                   "grid TOML file (default: the one frozen in --out by an earlier sweep)")
+      ->check(kPathGiven);
   sweep->add_option("--out", sw.out, "output folder (cells/, manifest.tsv)")->required();
   sweep->add_option("--jobs", sw.jobs, "cells at a time (0, the default: number of cores)");
   sweep->add_option("--cell", sw.cell, "run only cell I, in this process (job arrays)")
@@ -423,8 +439,10 @@ int main(int argc, char** argv) {
                    "sweep output folder(s); several pool their seeds (a re-run with "
                    "--seed-offset) and need --out")
       ->required();
-  analyze_cmd->add_option("--out", an.out,
-                          "where the tables, report and plots go (default: the sweep folder)");
+  analyze_cmd
+      ->add_option("--out", an.out,
+                   "where the tables, report and plots go (default: the sweep folder)")
+      ->check(kPathGiven);
   analyze_cmd->add_flag("!--no-plots", an.plots, "skip the PNG plots");
   bool fail_on_diverged = false;
   analyze_cmd->add_flag("--fail-on-diverged", fail_on_diverged,
@@ -433,13 +451,16 @@ int main(int argc, char** argv) {
   auto* reproduce = app.add_subcommand("reproduce", "the reported failure, end to end");
   ReproduceOptions rp;
   reproduce->add_flag("--quick", rp.quick, "the short version (CI)");
-  reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])");
+  reproduce->add_option("--out", rp.out, "output folder (default runs/reproduce[-quick])")
+      ->check(kPathGiven);
   std::string reproduce_backend = "cpu";
   reproduce->add_option("--backend", reproduce_backend,
                         "cpu (the laptop grid) or cuda (real text at a realistic batch, one GPU)");
-  reproduce->add_option("--config", rp.grid,
-                        "grid (default configs/reproduce.toml; --backend cuda: "
-                        "configs/reproduce-gpu.toml)");
+  reproduce
+      ->add_option("--config", rp.grid,
+                   "grid (default configs/reproduce.toml; --backend cuda: "
+                   "configs/reproduce-gpu.toml)")
+      ->check(kPathGiven);
   reproduce
       ->add_option("--seed-offset", rp.seed_offset,
                    "add N to every cell's train.seed (a re-run with fresh seeds)")

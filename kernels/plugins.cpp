@@ -319,6 +319,7 @@ void load_one(const std::string& path) {
   for (const auto& l : loaded())
     if (l.identity == identity) return;
   auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
+  if (path.empty()) fail("an empty path (dlopen would return divlab itself)");
   if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

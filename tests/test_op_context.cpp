@@ -271,7 +271,9 @@ TEST(OpContext, GuardedScratchNamesWritesPastWhatWasAsked) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u) << bytes;
       float f;
       std::memcpy(&f, p, sizeof f < bytes ? sizeof f : bytes);
-      if (bytes >= sizeof f) EXPECT_TRUE(std::isnan(f)) << bytes;
+      if (bytes >= sizeof f) {
+        EXPECT_TRUE(std::isnan(f)) << bytes;
+      }
       std::memset(p, 0, bytes);                                // every byte asked for, and no more
       EXPECT_EQ(w.get(first + 2, bytes / 2 + 1), p) << bytes;  // a smaller size: the same region
     }
