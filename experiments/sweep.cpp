@@ -393,8 +393,11 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
                      std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
-  if (!(opt.timeout_s >= 0))
-    throw InputError("--timeout " + std::to_string(opt.timeout_s) + ": must be >= 0 seconds");
+  if (!(opt.timeout_s >= 0)) {
+    std::ostringstream given;  // as typed (-1, not std::to_string's -1.000000)
+    given << opt.timeout_s;
+    throw InputError("--timeout " + given.str() + ": must be >= 0 seconds");
+  }
   // Cells this machine cannot run would each fail the same way: refused before the folder is
   // touched, unless they are to run elsewhere (--emit-slurm, or one --cell from a job array).
   if (g.first_cuda_cell >= 0 && !opt.emit_slurm && opt.cell < 0)
