@@ -206,9 +206,18 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
   std::vector<std::string> unfinished;
   for (const auto& dir : opt.dirs) {
     const auto paths = list_traces(dir);
-    if (paths.empty())
-      throw InputError("analyze '" + dir + "': no traces (expected " + dir + "/cells/*.h5)");
     const std::map<std::string, std::string> ended = sweep_statuses(dir);
+    if (paths.empty()) {
+      // A sweep whose every cell ended before writing a trace (a --timeout shorter than a
+      // start-up, say): how the sweep saw them end, from its manifest.
+      std::map<std::string, int> by_status;
+      for (const auto& [trace, status] : ended) ++by_status[status];
+      std::string seen;
+      for (const auto& [status, n] : by_status)
+        seen += (seen.empty() ? "" : ", ") + std::to_string(n) + " " + status;
+      throw InputError("analyze '" + dir + "': no traces (expected " + dir + "/cells/*.h5)" +
+                       (seen.empty() ? "" : "; its manifest.tsv lists " + seen));
+    }
     for (const auto& p : paths) {
       Cell c = load_cell(p, opt);
       // A run whose process the sweep saw die (a signal, or an exit other than a result) is a
