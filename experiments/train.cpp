@@ -11,24 +11,20 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <utility>
 
-#include "common/host.h"
 #include "common/lock.h"
 #include "common/paths.h"
-#include "common/rng.h"
 #include "common/signals.h"
-#include "common/version.h"
 #include "datasets/dataset.h"
 #include "experiments/crash_report.h"
 #include "experiments/data_parallel.h"
 #include "experiments/ranks.h"
+#include "experiments/run_trace.h"
 #include "experiments/weights.h"
 #include "io/checkpoint.h"
 #include "io/trace.h"
@@ -103,145 +99,12 @@ struct Resume {
 };
 
 namespace {
-
-// Shadow specs named in the run's own backend catalogue (plug-in and GPU-only variants included).
-std::vector<ShadowSpec> shadow_specs_of(const RunConfig& cfg) {
-  return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
-    return parse_shadow_specs(cfg.shadow_variants, cat);
-  });
-}
-
-// Each swapped kernel with its role ("op=variant control" or "... candidate", a line each), from
-// the run's own catalogue (plug-in and GPU-only variants included): analysis reads it from the
-// trace instead of re-deriving it from whichever catalogue the analysing binary has.
-std::string kernel_roles(const RunConfig& cfg) {
-  return with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
-    std::string out;
-    for (const auto& choice : cfg.kernels) {
-      const std::string &op = choice.first, &variant = choice.second;
-      if (variant == "reference") continue;
-      out += op + "=" + variant + (cat.is_benign(op, variant) ? " control\n" : " candidate\n");
-    }
-    return out;
-  });
-}
-
-std::string shadow_group(const ShadowSpec& s) {
-  return "/shadow/" + s.op + "/" + s.variant;
-}
-
 // The device comparison of a run whose shadow reference is on its device (fp32 runs only: an
 // fp64 run is on the cpu).
 template <class T>
 const DeviceComparison* shadow_comparison(const RunConfig& cfg) {
   if (!std::is_same_v<T, float> || !cfg.shadow_on_device()) return nullptr;
   return device_shadow_comparison(cfg.backend);
-}
-
-// What the run's shadow metrics are measured against (the trace's /shadow attribute
-// "reference").
-std::string shadow_reference_text(const RunConfig& cfg) {
-  const DeviceComparison* device =
-      cfg.shadow_on_device() ? device_shadow_comparison(cfg.backend) : nullptr;
-  return device ? device->description
-                : "fp64: each op's reference in fp64 on the host, on the recorded inputs";
-}
-
-// Root attributes, the resolved config, the dataset description, and every series.
-// `rank_series`: each NCCL rank's time per step (/ranks), for a run over NCCL or one resumed
-// from a trace that has them.
-void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data,
-                   const std::vector<ParamInfo>& layout, int threads, const std::string& device,
-                   bool rank_series) {
-  w.attr("/", "divlab_version", std::string(kDivlabVersion));
-  w.attr("/", "git_commit", std::string(kGitCommit));
-  w.attr("/", "start_utc", utc_now());
-  w.attr("/", "host", hostname());
-  w.attr("/", "cpu_model", cpu_model());
-  w.attr("/", "compiler", std::string(kCompiler));
-  w.attr("/", "build_flags", std::string(kBuildFlags));
-  w.attr("/", "backend", std::string(name_of(cfg.backend)));
-  w.attr("/", "device", device);
-  w.attr("/", "precision", std::string(name_of(cfg.precision)));
-  w.attr("/", "threads", int64_t(threads));
-  w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
-  if (!cfg.plugins.empty()) w.attr("/", "plugins", loaded_plugins_identity());
-  w.status_attr("running");
-  w.attr("/", "config_toml", cfg.to_toml());
-  w.attr("/", "kernel_roles", kernel_roles(cfg));
-  for (const auto& [key, value] : cfg.resolved) {
-    // Numbers stay numbers (easy for pandas); strings, booleans and lists keep their TOML text.
-    char* end = nullptr;
-    const double x = std::strtod(value.c_str(), &end);
-    const bool numeric = end && *end == '\0' && !value.empty() && value[0] != '"';
-    if (numeric && value.find_first_of(".eE") == std::string::npos)
-      w.attr("/config", key, int64_t(std::stoll(value)));
-    else if (numeric)
-      w.attr("/config", key, x);
-    else
-      w.attr("/config", key, value.front() == '"' ? value.substr(1, value.size() - 2) : value);
-  }
-  w.attr("/dataset", "spec", data.spec);
-  w.attr("/dataset", "kind", data.kind);
-  w.attr("/dataset", "vocab", int64_t(data.vocab));
-  w.attr("/dataset", "corpus_sha256", data.corpus_sha256);
-  if (!data.tokens_sha256.empty()) w.attr("/dataset", "tokens_sha256", data.tokens_sha256);
-  w.attr("/dataset", "zipf_exponent", data.zipf_exponent);
-  w.attr("/dataset", "entropy_rate", data.entropy_rate);
-  w.array("/dataset/token_counts", TraceWriter::Kind::Int64, data.vocab);
-  if (!data.tokenizer_model.empty()) w.bytes("/dataset/tokenizer_model", data.tokenizer_model);
-  using K = TraceWriter::Kind;
-  for (const char* s : {"/metrics/loss", "/metrics/grad_norm", "/metrics/lr", "/metrics/wall_s",
-                        "/metrics/top1_share"})
-    w.series(s, K::Float64);
-  for (const char* s : {"/metrics/step", "/metrics/tokens", "/metrics/max_row_contributions"})
-    w.series(s, K::Int64);
-  // Readers (resume, analyze, tests) count a trace's complete steps by /metrics/step.
-  w.commit_series("/metrics/step");
-  for (const auto& p : layout) w.series("/metrics/grad_norm_by_param/" + p.name, K::Float64);
-  if (rank_series) w.series("/ranks/step", K::Int64);
-  if (rank_series)
-    for (int r = 0; r < cfg.ranks; ++r)
-      for (const char* s : {"compute_s", "reduce_s"})
-        w.series("/ranks/" + std::to_string(r) + "/" + s, K::Float64);
-  if (cfg.eval_every > 0) {
-    w.series("/eval/step", K::Int64);
-    w.series("/eval/val_loss", K::Float64);
-  }
-  const auto specs = shadow_specs_of(cfg);
-  for (const auto& s : specs) {
-    const std::string g = shadow_group(s);
-    for (const char* m : {"rel_l2", "max_row_rel", "cosine"}) w.series(g + "/" + m, K::Float64);
-    w.series(g + "/step", K::Int64);
-    for (const auto& label : frequency_bucket_labels())
-      w.series(g + "/bucket_rel_l2/" + label, K::Float64);
-  }
-  if (!specs.empty()) w.attr("/shadow", "reference", shadow_reference_text(cfg));
-}
-
-void record_shadow(TraceWriter& w, const std::vector<ShadowSpec>& specs,
-                   const std::vector<ShadowMetrics>& metrics, int64_t step) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string g = shadow_group(specs[i]);
-    const ShadowMetrics& m = metrics[i];
-    w.append(g + "/step", step);
-    w.append(g + "/rel_l2", m.rel_l2);
-    w.append(g + "/max_row_rel", m.max_row_rel);
-    w.append(g + "/cosine", m.cosine);
-    for (size_t b = 0; b < m.bucket_rel_l2.size(); ++b)
-      w.append(g + "/bucket_rel_l2/" + frequency_bucket_labels()[b], m.bucket_rel_l2[b]);
-  }
-}
-
-template <class Timing>
-void print_shadow_timing(const Timing& t, bool background) {
-  if (t.evaluations == 0) return;
-  const double per = 1e3 / double(t.evaluations);
-  std::printf(
-      "shadow mode, %lld evaluations, ms each: recording %.2f, candidates %.2f, waiting for the "
-      "worker %.2f (training thread); reference + comparison %.2f (%s)\n",
-      (long long)t.evaluations, t.capture_s * per, t.candidates_s * per, t.waited_s * per,
-      t.reference_s * per, background ? "worker thread" : "training thread");
 }
 
 // Replays a step whose loss or gradients were not finite, checking every op's output (every
@@ -298,57 +161,6 @@ std::vector<std::pair<std::string, std::string>> attribute_nan(Transformer<T, A>
   return where;
 }
 
-class Progress {
- public:
-  // On a terminal one line rewritten every step; in a pipe or log a line at every tenth of the
-  // run (and at its end), so a log shows progress without a line per step.
-  explicit Progress(bool enabled) : enabled_(enabled), terminal_(isatty(STDERR_FILENO) != 0) {}
-  void update(int64_t step, int64_t steps, double loss, double tokens_per_s, double elapsed) {
-    if (!enabled_) return;
-    const double eta = step > 0 ? elapsed / double(step) * double(steps - step) : 0.0;
-    if (terminal_) {
-      std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", (long long)step,
-                   (long long)steps, loss, tokens_per_s, eta);
-      return;
-    }
-    const int64_t tenth = steps > 0 ? step * 10 / steps : 10;
-    if (tenth == last_tenth_ && step != steps) return;
-    last_tenth_ = tenth;
-    std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.0f tok/s  elapsed %.0fs  ETA %.0fs\n",
-                 (long long)step, (long long)steps, loss, tokens_per_s, elapsed, eta);
-  }
-  void done() {
-    if (enabled_ && terminal_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  bool enabled_, terminal_;
-  int64_t last_tenth_ = 0;
-};
-
-// Where the steps' time went, op by op (stderr), beside the steps' wall time: what the ops' sum
-// leaves of it is the step outside any op (the host's waits, gaps between launches).
-void print_profile(const std::map<std::string, OpTime>& times, int64_t steps, double wall_s) {
-  std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  double total = 0;
-  for (const auto& r : rows) total += r.second.seconds;
-  std::fprintf(stderr,
-               "\nop time over %lld steps after the first (per call, between timing marks on its "
-               "stream; steps run op by op)\n",
-               (long long)steps);
-  std::fprintf(stderr, "%-24s %8s %12s %12s %7s\n", "op", "calls", "ms/step", "us/call", "share");
-  for (const auto& [op, t] : rows)
-    std::fprintf(stderr, "%-24s %8lld %12.3f %12.1f %6.1f%%\n", op.c_str(), (long long)t.calls,
-                 1e3 * t.seconds / double(std::max<int64_t>(1, steps)),
-                 1e6 * t.seconds / double(std::max<int64_t>(1, t.calls)), 100 * t.seconds / total);
-  std::fprintf(stderr, "%-24s %8s %12.3f\n", "total", "",
-               1e3 * total / double(std::max<int64_t>(1, steps)));
-  std::fprintf(stderr, "%-24s %8s %12.3f\n", "step (wall)", "",
-               1e3 * wall_s / double(std::max<int64_t>(1, steps)));
-}
-
 }  // namespace
 
 template <class T, class A>
@@ -399,20 +211,10 @@ constexpr int64_t kNcclReserveBytes = int64_t(1) << 30;
 // How long ranks 1.. wait for rank 0 to publish NCCL's id (rank 0 may still be loading a corpus).
 constexpr double kRendezvousSeconds = 600;
 
-template <class T, class A = T>
-TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
-                       int threads, const std::string& device, const Resume* resume,
-                       const RankLaunch* launch) {
-  // Over NCCL every rank runs this function for its shard; rank 0 alone writes the trace.
-  const bool lead = launch == nullptr || launch->world.rank == 0;
+// Refuses a run whose buffers would not fit its device, before any of them is allocated.
+template <class T, class A>
+void check_run_fits(const RunConfig& cfg, bool over_nccl) {
   const ModelConfig& m = cfg.model;
-  const int B = cfg.batch, Tn = m.seq_len;
-  const int B_model = cfg.model_batch();
-  const int64_t N = int64_t(B) * Tn;
-  const Catalogue<T, A>& catalogue = backend_catalogue<T, A>(cfg.backend, cfg.precision);
-  const KernelSet<T, A> kernels = catalogue.select(cfg.kernels);
-  const KernelSet<T, A> reference = catalogue.select({});
-  const std::vector<ShadowSpec> shadow_specs = shadow_specs_of(cfg);
   // On the cpu the device is the host, which also holds a checkpoint's fp64 copies while it is
   // written (weights and two moments, each beside its working-precision copy).
   // Kept weights take one such copy.
@@ -421,89 +223,120 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                                                                   : 0;
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
-  const int64_t bytes =
-      Transformer<T, A>::allocated_bytes(m, B_model) + predicted_bytes<T, A>(cfg, param_count(m)) +
-      checkpoint_bytes +
-      (launch && cfg.data_parallel == RankTransport::Nccl ? kNcclReserveBytes : 0);
+  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, cfg.model_batch()) +
+                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes +
+                        (over_nccl ? kNcclReserveBytes : 0);
   check_backend_fits(
       cfg.backend, size_t(bytes),
-      "this model at train.batch = " + std::to_string(B) +
+      "this model at train.batch = " + std::to_string(cfg.batch) +
           (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : "") +
           (cfg.micro_batches > 1 ? " in train.micro_batches = " + std::to_string(cfg.micro_batches)
                                  : ""));
-  // Every rank has read what it needs of a resumed trace before rank 0 writes it: joining is the
-  // ranks' barrier.
+}
+
+// The ranks' communicator; none for a run in one process. Every rank has read what it needs of
+// a resumed trace before rank 0 writes it: joining is the ranks' barrier.
+std::unique_ptr<Communicator> join_ranks(const RunConfig& cfg, const TrainOptions& opt,
+                                         const RankLaunch* launch, bool lead) {
+  if (!launch) return nullptr;
+  const bool nccl = cfg.data_parallel == RankTransport::Nccl;
   std::unique_ptr<Communicator> comm;
-  if (launch) {
-    const bool nccl = cfg.data_parallel == RankTransport::Nccl;
-    try {
-      comm = nccl ? open_nccl(launch->world, rendezvous_path(opt.out), launch->nonce,
-                              kRendezvousSeconds)
-                  : open_local_sockets(launch->world, launch->nonce, kRendezvousSeconds);
-    } catch (const CommunicatorError& e) {
-      throw RunFailed(std::string("rank ") + std::to_string(launch->world.rank) + ": " + e.what());
-    }
-    if (lead && nccl) std::remove(rendezvous_path(opt.out).c_str());  // every rank has joined
-  }
-  std::unique_ptr<ShadowTap<T, A>> tap;
-  if (cfg.shadow_every > 0 && lead)
-    tap = std::make_unique<ShadowTap<T, A>>(kernels, shadow_specs, catalogue, -1,
-                                            shadow_comparison<T>(cfg));
-  // What the model runs: the run's kernels, tapped for shadow evaluation and timed when asked.
-  std::unique_ptr<OpProfiler<T, A>> profiler;
-  if (opt.profile) profiler = std::make_unique<OpProfiler<T, A>>(tap ? tap->kernels() : kernels);
-  // Outermost, every op call marks which op the run is in, so a kernel that throws or crashes
-  // is named (the trace's "failure", the crash report's line).
-  OpNote note;
-  const OpTracker<T, A> tracked(profiler ? profiler->kernels()
-                                : tap    ? tap->kernels()
-                                         : kernels,
-                                note);
-  const OpTracker<T, A> tracked_reference(reference, note);
-  const KernelSet<T, A>& run_kernels = tracked.kernels();
-  // The run's own stream: every op and copy of the step is queued there, none on the legacy
-  // default stream (declared before the model, so it outlives the model's last use of it).
-  const OwnedStream stream(*kernels.memory);
-  std::unique_ptr<Transformer<T, A>> owned;
-  std::unique_ptr<Optimizer<T>> owned_optim;
-  std::unique_ptr<DataParallelStep<T, A>> owned_step;
   try {
-    owned = std::make_unique<Transformer<T, A>>(m, run_kernels, B_model);
-    owned->set_stream(stream.get());
-    owned->set_sync_each_launch(cfg.sync_kernels);
-    owned->set_graph_steps(graph_steps(cfg, opt.profile, catalogue, kernels));
-    owned_optim = std::make_unique<Optimizer<T>>(cfg.optim, owned->layout(), *kernels.memory);
-    owned_step =
-        std::make_unique<DataParallelStep<T, A>>(*owned, cfg.ranks, cfg.micro_batches, comm.get());
+    comm =
+        nccl ? open_nccl(launch->world, rendezvous_path(opt.out), launch->nonce, kRendezvousSeconds)
+             : open_local_sockets(launch->world, launch->nonce, kRendezvousSeconds);
+  } catch (const CommunicatorError& e) {
+    throw RunFailed(std::string("rank ") + std::to_string(launch->world.rank) + ": " + e.what());
+  }
+  if (lead && nccl) std::remove(rendezvous_path(opt.out).c_str());  // every rank has joined
+  return comm;
+}
+
+// What the model runs, each layer wrapping the one before: the run's kernels, tapped for shadow
+// evaluation (rank 0 only), timed when profiled, and outermost tracked, so that a kernel that
+// throws or crashes is named (the trace's "failure", the crash report's line). Validation runs
+// the reference kernels, tracked too.
+template <class T, class A>
+struct RunKernels {
+  RunKernels(const RunConfig& cfg, bool profile, bool lead)
+      : catalogue(backend_catalogue<T, A>(cfg.backend, cfg.precision)),
+        chosen(catalogue.select(cfg.kernels)),
+        reference(catalogue.select({})),
+        shadow_specs(shadow_specs_of(cfg)),
+        tap(cfg.shadow_every > 0 && lead
+                ? std::make_unique<ShadowTap<T, A>>(chosen, shadow_specs, catalogue, -1,
+                                                    shadow_comparison<T>(cfg))
+                : nullptr),
+        profiler(profile ? std::make_unique<OpProfiler<T, A>>(tap ? tap->kernels() : chosen)
+                         : nullptr),
+        tracked(profiler ? profiler->kernels()
+                : tap    ? tap->kernels()
+                         : chosen,
+                note),
+        tracked_reference(reference, note) {}
+  const KernelSet<T, A>& run() const { return tracked.kernels(); }
+
+  const Catalogue<T, A>& catalogue;
+  const KernelSet<T, A> chosen, reference;
+  const std::vector<ShadowSpec> shadow_specs;
+  const std::unique_ptr<ShadowTap<T, A>> tap;
+  const std::unique_ptr<OpProfiler<T, A>> profiler;
+  OpNote note;
+  const OpTracker<T, A> tracked, tracked_reference;
+};
+
+// The model, its optimizer and its step over ranks and micro-batches, queued on `stream`.
+template <class T, class A>
+struct Trainee {
+  std::unique_ptr<Transformer<T, A>> model;
+  std::unique_ptr<Optimizer<T>> optim;
+  std::unique_ptr<DataParallelStep<T, A>> step;
+};
+
+template <class T, class A>
+Trainee<T, A> build_trainee(const RunConfig& cfg, bool profile, const RunKernels<T, A>& k,
+                            void* stream, Communicator* comm) {
+  Trainee<T, A> t;
+  try {
+    t.model = std::make_unique<Transformer<T, A>>(cfg.model, k.run(), cfg.model_batch());
+    t.model->set_stream(stream);
+    t.model->set_sync_each_launch(cfg.sync_kernels);
+    t.model->set_graph_steps(graph_steps(cfg, profile, k.catalogue, k.chosen));
+    t.optim = std::make_unique<Optimizer<T>>(cfg.optim, t.model->layout(), *k.chosen.memory);
+    t.step = std::make_unique<DataParallelStep<T, A>>(*t.model, cfg.ranks, cfg.micro_batches, comm);
   } catch (const OutOfMemory& e) {
-    throw InputError(std::string(e.what()) + " (model at train.batch = " + std::to_string(B) +
+    throw InputError(std::string(e.what()) +
+                     " (model at train.batch = " + std::to_string(cfg.batch) +
                      "; try a smaller batch or model, or train.micro_batches)");
   }
-  Transformer<T, A>& model = *owned;
-  Optimizer<T>& optim = *owned_optim;
-  DataParallelStep<T, A>& data_parallel = *owned_step;
-  model.init(cfg.seed);
-  const int64_t n_params = int64_t(std::as_const(model).params().size());
-  std::vector<int64_t> token_counts(m.vocab, 0);
-  int64_t first_step = 0;
-  double wall_offset = 0;
-  double profiled_from_s = 0, last_wall_s = 0;  // the profiled steps' span on the wall clock
+  return t;
+}
 
-  // The trace is laid out beside its path and published (renamed onto it) once readable; a
-  // resumed run publishes after copying the history up to its checkpoint, so the old file stays
-  // resumable until the new one is.
-  if (lead && opt.on_start) opt.on_start();
-  const std::unique_ptr<TraceWriter> owned_trace =
-      lead ? std::make_unique<TraceWriter>(opt.out, resume ? true : opt.force)
-           : std::make_unique<TraceWriter>();
-  TraceWriter& trace = *owned_trace;
+// Where a run starts: step 0, or a resumed trace's checkpoint.
+struct StartPoint {
+  int64_t first_step = 0;
+  double wall_offset = 0;  // the wall time of the steps run before the resume
+  std::vector<int64_t> token_counts;
+};
+
+// Lays the trace out, carries a resumed run's history and checkpoint over, writes the initial
+// weights, and publishes the trace (renames it onto its path once readable; a resumed run's
+// after the history is copied, so the old file stays resumable until the new one is).
+template <class T, class A>
+StartPoint open_trace(TraceWriter& trace, const RunConfig& cfg, const TrainOptions& opt,
+                      const Dataset& data, Transformer<T, A>& model, Optimizer<T>& optim,
+                      const Resume* resume, const RankLaunch* launch, int threads,
+                      const std::string& device) {
+  StartPoint start;
+  start.token_counts.assign(size_t(cfg.model.vocab), 0);
   const bool rank_series =
       launch ||
       (resume && std::any_of(resume->history.begin(), resume->history.end(),
                              [](const auto& h) { return h.first.rfind("/ranks/", 0) == 0; }));
   lay_out_trace(trace, cfg, data.info(), model.layout(), threads, device, rank_series);
+  const int64_t n_params = int64_t(std::as_const(model).params().size());
   if (cfg.checkpoint_every > 0)
-    lay_out_checkpoints(trace, n_params, cfg.optim.kind == OptimizerKind::AdamW, m.vocab);
+    lay_out_checkpoints(trace, n_params, cfg.optim.kind == OptimizerKind::AdamW, cfg.model.vocab);
   if (cfg.initial_weights) lay_out_weights(trace, "initial", model.layout());
   if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
   if (launch)
@@ -523,12 +356,12 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     optim.first_moment().assign(c.first_moment, model.stream());
     if (cfg.optim.kind == OptimizerKind::AdamW)
       optim.second_moment().assign(c.second_moment, model.stream());
-    token_counts = c.token_counts;
+    start.token_counts = c.token_counts;
     for (const auto& [series, values] : resume->history) {
       for (double v : values) trace.append(series, v);
-      if (series == "/metrics/wall_s" && !values.empty()) wall_offset = values.back();
+      if (series == "/metrics/wall_s" && !values.empty()) start.wall_offset = values.back();
     }
-    first_step = c.next_step;
+    start.first_step = c.next_step;
     // Into its own slot, which the run's next checkpoint does not overwrite: a kill while that
     // one is written still finds this one.
     if (cfg.checkpoint_every > 0)
@@ -545,120 +378,146 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
                       : widen(std::as_const(model).params(), model.stream()));
   }
   trace.publish();
+  return start;
+}
 
+// Each op's kernel as a crash report names it ("reference", or the variant and its plug-in).
+std::vector<std::string> kernel_names(const RunConfig& cfg) {
   std::vector<std::string> variants(kOpCount, "reference");
   for (int i = 0; i < kOpCount; ++i)
     if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end()) {
       const std::string library = plugin_of(it->first, it->second);
       variants[size_t(i)] = it->second + (library.empty() ? "" : ", plug-in " + library);
     }
-  const CrashReport crash(note, variants);
+  return variants;
+}
+
+// The mean validation loss over eval.batches, always with the reference kernels: a candidate
+// that only corrupts its own forward (e.g. a leaky mask) must not grade itself. None when a stop
+// request ended a long evaluation (eval.batches may be large) early: a mean over part of the
+// batches would be another measurement. Over ranks (`comm`) every rank evaluates to the end, as
+// it must join every collective.
+template <class T, class A>
+std::optional<double> validate(const RunConfig& cfg, const Dataset& data, const RunKernels<T, A>& k,
+                               Trainee<T, A>& t, bool comm, std::vector<TokenId>& in,
+                               std::vector<TokenId>& tgt) {
+  t.model->set_kernels(k.tracked_reference.kernels());
+  double sum = 0;
+  int evaluated = 0;
+  for (; evaluated < cfg.eval_batches && (comm || stop_signal() == 0); ++evaluated) {
+    data.validation_batch(evaluated, cfg.batch, cfg.model.seq_len, in.data(), tgt.data());
+    sum += t.step->evaluate(in.data(), tgt.data());
+  }
+  t.model->set_kernels(k.run());
+  if (evaluated < cfg.eval_batches) return std::nullopt;
+  return sum / cfg.eval_batches;
+}
+
+template <class T, class A = T>
+TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Dataset& data,
+                       int threads, const std::string& device, const Resume* resume,
+                       const RankLaunch* launch) {
+  // Over ranks every one runs this function for its shard; rank 0 alone writes the trace.
+  const bool lead = launch == nullptr || launch->world.rank == 0;
+  const int B = cfg.batch, Tn = cfg.model.seq_len;
+  const int64_t N = int64_t(B) * Tn;
+  check_run_fits<T, A>(cfg, launch && cfg.data_parallel == RankTransport::Nccl);
+  const std::unique_ptr<Communicator> comm = join_ranks(cfg, opt, launch, lead);
+  RunKernels<T, A> kernels(cfg, opt.profile, lead);
+  ShadowTap<T, A>* const tap = kernels.tap.get();
+  // The run's own stream: every op and copy of the step is queued there, none on the legacy
+  // default stream (declared before the model, so it outlives the model's last use of it).
+  const OwnedStream stream(*kernels.chosen.memory);
+  Trainee<T, A> trainee = build_trainee(cfg, opt.profile, kernels, stream.get(), comm.get());
+  Transformer<T, A>& model = *trainee.model;
+  Optimizer<T>& optim = *trainee.optim;
+  model.init(cfg.seed);
+
+  if (lead && opt.on_start) opt.on_start();
+  const std::unique_ptr<TraceWriter> owned_trace =
+      lead ? std::make_unique<TraceWriter>(opt.out, resume ? true : opt.force)
+           : std::make_unique<TraceWriter>();
+  TraceWriter& trace = *owned_trace;
+  StartPoint start =
+      open_trace(trace, cfg, opt, data, model, optim, resume, launch, threads, device);
+  const CrashReport crash(kernels.note, kernel_names(cfg));
 
   std::vector<TokenId> in(N), tgt(N);
   Progress progress(opt.progress && lead);
   const auto t0 = std::chrono::steady_clock::now();
-  TrainResult result{"completed", first_step, 0.0, 0, std::nullopt, lead};
+  double profiled_from_s = 0, last_wall_s = 0;  // the profiled steps' span on the wall clock
+  TrainResult result{"completed", start.first_step, 0.0, 0, std::nullopt, lead};
   std::vector<std::pair<std::string, std::string>> nan_where;
   // Then no step is taken; over NCCL the first step's reports carry the request instead, so that
   // every rank stops at the same step.
   const bool stopped_while_setting_up = stop_signal() != 0 && !comm;
   if (stopped_while_setting_up) result.status = "interrupted", result.signal = stop_signal();
   try {
-    for (int64_t step = stopped_while_setting_up ? cfg.steps : first_step; step < cfg.steps;
+    for (int64_t step = stopped_while_setting_up ? cfg.steps : start.first_step; step < cfg.steps;
          ++step) {
-      note.step.store(step);
+      kernels.note.step.store(step);
       if (step == cfg.abort_at_step) std::abort();
       data.batch(step, B, Tn, in.data(), tgt.data());
-      const BatchStats bs = dose_of(in.data(), B, Tn, cfg.ranks, m.vocab, &token_counts);
+      const BatchStats bs =
+          dose_of(in.data(), B, Tn, cfg.ranks, cfg.model.vocab, &start.token_counts);
       // Shadow mode judges rank 0's first micro-batch (the whole batch when there is one rank
       // and one micro-batch).
       const bool shadow_step = tap && step % cfg.shadow_every == 0;
-      const int64_t tapped_tokens = int64_t(B_model) * Tn;
-      const T loss = data_parallel.run(
+      const int64_t tapped_tokens = int64_t(cfg.model_batch()) * Tn;
+      const T loss = trainee.step->run(
           in.data(), tgt.data(), cfg.seed, step,
           [&](int rank) {
             if (shadow_step && rank == 0) tap->arm();
           },
           [&](int rank) {
-            if (shadow_step && rank == 0) tap->submit(in.data(), tapped_tokens, m.vocab, step);
+            if (shadow_step && rank == 0)
+              tap->submit(in.data(), tapped_tokens, cfg.model.vocab, step);
           });
       const StepStats st = optim.step(model, step);
       const double wall =
-          wall_offset +
+          start.wall_offset +
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-      trace.append("/metrics/step", step);
-      trace.append("/metrics/loss", double(loss));
-      trace.append("/metrics/grad_norm", st.grad_norm);
-      trace.append("/metrics/lr", st.lr);
-      trace.append("/metrics/tokens", (step + 1) * N);
-      trace.append("/metrics/wall_s", wall);
-      trace.append("/metrics/max_row_contributions", bs.max_row_contributions);
-      trace.append("/metrics/top1_share", bs.top1_share);
-      for (size_t i = 0; i < model.layout().size(); ++i)
-        trace.append("/metrics/grad_norm_by_param/" + model.layout()[i].name,
-                     st.param_grad_norms[i]);
-      const std::vector<RankReport>& reports = data_parallel.reports();
-      if (!reports.empty()) trace.append("/ranks/step", step);
-      for (size_t r = 0; r < reports.size(); ++r) {
-        trace.append("/ranks/" + std::to_string(r) + "/compute_s", reports[r].compute_s);
-        trace.append("/ranks/" + std::to_string(r) + "/reduce_s", reports[r].reduce_s);
-      }
-      const int stop = data_parallel.stop_requested();
+      const bool finite = std::isfinite(double(loss)) && std::isfinite(st.grad_norm);
+      record_step(trace,
+                  {step, double(loss), wall, (step + 1) * N, &st, &bs, &trainee.step->reports()},
+                  model.layout());
+      const int stop = trainee.step->stop_requested();
       result.steps = step + 1;
       // The first step pays one-time costs (cuDNN builds its fused attention plans, scratch grows):
       // the profile covers the steady steps after it when there are any.
-      if (profiler && step == first_step && step + 1 < cfg.steps) {
-        profiler->reset();
+      if (kernels.profiler && step == start.first_step && step + 1 < cfg.steps) {
+        kernels.profiler->reset();
         profiled_from_s = wall;
       }
       last_wall_s = wall;
       result.final_loss = double(loss);
+      const bool checkpoint = cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0;
       // Shadow evaluations finish on a worker while the GPU trains on; the trace gets them in step
       // order as they come, and all of them before a checkpoint or the end of the run.
-      const bool drain = step + 1 == cfg.steps || stop != 0 ||
-                         (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
-                         !std::isfinite(double(loss)) || !std::isfinite(st.grad_norm);
       if (tap)
-        for (const auto& r : tap->collect(drain))
-          record_shadow(trace, shadow_specs, r.metrics, r.step);
-
-      if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
-        // Validation always runs the reference kernels: a candidate that only corrupts its own
-        // forward (e.g. a leaky mask) must not grade itself.
-        model.set_kernels(tracked_reference.kernels());
-        double val = 0;
-        int evaluated = 0;
-        // A stop request ends a long evaluation (eval.batches may be large) without its row: a
-        // mean over part of the batches would be another measurement. Over NCCL every rank
-        // evaluates to the end, as it must join every collective.
-        for (; evaluated < cfg.eval_batches && (comm || stop_signal() == 0); ++evaluated) {
-          data.validation_batch(evaluated, B, Tn, in.data(), tgt.data());
-          val += data_parallel.evaluate(in.data(), tgt.data());
-        }
-        model.set_kernels(run_kernels);
-        if (evaluated == cfg.eval_batches) {
+        for (const auto& r :
+             tap->collect(step + 1 == cfg.steps || stop != 0 || checkpoint || !finite))
+          record_shadow(trace, kernels.shadow_specs, r.metrics, r.step);
+      if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps))
+        if (const auto val = validate(cfg, data, kernels, trainee, comm != nullptr, in, tgt)) {
           trace.append("/eval/step", step);
-          trace.append("/eval/val_loss", val / cfg.eval_batches);
+          trace.append("/eval/val_loss", *val);
         }
-      }
       trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
       progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
-      if (!std::isfinite(double(loss)) || !std::isfinite(st.grad_norm)) {
+      if (!finite) {
         result.status = "nan";
         data.batch(step, B, Tn, in.data(), tgt.data());
         if (lead)  // over NCCL rank 0 replays every shard itself; the others are done
-          nan_where = attribute_nan(model, data_parallel, in.data(), tgt.data(), step, cfg.seed);
+          nan_where = attribute_nan(model, *trainee.step, in.data(), tgt.data(), step, cfg.seed);
         break;
       }
-      if (lead && cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 &&
-          step + 1 < cfg.steps) {
+      if (lead && checkpoint && step + 1 < cfg.steps)
         write_checkpoint(trace,
                          {step + 1, widen(std::as_const(model).params(), model.stream()),
                           widen(optim.first_moment(), model.stream()),
-                          widen(optim.second_moment(), model.stream()), token_counts},
+                          widen(optim.second_moment(), model.stream()), start.token_counts},
                          checkpoint_slot(step + 1, cfg.checkpoint_every));
-      }
       // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed. Over NCCL only what every
       // rank reported counts, so that all stop at this step.
       if (stop != 0 || (!comm && stop_signal() != 0)) {
@@ -684,11 +543,12 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   if (!model.graph_failure().empty())
     std::fprintf(stderr, "divlab: note: CUDA graph steps are off for this run (%s)\n",
                  model.graph_failure().c_str());
-  if (profiler && lead)
-    print_profile(profiler->times(), std::max<int64_t>(1, result.steps - first_step - 1),
+  if (kernels.profiler && lead)
+    print_profile(kernels.profiler->times(),
+                  std::max<int64_t>(1, result.steps - start.first_step - 1),
                   last_wall_s - profiled_from_s);
-  if (profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
-  trace.write_array("/dataset/token_counts", token_counts);
+  if (kernels.profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
+  trace.write_array("/dataset/token_counts", start.token_counts);
   if (cfg.final_weights && lead)
     write_weights(trace, "final", model.layout(),
                   widen(std::as_const(model).params(), model.stream()), result.steps);
