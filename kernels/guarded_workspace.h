@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/memory.h"
+#include "kernels/op_context.h"
 
 namespace divlab {
 
@@ -50,6 +52,25 @@ class GuardedWorkspace final : public Workspace {
   int first_slot_;
   std::vector<Region> live_;     // the region each slot returns now
   std::vector<Region> retired_;  // replaced by a larger one: checked, released at the end
+};
+
+// Op contexts whose plug-in scratch is a GuardedWorkspace: what `divlab check` calls kernels
+// with. Movable: the workspace stays where the contexts point.
+class GuardedContexts {
+ public:
+  GuardedContexts(const MemoryOps& memory, int first_slot)
+      : scratch_(std::make_unique<GuardedWorkspace>(memory, first_slot)), contexts_(memory) {
+    contexts_.set_plugin_workspace(scratch_.get());
+  }
+  OpContext next() { return contexts_.next(); }
+  // The scratch's stray writes (GuardedWorkspace::stray_writes), appended to `lines`.
+  void add_stray_writes(std::vector<std::string>* lines) const {
+    for (std::string& line : scratch_->stray_writes()) lines->push_back(std::move(line));
+  }
+
+ private:
+  std::unique_ptr<GuardedWorkspace> scratch_;
+  OpContextSource contexts_;
 };
 
 }  // namespace divlab

@@ -652,24 +652,16 @@ KernelSet<T, A> no_op_kernels(const KernelSet<T, A>& k) {
 }
 }  // namespace
 
-namespace {
-// A plug-in's writes past the scratch it asked for, among the call's writes outside its outputs.
-void add_stray_writes(const GuardedWorkspace& scratch, OpRun* r) {
-  for (std::string& line : scratch.stray_writes()) r->stray_writes.push_back(std::move(line));
-}
-}  // namespace
-
 template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written) {
-  OpContextSource contexts(*k.memory);
-  GuardedWorkspace plugin_scratch(*k.memory, kPluginWorkspaceSlot);
-  contexts.set_plugin_workspace(&plugin_scratch);
+  // A plug-in's writes past the scratch it asked for join the call's writes outside its outputs.
+  GuardedContexts contexts(*k.memory, kPluginWorkspaceSlot);
   const OpContext ctx = contexts.next();
   OpRun r = run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
     invoke_op(op_named(op), kk, ctx, in, ids, out, s, x.scalars, written);
   });
-  add_stray_writes(plugin_scratch, &r);
+  contexts.add_stray_writes(&r.stray_writes);
   return r;
 }
 
@@ -690,9 +682,7 @@ template <class KS>
 OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs& first, int earlier,
                              const OpInputs& x, const OpShape& s, MemoryGrowth* leak) {
   using Clock = std::chrono::steady_clock;
-  OpContextSource contexts(*k.memory);
-  GuardedWorkspace plugin_scratch(*k.memory, kPluginWorkspaceSlot);
-  contexts.set_plugin_workspace(&plugin_scratch);
+  GuardedContexts contexts(*k.memory, kPluginWorkspaceSlot);
   BoundCall b(*k.memory, first);
   const bool probe = leak != nullptr && earlier > kLeakFrom;
   const bool device = k.memory->bytes_in_use != nullptr;
@@ -737,7 +727,7 @@ OpRun call_op_in_place_after(const std::string& op, const KS& k, const OpInputs&
   b.refill(x);
   invoke_op(op_named(op), k, contexts.next(), b.in, b.id_data(), b.out, s, x.scalars, nullptr);
   OpRun r = b.read();
-  add_stray_writes(plugin_scratch, &r);
+  contexts.add_stray_writes(&r.stray_writes);
   return r;
 }
 
@@ -748,9 +738,7 @@ PreparedCall<KS>::PreparedCall(const std::string& op, const KS& k, OpInputs x, c
       x_(std::move(x)),
       s_(s),
       arrays_(*k.memory, x_),
-      contexts_(*k.memory),
-      plugin_scratch_(std::make_unique<GuardedWorkspace>(*k.memory, kPluginWorkspaceSlot)) {
-  contexts_.set_plugin_workspace(plugin_scratch_.get());
+      contexts_(*k.memory, kPluginWorkspaceSlot) {
   invoke_op(op_, no_op_kernels(k_), contexts_.next(), arrays_.in, arrays_.id_data(), arrays_.out,
             s_, x_.scalars, nullptr);
 }
@@ -771,7 +759,7 @@ template <class KS>
 OpRun PreparedCall<KS>::read() {
   k_.memory->synchronize(stream_);
   OpRun r = arrays_.read();
-  add_stray_writes(*plugin_scratch_, &r);
+  contexts_.add_stray_writes(&r.stray_writes);
   return r;
 }
 

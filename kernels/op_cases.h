@@ -131,8 +131,7 @@ class PreparedCall {
   OpInputs x_;
   OpShape s_;
   BoundCall arrays_;
-  OpContextSource contexts_;
-  std::unique_ptr<GuardedWorkspace> plugin_scratch_;  // a plug-in's scratch, guarded
+  GuardedContexts contexts_;  // a plug-in's scratch guarded
   void* stream_ = nullptr;
 };
 
