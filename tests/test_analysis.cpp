@@ -130,8 +130,8 @@ std::vector<Cell> two_groups(std::mt19937_64& gen, double gap, double drift_per_
   return cells;
 }
 
-const Verdict& find_verdict(const std::vector<Verdict>& verdicts, const std::string& group,
-                            const std::string& variant) {
+Verdict find_verdict(const std::vector<Verdict>& verdicts, const std::string& group,
+                     const std::string& variant) {
   for (const auto& v : verdicts)
     if (v.group == group && v.variant == "embed_rmsnorm_backward=" + variant) return v;
   throw std::runtime_error("no verdict for " + group + " " + variant);
@@ -141,7 +141,7 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   std::mt19937_64 gen(testing::test_seed());
   const auto verdicts = compute_verdicts(two_groups(gen, 0.05, 2e-5), 0.05);
   ASSERT_EQ(verdicts.size(), 4u);  // 2 groups x (control, candidate)
-  const Verdict& bug = find_verdict(verdicts, "data=skewed", "bf16_accum");
+  const Verdict bug = find_verdict(verdicts, "data=skewed", "bf16_accum");
   EXPECT_EQ(bug.verdict, "diverged") << "seed " << testing::test_seed();
   EXPECT_EQ(bug.compared_with, "controls");
   EXPECT_EQ(bug.seeds, 4);
@@ -151,7 +151,7 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   EXPECT_EQ(bug.tokens_per_step, 512);
   EXPECT_EQ(bug.seed_traces.size(), 4u);
   EXPECT_EQ(bug.settings.at("data"), "skewed");
-  const Verdict& flat = find_verdict(verdicts, "data=flat", "bf16_accum");
+  const Verdict flat = find_verdict(verdicts, "data=flat", "bf16_accum");
   EXPECT_EQ(flat.verdict, "no-divergence") << "seed " << testing::test_seed();
   EXPECT_EQ(flat.onset, -1);
   EXPECT_TRUE(find_verdict(verdicts, "data=flat", "fp32_reordered").control);
@@ -185,11 +185,11 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
   cells.push_back(synthetic_cell("d", "bf16_accum", false, 0, noisy_curve(gen, 100, 0.005)));
   const auto verdicts = compute_verdicts(cells, 0.05);
   ASSERT_EQ(verdicts.size(), 2u);
-  const Verdict& nan = find_verdict(verdicts, "all", "fp16_accum");
+  const Verdict nan = find_verdict(verdicts, "all", "fp16_accum");
   EXPECT_EQ(nan.verdict, "nan");
   EXPECT_EQ(nan.nan_runs.size(), 3u);
   EXPECT_NE(nan.nan_where.find("step 7"), std::string::npos);
-  const Verdict& one = find_verdict(verdicts, "all", "bf16_accum");
+  const Verdict one = find_verdict(verdicts, "all", "bf16_accum");
   EXPECT_EQ(one.verdict, "too-few-seeds");
   EXPECT_NE(one.no_verdict_reason.find("1 of 1 seeds paired"), std::string::npos)
       << one.no_verdict_reason;
@@ -226,12 +226,12 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
       shifted_seeds(gen, {{"noisy", [&](int seed) { return (seed % 2 ? -1 : 1) * size(gen); }},
                           {"biased", [&](int) { return size(gen); }}}),
       0.05);
-  const Verdict& noisy = find_verdict(verdicts, "all", "noisy");
+  const Verdict noisy = find_verdict(verdicts, "all", "noisy");
   EXPECT_EQ(noisy.verdict, "no-divergence") << "seed " << testing::test_seed();
   EXPECT_TRUE(noisy.perturbed) << "p_shift " << noisy.p_shift << ", seed " << testing::test_seed();
   EXPECT_GT(noisy.shift, 0.04);
   EXPECT_LT(noisy.control_shift, 0.005);
-  const Verdict& biased = find_verdict(verdicts, "all", "biased");
+  const Verdict biased = find_verdict(verdicts, "all", "biased");
   EXPECT_EQ(biased.verdict, "diverged") << "seed " << testing::test_seed();
   EXPECT_FALSE(biased.perturbed);  // a divergence already says more
   EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").perturbed);
@@ -250,14 +250,14 @@ TEST(Verdicts, EverySeedOnOneSideWithOneFarBeyondIsLopsidedNotPerturbed) {
                     {{"lopsided", [&](int seed) { return moved[size_t(seed)]; }},
                      {"mixed", [&](int seed) { return seed == 2 ? -0.04 : moved[size_t(seed)]; }}}),
       0.05);
-  const Verdict& lop = find_verdict(verdicts, "all", "lopsided");
+  const Verdict lop = find_verdict(verdicts, "all", "lopsided");
   EXPECT_EQ(lop.verdict, "no-divergence")
       << "p " << lop.p_welch << ", seed " << testing::test_seed();
   EXPECT_GT(lop.p_welch, 0.05);
   EXPECT_LT(lop.p_permutation, 0.001);
   EXPECT_TRUE(lop.lopsided) << "seed " << testing::test_seed();
   EXPECT_FALSE(lop.perturbed);  // one direction: not noise
-  const Verdict& mixed = find_verdict(verdicts, "all", "mixed");
+  const Verdict mixed = find_verdict(verdicts, "all", "mixed");
   EXPECT_FALSE(mixed.lopsided) << "seed " << testing::test_seed();  // 7 of 8: sign test p 0.07
   EXPECT_EQ(mixed.seeds_one_way, 7);
   EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").lopsided);
@@ -281,14 +281,14 @@ TEST(Verdicts, MostSeedsOneWayAndAFewChaoticOnesEitherWayIsLopsided) {
             [&](int seed) { return (seed % 2 ? 1 : -1) * std::abs(moved[size_t(seed)]); }}},
           24),
       0.05);
-  const Verdict& v = find_verdict(verdicts, "all", "chaotic");
+  const Verdict v = find_verdict(verdicts, "all", "chaotic");
   EXPECT_EQ(v.verdict, "no-divergence") << "p " << v.p_welch << ", seed " << testing::test_seed();
   EXPECT_EQ(v.seeds_one_way, 21);  // 19 small and the 2 chaotic seeds moved up
   EXPECT_GT(v.median_gap, 0.02);
   EXPECT_NEAR(v.p_sign, 2 * (2024 + 276 + 24 + 1) / 16777216.0, 1e-15);  // P(X >= 21 | 24)
   EXPECT_TRUE(v.lopsided) << "p_welch " << v.p_welch << ", seed " << testing::test_seed();
   EXPECT_FALSE(v.perturbed);
-  const Verdict& balanced = find_verdict(verdicts, "all", "balanced");
+  const Verdict balanced = find_verdict(verdicts, "all", "balanced");
   EXPECT_EQ(balanced.seeds_one_way, 12);
   EXPECT_DOUBLE_EQ(balanced.p_sign, 1.0);
   EXPECT_FALSE(balanced.lopsided);

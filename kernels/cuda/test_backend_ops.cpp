@@ -42,6 +42,15 @@ double op_tolerance(const std::string& op, bool bf16_mode) {
 }
 }  // namespace
 
+// The CPU catalogue of the mode whose activations are stored as A.
+template <class A>
+const Catalogue<float, A>& cpu_catalogue_for() {
+  if constexpr (std::is_same_v<A, bf16>)
+    return cpu_bf16_catalogue();
+  else
+    return cpu_catalogue<float>();
+}
+
 // Typed over the activation storage type: fp32 mode (float) and bf16 mode (bf16).
 template <class A>
 class GpuOps : public ::testing::Test {
@@ -386,14 +395,7 @@ TEST(GpuOpsBf16, GemmsAreReallyBf16) {
 TYPED_TEST(GpuOps, EveryFp64ControlMatchesTheCpusBitwise) {
   std::mt19937_64 gen(test_seed());
   const OpShape s = every_op_shapes(gen).front();
-  const auto& cpu =
-      [] {
-        if constexpr (std::is_same_v<TypeParam, bf16>)
-          return std::cref(cpu_bf16_catalogue());
-        else
-          return std::cref(cpu_catalogue<float>());
-      }()
-          .get();
+  const auto& cpu = cpu_catalogue_for<TypeParam>();
   const std::string generic = fp64_control_doc().summary;
   int compared = 0;
   gpu_catalogue<TypeParam>().for_each_op([&](const auto& variants, auto) {
