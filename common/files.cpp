@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -23,6 +24,56 @@ bool read_file(const std::string& path, std::string& out) {
   s << in.rdbuf();
   out = s.str();
   return bool(in) || in.eof();
+}
+
+namespace {
+// The folders an output at `path` goes into that have no entry yet, innermost first, and the
+// nearest one that has (maybe not a folder: a file, a dangling link); "." for a bare name.
+std::vector<std::filesystem::path> missing_folders(const std::string& path,
+                                                   std::filesystem::path* nearest) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> missing;
+  fs::path dir = fs::path(path).parent_path();
+  std::error_code ec;
+  while (!dir.empty() && fs::symlink_status(dir, ec).type() == fs::file_type::not_found) {
+    missing.push_back(dir);
+    const fs::path up = dir.parent_path();
+    if (up == dir) break;  // a root that does not exist
+    dir = up;
+  }
+  *nearest = dir.empty() ? fs::path(".") : dir;
+  return missing;
+}
+}  // namespace
+
+void check_output_folder(const std::string& path, const std::string& what) {
+  std::filesystem::path dir;
+  missing_folders(path, &dir);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw InputError(what + " '" + path + "': '" + dir.string() + "' is not a folder");
+  if (access(dir.c_str(), W_OK) != 0)
+    throw InputError(what + " '" + path + "': folder '" + dir.string() + "' is not writable");
+}
+
+MadeFolders::MadeFolders(const std::string& path, const std::string& what) {
+  std::filesystem::path nearest;
+  const auto missing = missing_folders(path, &nearest);
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (mkdir(it->c_str(), 0755) == 0) {
+      made_.push_back(it->string());
+      continue;
+    }
+    if (errno == EEXIST) continue;  // made meanwhile by someone else: theirs
+    const std::string why = std::strerror(errno);
+    for (auto m = made_.rbegin(); m != made_.rend(); ++m) rmdir(m->c_str());
+    throw InputError(what + " '" + path + "': cannot make folder '" + it->string() + "' (" + why +
+                     ")");
+  }
+}
+
+MadeFolders::~MadeFolders() {
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) rmdir(it->c_str());  // only if empty
 }
 
 std::string read_input_file(const std::string& path, const std::string& what) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace divlab {
 
@@ -18,6 +19,26 @@ std::string read_input_file(const std::string& path, const std::string& what);
 // writers never share one) and renames it over `path`: readers see the old file or the new one,
 // never a part. False, with nothing left behind, if the write fails.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+// Where an output at `path` may be written: its folder, or the nearest folder above it that
+// exists, under which the missing ones can be made. Throws InputError "WHAT 'PATH': ..." naming
+// the nearest existing one when it is not a folder or not writable.
+void check_output_folder(const std::string& path, const std::string& what);
+
+// The folders on the way to an output that do not exist yet (runs/ in a fresh checkout), made
+// as `mkdir -p` would, once the command's checks have passed; those still empty when this object
+// goes are removed again (deepest first), so a command stopped before it wrote anything leaves no
+// folder behind. Throws InputError "WHAT 'PATH': cannot make folder ..." when one cannot be made.
+class MadeFolders {
+ public:
+  MadeFolders(const std::string& path, const std::string& what);
+  ~MadeFolders();
+  MadeFolders(const MadeFolders&) = delete;
+  MadeFolders& operator=(const MadeFolders&) = delete;
+
+ private:
+  std::vector<std::string> made_;  // outermost first
+};
 
 // A file with no name in any folder (memfd_create), for what a parent and its child process
 // exchange: nothing of it outlives both, however either ends (SIGKILL included). path() names it

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -52,9 +53,9 @@ RunConfig load_source(const BisectOptions& opt) {
 class Bisector {
  public:
   Bisector(const BisectOptions& opt, const RunConfig& cfg) : opt_(opt) {
-    if (mkdir(opt.out.c_str(), 0755) != 0 && errno != EEXIST)
-      throw InputError("bisect --out '" + opt.out + "': cannot create it (" + std::strerror(errno) +
-                       ")");
+    std::error_code ec;  // the folders missing on the way too, as `mkdir -p` would
+    if (std::filesystem::create_directories(opt.out, ec); ec)
+      throw InputError("bisect --out '" + opt.out + "': cannot create it (" + ec.message() + ")");
     // The base config: everything but the kernels; short runs, no checkpoints.
     RunConfig base = cfg;
     base.resolved.erase(

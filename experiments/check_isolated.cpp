@@ -334,11 +334,7 @@ std::string train_output(const CheckOptions& opt, const std::string& op,
   }
   if (opt.jobs < 0) throw InputError("check --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   std::string out = opt.out.empty() ? "runs/check-" + op + "-" + variant : opt.out;
-  const auto slash = out.find_last_of('/');
-  const std::string parent = slash == std::string::npos ? "." : out.substr(0, slash + 1);
-  if (access(parent.c_str(), W_OK) != 0)
-    throw InputError("check --out '" + out + "': folder '" + parent +
-                     "' does not exist or is not writable");
+  check_output_folder(out, "check --out");  // the sweep makes the folders missing on the way
   return out;
 }
 }  // namespace

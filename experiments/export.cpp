@@ -88,6 +88,7 @@ std::string export_weights(const ExportOptions& opt) {
     }
     bytes.append(raw, width);
   }
+  const MadeFolders folders(opt.out, "--out");
   if (!write_file_atomically(opt.out, bytes))
     throw InputError("--out '" + opt.out + "': cannot be written");
   return "wrote " + opt.out + ": " + std::to_string(layout.size()) + " tensors, " +
@@ -121,6 +122,7 @@ void dump_batch(const BatchDumpOptions& opt) {
   const int64_t n = int64_t(opt.batch) * opt.seq;
   std::vector<TokenId> in(n), tgt(n);
   data->batch(opt.step, opt.batch, opt.seq, in.data(), tgt.data());
+  const MadeFolders folders(opt.out, "--out");
   TraceWriter w(opt.out, opt.force);
   using K = TraceWriter::Kind;
   w.attr("/", "dataset", data->info().spec);

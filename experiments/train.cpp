@@ -17,6 +17,7 @@
 #include <memory>
 #include <utility>
 
+#include "common/files.h"
 #include "common/lock.h"
 #include "common/paths.h"
 #include "common/signals.h"
@@ -59,12 +60,7 @@ void check_output_path(const std::string& path, bool force) {
     if (access(path.c_str(), W_OK) != 0)
       throw InputError("output '" + path + "' exists and is not writable");
   }
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  if (access(dir.c_str(), W_OK) != 0)
-    throw InputError("output '" + path + "': directory '" + dir +
-                     "' does not exist or is not "
-                     "writable");
+  check_output_folder(path, "output");
 }
 
 void check_out_is_no_input(const std::string& out, const std::vector<ReadFile>& inputs,
@@ -613,9 +609,11 @@ std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& 
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);
   // One writer per trace: a second run (--force included) is refused while this one lives.
+  std::optional<MadeFolders> folders;  // declared first: removed (if still empty) after the lock
   std::optional<WriterLock> lock;
   if (answers_for_output(launch)) {
     check_output_path(opt.out, opt.force);
+    folders.emplace(opt.out, "output");
     lock.emplace(opt.out + ".lock", "--out '" + opt.out + "'");
   }
   TrainResult r;
