@@ -58,8 +58,8 @@ std::pair<double, int> chi_square(const std::vector<int64_t>& observed,
 }  // namespace
 
 TEST(Zipf, SamplerMatchesTargetFrequencies) {
-  // Fixed seed: a goodness-of-fit test at alpha = 0.001 (Pearson chi-square; tail ranks with
-  // expected count < 5 pooled into one bin).
+  // Fixed seed: a goodness-of-fit test at chi2_critical's quantile (Pearson chi-square; tail
+  // ranks with expected count < 5 pooled into one bin).
   const int V = 200;
   SyntheticDataset d("zipf:1.1", V, 12345, 1.1);
   const auto counts = sample_counts(d, V, 400, 8, 64);
