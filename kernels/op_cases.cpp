@@ -179,9 +179,9 @@ void round_to_fp32(std::vector<double>& v) {
 
 namespace {
 Op op_named(const std::string& name) {
-  for (int i = 0; i < kOpCount; ++i)
-    if (name == op_name(Op(i))) return Op(i);
-  throw std::logic_error("op_cases: no op named '" + name + "'");
+  Op op{};
+  if (!parse_op(name, &op)) throw std::logic_error("op_cases: no op named '" + name + "'");
+  return op;
 }
 }  // namespace
 
