@@ -34,15 +34,22 @@ int report_train(const TrainResult& r, const std::string& trace) {
   return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
 }
 
-int cmd_train(const std::string& config, const std::vector<std::string>& sets,
-              const std::string& out, bool force, bool quiet, const std::string& resume,
-              bool profile) {
+// `divlab train`'s command line, as given.
+struct TrainArgs {
+  std::string config, out, resume;
+  std::vector<std::string> sets, plugins;
+  bool force = false, quiet = false, help_config = false, profile = false;
+};
+
+int cmd_train(const TrainArgs& a) {
+  const std::string &config = a.config, &out = a.out, &resume = a.resume;
+  const std::vector<std::string>& sets = a.sets;
   if (!resume.empty()) {
     if (!config.empty() || !out.empty())
       throw InputError(
           "--resume: the trace holds its config and is the output; drop --config "
           "and --out");
-    return report_train(resume_training(resume, sets, !quiet), resume);
+    return report_train(resume_training(resume, sets, !a.quiet), resume);
   }
   const RunConfig cfg = load_config(config, sets);
   check_dataset_source(cfg.data);
@@ -56,7 +63,7 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
   check_out_is_no_input(out, inputs, cfg.data);
   TrainOptions opt;
   if (answers_for_output(launch)) {
-    check_output_path(out, force);
+    check_output_path(out, a.force);
     if (cfg.data_parallel == RankTransport::Nccl && !launch) check_local_gpus(cfg.ranks);
     // Printed once the run has passed every check, so a refusal stands alone.
     opt.on_start = [&cfg] {
@@ -64,21 +71,16 @@ int cmd_train(const std::string& config, const std::vector<std::string>& sets,
     };
   }
   opt.out = out;
-  opt.force = force;
-  opt.progress = !quiet;
-  opt.profile = profile;
+  opt.force = a.force;
+  opt.progress = !a.quiet;
+  opt.profile = a.profile;
   return report_train(train(cfg, opt), out);
 }
 
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
-  struct Options {
-    std::string config, out, resume;
-    std::vector<std::string> sets, plugins;
-    bool force = false, quiet = false, help_config = false, profile = false;
-  };
-  const auto o = std::make_shared<Options>();
+  const auto o = std::make_shared<TrainArgs>();
   auto* train = app.add_subcommand("train", "train one model and write its trace");
   train->add_option("--config", o->config, "TOML config file")->check(kPathGiven);
   train->add_option("--set", o->sets, "override keys: --set key=value [key=value ...]")
@@ -111,7 +113,7 @@ Command add_train_command(CLI::App& app) {
           o->sets.push_back("plugins=[" + list + "]");
         }
         run_supervised(o->resume.empty() ? o->out : o->resume);  // the parent exits with the run
-        return cmd_train(o->config, o->sets, o->out, o->force, o->quiet, o->resume, o->profile);
+        return cmd_train(*o);
       }};
 }
 
