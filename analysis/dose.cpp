@@ -71,7 +71,7 @@ std::vector<DoseResponse> dose_responses(const std::vector<Verdict>& verdicts) {
               [](const DosePoint& a, const DosePoint& b) { return a.dose < b.dose; });
     // The diverged run of points at the top of the range, if any.
     size_t first = r.points.size();
-    while (first > 0 && r.points[first - 1].verdict == "diverged") --first;
+    while (first > 0 && r.points[first - 1].verdict == Outcome::diverged) --first;
     if (first < r.points.size()) {
       r.diverged_from = r.points[first].dose;
       if (first > 0) r.quiet_up_to = r.points[first - 1].dose;
@@ -124,7 +124,7 @@ std::string dose_table(const std::vector<DoseResponse>& responses) {
           line, sizeof line,
           "  %11.0f  %8.0f (%6.0f-%6.0f)  %5d  %+9.4f  %+9.4f to %+8.4f  %9.4f  %8.2g  %s\n",
           p.tokens_per_step, p.dose, p.dose_min, p.dose_max, p.seeds, p.gap, p.ci_low, p.ci_high,
-          p.band, p.p_welch, p.verdict.c_str());
+          p.band, p.p_welch, outcome_name(p.verdict));
       t << line;
     }
     t << "  " << r.summary << "\n";

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -38,19 +39,14 @@ std::string fmt(double x, const char* f = "%.3g") {
   return buf;
 }
 
-// A verdict in plain words with one symbol, for readers of the report.
-std::string verdict_words(const std::string& verdict) {
-  static const std::map<std::string, std::string> words = {
-      {"diverged", "✗ diverged"},
-      {"lower-loss", "↓ lower loss"},
-      {"no-divergence", "✓ no divergence"},
-      {"nan", "✗ stopped on NaN"},
-      {"crashed", "✗ crashed"},
-      {"reference-nan", "? reference stopped on NaN"},
-      {"too-few-seeds", "? too few seeds"},
-      {"no-reference", "? no reference run"}};
-  const auto it = words.find(verdict);
-  return it == words.end() ? verdict : it->second;
+// A verdict in plain words with one symbol, for readers of the report (in Outcome's order).
+const char* verdict_words(Outcome o) {
+  static constexpr const char* kWords[] = {"✗ diverged",       "↓ lower loss",
+                                           "✓ no divergence",  "✗ crashed",
+                                           "✗ stopped on NaN", "? reference stopped on NaN",
+                                           "? too few seeds",  "? no reference run"};
+  static_assert(std::size(kWords) == size_t(Outcome::no_reference) + 1, "words for each outcome");
+  return kWords[size_t(o)];
 }
 
 // The report's first sentence: which candidates diverged and where, and where the same
@@ -63,7 +59,8 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     groups.insert(v.group);
     if (v.control || v.variant == "reference") continue;
     ++candidates;
-    const bool failed = v.verdict == "diverged" || v.verdict == "nan" || v.verdict == "crashed";
+    const bool failed = v.verdict == Outcome::diverged || v.verdict == Outcome::nan ||
+                        v.verdict == Outcome::crashed;
     (failed ? diverged : held)[v.variant].push_back(&v);
   }
   if (diverged.empty())
@@ -75,9 +72,9 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     for (size_t i = 0; i < rows.size() && i < 4; ++i) {
       const Verdict& v = *rows[i];
       out += (i ? "; " : "") + (v.group.empty() ? std::string("the grid") : v.group);
-      if (details && v.verdict == "nan") out += ": stopped on NaN";
-      if (details && v.verdict == "crashed") out += ": crashed";
-      if (details && v.verdict == "diverged")
+      if (details && v.verdict == Outcome::nan) out += ": stopped on NaN";
+      if (details && v.verdict == Outcome::crashed) out += ": crashed";
+      if (details && v.verdict == Outcome::diverged)
         out += ": gap " + fmt(v.gap, "%+.4f") + " nats" +
                (v.onset >= 0 ? ", from step " + std::to_string(v.onset) : "");
     }
@@ -136,7 +133,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     const std::string g = "/verdicts/" + std::to_string(i);
     w.attr(g, "group", v.group);
     w.attr(g, "variant", v.variant);
-    w.attr(g, "verdict", v.verdict);
+    w.attr(g, "verdict", std::string(outcome_name(v.verdict)));
     w.attr(g, "control", int64_t(v.control));
     w.attr(g, "seeds", int64_t(v.seeds));
     w.attr(g, "onset_step", int64_t(v.onset));
@@ -202,7 +199,7 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
     const std::vector<Column> results = {
         {"variant", [](const Verdict& v) { return v.variant; }},
         {"control", [](const Verdict& v) { return std::string(v.control ? "1" : "0"); }},
-        {"verdict", [](const Verdict& v) { return v.verdict; }},
+        {"verdict", [](const Verdict& v) { return std::string(outcome_name(v.verdict)); }},
         {"seeds", [](const Verdict& v) { return std::to_string(v.seeds); }},
         {"final_loss_ref", [&](const Verdict& v) { return num(v.final_loss_ref); }},
         {"gap", [&](const Verdict& v) { return num(v.gap); }},
@@ -301,7 +298,7 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
        << (v.lopsided ? ", lopsided" : "") << " | " << v.seeds << " | " << fmt(v.gap, "%+.4f")
        << " | " << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch)
        << " | " << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
-       << (v.onset >= 0 && v.verdict == "diverged" ? std::to_string(v.onset) : "-") << " | "
+       << (v.onset >= 0 && v.verdict == Outcome::diverged ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | " << fmt(v.dose, "%.0f")
        << " (" << fmt(v.dose_min, "%.0f") << "-" << fmt(v.dose_max, "%.0f") << ") |\n";
   for (const auto& v : verdicts)
@@ -344,8 +341,8 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
               "seeds", "gap", "p(welch)", "p(perm)", "onset", "dose");
   for (const auto& v : verdicts)
     std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
-                (v.variant + (v.control ? " [control]" : "")).c_str(), v.verdict.c_str(), v.seeds,
-                v.gap, v.p_welch, v.p_permutation, v.onset, v.dose);
+                (v.variant + (v.control ? " [control]" : "")).c_str(), outcome_name(v.verdict),
+                v.seeds, v.gap, v.p_welch, v.p_permutation, v.onset, v.dose);
   for (const auto& v : verdicts) {
     if (!v.no_verdict_reason.empty())
       std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <ostream>
 #include <set>
 #include <sstream>
 
@@ -11,6 +13,18 @@
 #include "common/errors.h"
 
 namespace divlab {
+
+const char* outcome_name(Outcome o) {
+  static constexpr const char* kNames[] = {"diverged",      "lower-loss",  "no-divergence",
+                                           "crashed",       "nan",         "reference-nan",
+                                           "too-few-seeds", "no-reference"};
+  static_assert(std::size(kNames) == size_t(Outcome::no_reference) + 1, "one name per outcome");
+  return kNames[size_t(o)];
+}
+
+std::ostream& operator<<(std::ostream& out, Outcome o) {
+  return out << outcome_name(o);
+}
 
 // The onset band: the variant's seed-mean gap must stay beyond the control spread / sqrt(seeds)
 // times the Student t quantile, at the one-sided level of 3 normal standard errors (0.135 %),
@@ -277,19 +291,20 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
       v.nan_runs = s.nan_runs;
       const int tried = int(by_variant[variant].size());
       if (ref.empty()) {
-        v.verdict = "no-reference";
+        v.verdict = Outcome::no_reference;
         v.no_verdict_reason = "the group has no reference run (every kernel at its reference)";
       } else if (s.candidate_crashed > 0) {
-        v.verdict = "crashed";
+        v.verdict = Outcome::crashed;
         v.no_verdict_reason = "the candidate crashed in " + std::to_string(s.candidate_crashed) +
                               " of " + std::to_string(tried) + " seeds: " + s.crashed_runs[0];
       } else if (s.any_nan) {
-        v.verdict = "nan";
+        v.verdict = Outcome::nan;
         v.nan_where = s.nan_where;
         v.no_verdict_reason = "the candidate stopped on NaN in " + std::to_string(s.candidate_nan) +
                               " of " + std::to_string(tried) + " seeds: a finding, not a loss gap";
       } else if (s.gaps.size() < 2) {
-        v.verdict = s.gaps.empty() && s.reference_nan > 0 ? "reference-nan" : "too-few-seeds";
+        v.verdict =
+            s.gaps.empty() && s.reference_nan > 0 ? Outcome::reference_nan : Outcome::too_few_seeds;
         v.no_verdict_reason = std::to_string(s.gaps.size()) + " of " + std::to_string(tried) +
                               " seeds paired (2 needed)";
         if (s.reference_nan > 0)
@@ -351,7 +366,9 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         const bool material = std::abs(v.gap) >= kMinRelativeGap * std::abs(v.final_loss_ref);
         const bool significant =
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
-        v.verdict = !significant ? "no-divergence" : sign > 0 ? "diverged" : "lower-loss";
+        v.verdict = !significant ? Outcome::no_divergence
+                    : sign > 0   ? Outcome::diverged
+                                 : Outcome::lower_loss;
         const double min_gap = kMinRelativeGap * std::abs(v.final_loss_ref);
         const SeedSides sides = seed_sides(s.gaps);
         v.median_gap = sides.median, v.p_sign = sides.p_sign;

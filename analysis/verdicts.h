@@ -8,12 +8,33 @@
 // (variants documented as benign: same math up to rounding). See docs/analysis.md.
 #pragma once
 
+#include <iosfwd>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace divlab {
+
+// What a row's test decided, or why it decided nothing: a result (diverged, lower-loss,
+// no-divergence); crashed (the candidate's process died or failed in some seed: a finding of its
+// own); nan (the candidate stopped on NaN); reference-nan (every seed's reference did);
+// too-few-seeds; no-reference (the group has no reference run). Only the results come from the
+// test; the rest leave `no_verdict_reason` set.
+enum class Outcome {
+  diverged,
+  lower_loss,
+  no_divergence,
+  crashed,
+  nan,
+  reference_nan,
+  too_few_seeds,
+  no_reference
+};
+// The name every output writes (verdicts.csv, summary.h5, report.md, the terminal):
+// "lower-loss", "no-divergence", ...
+const char* outcome_name(Outcome o);
+std::ostream& operator<<(std::ostream& out, Outcome o);  // its name (test failures print it)
 
 // One run as the analysis needs it (analyze.cpp reads it from a trace).
 struct Cell {
@@ -33,11 +54,7 @@ struct Verdict {
   std::map<std::string, std::string> settings;  // the same, key by key
   std::string variant;                          // "op=variant[+op=variant]" or "reference"
   bool control = false;  // every swapped kernel is a documented benign control
-  // diverged | lower-loss | no-divergence: a result. crashed (the candidate's process died or
-  // failed in some seed: a finding), nan (the candidate stopped on NaN),
-  // reference-nan (every seed's reference did), too-few-seeds, no-reference: none, and
-  // `no_verdict_reason` says why.
-  std::string verdict;
+  Outcome verdict = Outcome::no_reference;
   int seeds = 0;
   double final_loss_ref = 0;  // mean over seeds, last 10 % of steps
   double gap = 0;             // mean over seeds of (variant - reference), last 10 % of steps

@@ -106,10 +106,11 @@ class Bisector {
     for (const Verdict& v : analyze(an))
       if (v.variant == key) {
         d.verdict = v.verdict, d.gap = v.gap, d.p = v.p_welch, d.onset = v.onset;
-        d.fails = v.verdict == "diverged" || v.verdict == "lower-loss" || v.verdict == "nan" ||
-                  v.verdict == "crashed";
+        d.fails = v.verdict == Outcome::diverged || v.verdict == Outcome::lower_loss ||
+                  v.verdict == Outcome::nan || v.verdict == Outcome::crashed;
       }
-    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), d.verdict.c_str(), d.gap, d.p);
+    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), outcome_name(d.verdict), d.gap,
+                d.p);
     std::fflush(stdout);
     decisions_.push_back(d);
     return cache_[key] = d;
@@ -241,12 +242,12 @@ int cmd_bisect(const BisectOptions& opt) {
     std::printf(
         "\nbisect: with every swapped kernel the run does not leave the control band "
         "(%s); nothing to blame. %d runs.\n",
-        r.decisions.front().verdict.c_str(), r.runs);
+        outcome_name(r.decisions.front().verdict), r.runs);
     return 1;
   }
   std::printf("\nbisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",
-              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(), r.verdict.c_str(),
-              r.onset, r.decisions.size(), r.runs);
+              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(),
+              outcome_name(r.verdict), r.onset, r.decisions.size(), r.runs);
   return 0;
 }
 

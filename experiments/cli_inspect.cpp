@@ -286,9 +286,10 @@ Command add_analyze_command(CLI::App& app) {
                         "exit 1 if any candidate diverged or crashed (for CI gates)");
   return {analyze_cmd, [o] {
             const auto verdicts = analyze(o->an);
-            const bool diverged = std::any_of(
-                verdicts.begin(), verdicts.end(),
-                [](const Verdict& v) { return v.verdict == "diverged" || v.verdict == "crashed"; });
+            const bool diverged =
+                std::any_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) {
+                  return v.verdict == Outcome::diverged || v.verdict == Outcome::crashed;
+                });
             return o->fail_on_diverged && diverged ? 1 : 0;
           }};
 }

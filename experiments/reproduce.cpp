@@ -48,7 +48,7 @@ std::string clip(const std::string& text, size_t bytes) {
 std::string model_samples(const std::vector<Verdict>& verdicts) {
   std::string md;
   for (const auto& v : verdicts) {
-    if (v.verdict != "diverged" || v.seed_traces.empty()) continue;
+    if (v.verdict != Outcome::diverged || v.seed_traces.empty()) continue;
     SampleOptions opt;
     opt.tokens = 64, opt.temperature = 0.8, opt.seed = 1;
     const std::string bug = v.variant.substr(v.variant.find('=') + 1);
@@ -172,7 +172,7 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
       std::snprintf(cell, sizeof cell, "%s %+.4f p=%.2g",
                     v.perturbed  ? "perturbed"
                     : v.lopsided ? "lopsided"
-                                 : v.verdict.c_str(),
+                                 : outcome_name(v.verdict),
                     v.gap, v.p_welch);
       std::printf("  %-36s", cell);
     }
