@@ -55,8 +55,8 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   Cell c;
   c.path = path;
   const TraceReader r(path);  // InputError if not HDF5
-  c.status = r.string_attr("/", "status");
-  if (c.status == "nan") {
+  c.status = r.status();
+  if (c.status == RunStatus::nan) {
     auto attr = [&](const char* name) {
       try {
         return r.string_attr("/", name);
@@ -225,12 +225,12 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       const auto it = ended.find(p.substr(dir.size() + 1));
       const bool crashed = it != ended.end() && (it->second.rfind("crashed", 0) == 0 ||
                                                  it->second.rfind("failed (exit", 0) == 0);
-      if (c.status != "completed" && c.status != "nan" && crashed)
-        c.status = "crashed", c.crash = it->second;
-      if (c.status == "completed" || c.status == "nan" || c.status == "crashed")
+      const bool ended = c.status == RunStatus::completed || c.status == RunStatus::nan;
+      if (!ended && crashed) c.crash = it->second;
+      if (ended || c.crashed())
         cells.push_back(std::move(c));
       else
-        unfinished.push_back(p + " (" + c.status + ")");
+        unfinished.push_back(p + " (" + name_of(c.status) + ")");
     }
   }
   ReportContext ctx;

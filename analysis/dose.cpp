@@ -124,7 +124,7 @@ std::string dose_table(const std::vector<DoseResponse>& responses) {
           line, sizeof line,
           "  %11.0f  %8.0f (%6.0f-%6.0f)  %5d  %+9.4f  %+9.4f to %+8.4f  %9.4f  %8.2g  %s\n",
           p.tokens_per_step, p.dose, p.dose_min, p.dose_max, p.seeds, p.gap, p.ci_low, p.ci_high,
-          p.band, p.p_welch, outcome_name(p.verdict));
+          p.band, p.p_welch, name_of(p.verdict));
       t << line;
     }
     t << "  " << r.summary << "\n";

@@ -133,7 +133,7 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
     const std::string g = "/verdicts/" + std::to_string(i);
     w.attr(g, "group", v.group);
     w.attr(g, "variant", v.variant);
-    w.attr(g, "verdict", std::string(outcome_name(v.verdict)));
+    w.attr(g, "verdict", std::string(name_of(v.verdict)));
     w.attr(g, "control", int64_t(v.control));
     w.attr(g, "seeds", int64_t(v.seeds));
     w.attr(g, "onset_step", int64_t(v.onset));
@@ -199,7 +199,7 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
     const std::vector<Column> results = {
         {"variant", [](const Verdict& v) { return v.variant; }},
         {"control", [](const Verdict& v) { return std::string(v.control ? "1" : "0"); }},
-        {"verdict", [](const Verdict& v) { return std::string(outcome_name(v.verdict)); }},
+        {"verdict", [](const Verdict& v) { return std::string(name_of(v.verdict)); }},
         {"seeds", [](const Verdict& v) { return std::to_string(v.seeds); }},
         {"final_loss_ref", [&](const Verdict& v) { return num(v.final_loss_ref); }},
         {"gap", [&](const Verdict& v) { return num(v.gap); }},
@@ -341,8 +341,8 @@ void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdic
               "seeds", "gap", "p(welch)", "p(perm)", "onset", "dose");
   for (const auto& v : verdicts)
     std::printf("%-40s %-40s %-14s %5d %+10.4f %9.2g %9.2g %7lld %8.0f\n", v.group.c_str(),
-                (v.variant + (v.control ? " [control]" : "")).c_str(), outcome_name(v.verdict),
-                v.seeds, v.gap, v.p_welch, v.p_permutation, v.onset, v.dose);
+                (v.variant + (v.control ? " [control]" : "")).c_str(), name_of(v.verdict), v.seeds,
+                v.gap, v.p_welch, v.p_permutation, v.onset, v.dose);
   for (const auto& v : verdicts) {
     if (!v.no_verdict_reason.empty())
       std::printf("%s %s: no verdict: %s\n", v.group.c_str(), v.variant.c_str(),

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <limits>
 #include <ostream>
 #include <set>
@@ -14,16 +13,8 @@
 
 namespace divlab {
 
-const char* outcome_name(Outcome o) {
-  static constexpr const char* kNames[] = {"diverged",      "lower-loss",  "no-divergence",
-                                           "crashed",       "nan",         "reference-nan",
-                                           "too-few-seeds", "no-reference"};
-  static_assert(std::size(kNames) == size_t(Outcome::no_reference) + 1, "one name per outcome");
-  return kNames[size_t(o)];
-}
-
 std::ostream& operator<<(std::ostream& out, Outcome o) {
-  return out << outcome_name(o);
+  return out << name_of(o);
 }
 
 // The onset band: the variant's seed-mean gap must stay beyond the control spread / sqrt(seeds)
@@ -198,12 +189,12 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
       Series& s = series[variant];
       for (Cell* c : vcells) {
         const auto it = ref.find(c->seed);
-        if (c->status == "crashed") {  // a finding of its own; nothing to pair
+        if (c->crashed()) {  // a finding of its own; nothing to pair
           ++s.candidate_crashed;
           s.crashed_runs.push_back(crashed_run(*c, "candidate"));
           continue;
         }
-        if (c->status == "nan") {
+        if (c->status == RunStatus::nan) {
           s.any_nan = true;
           s.nan_where = c->nan_where;
           ++s.candidate_nan;
@@ -213,17 +204,17 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
           ++s.unpaired;
           continue;
         }
-        if (it->second->status == "crashed") {
+        if (it->second->crashed()) {
           ++s.reference_crashed;
           s.crashed_runs.push_back(crashed_run(*it->second, "reference"));
           continue;
         }
-        if (it->second->status == "nan") {  // no reference curve to pair this seed with
+        if (it->second->status == RunStatus::nan) {  // no reference curve to pair this seed with
           ++s.reference_nan;
           s.nan_runs.push_back(nan_run(*it->second, "reference"));
           continue;
         }
-        if (c->status == "nan") continue;
+        if (c->status == RunStatus::nan) continue;
         const Cell& r = *it->second;
         const size_t n = std::min(c->loss.size(), r.loss.size());
         std::vector<double> a(c->loss.begin(), c->loss.begin() + long(n)),

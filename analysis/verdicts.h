@@ -14,6 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/named_enum.h"
+#include "io/trace.h"
+
 namespace divlab {
 
 // What a row's test decided, or why it decided nothing: a result (diverged, lower-loss,
@@ -31,22 +34,37 @@ enum class Outcome {
   too_few_seeds,
   no_reference
 };
-// The name every output writes (verdicts.csv, summary.h5, report.md, the terminal):
-// "lower-loss", "no-divergence", ...
-const char* outcome_name(Outcome o);
+// The names every output writes (verdicts.csv, summary.h5, report.md, the terminal).
+template <>
+struct EnumNames<Outcome> {
+  static constexpr std::pair<Outcome, const char*> table[] = {
+      {Outcome::diverged, "diverged"},
+      {Outcome::lower_loss, "lower-loss"},
+      {Outcome::no_divergence, "no-divergence"},
+      {Outcome::crashed, "crashed"},
+      {Outcome::nan, "nan"},
+      {Outcome::reference_nan, "reference-nan"},
+      {Outcome::too_few_seeds, "too-few-seeds"},
+      {Outcome::no_reference, "no-reference"}};
+};
 std::ostream& operator<<(std::ostream& out, Outcome o);  // its name (test failures print it)
 
 // One run as the analysis needs it (analyze.cpp reads it from a trace).
 struct Cell {
-  std::string path, status;
+  std::string path;
+  RunStatus status = RunStatus::completed;
   std::map<std::string, std::string> config;  // resolved key -> value text
   std::vector<double> loss, val_loss, max_row;
   std::string variant;    // "op=variant[+op=variant]" or "reference"
   std::string nan_where;  // "backward linear_backward layer 1 grad mlp.fc.weight, step 17"
-  std::string crash;      // status "crashed": how its process ended, from the sweep's manifest
+  // How its process ended where the sweep saw it die before the run recorded an outcome (a
+  // signal, or an exit other than a result; from the sweep's manifest): a finding about its
+  // kernels, not an unfinished run. Empty otherwise.
+  std::string crash;
   bool control = false;
   long long seed = 0;
   std::string provenance;  // "divlab COMMIT on HOST (BACKEND)": who wrote the trace
+  bool crashed() const { return !crash.empty(); }
 };
 
 struct Verdict {

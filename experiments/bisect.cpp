@@ -109,8 +109,7 @@ class Bisector {
         d.fails = v.verdict == Outcome::diverged || v.verdict == Outcome::lower_loss ||
                   v.verdict == Outcome::nan || v.verdict == Outcome::crashed;
       }
-    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), outcome_name(d.verdict), d.gap,
-                d.p);
+    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), name_of(d.verdict), d.gap, d.p);
     std::fflush(stdout);
     decisions_.push_back(d);
     return cache_[key] = d;
@@ -242,12 +241,12 @@ int cmd_bisect(const BisectOptions& opt) {
     std::printf(
         "\nbisect: with every swapped kernel the run does not leave the control band "
         "(%s); nothing to blame. %d runs.\n",
-        outcome_name(r.decisions.front().verdict), r.runs);
+        name_of(r.decisions.front().verdict), r.runs);
     return 1;
   }
   std::printf("\nbisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",
-              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(),
-              outcome_name(r.verdict), r.onset, r.decisions.size(), r.runs);
+              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(), name_of(r.verdict),
+              r.onset, r.decisions.size(), r.runs);
   return 0;
 }
 

@@ -151,7 +151,7 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
 namespace {
 std::string gap_text(const Verdict& v) {
   char b[160];
-  std::snprintf(b, sizeof b, "%s (gap %+.4f, p %.2g%s)", outcome_name(v.verdict), v.gap, v.p_welch,
+  std::snprintf(b, sizeof b, "%s (gap %+.4f, p %.2g%s)", name_of(v.verdict), v.gap, v.p_welch,
                 v.onset >= 0 ? (", from step " + std::to_string(v.onset)).c_str() : "");
   return b;
 }
@@ -184,10 +184,10 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
         changed.push_back(v.group + ": " +
                           (v.no_verdict_reason.empty()
                                ? gap_text(v)
-                               : outcome_name(v.verdict) + (" (" + v.no_verdict_reason + ")")));
+                               : name_of(v.verdict) + (" (" + v.no_verdict_reason + ")")));
       }
     } else if (v.control && v.verdict != Outcome::no_divergence) {
-      moved_controls.push_back(v.variant + " in " + v.group + ": " + outcome_name(v.verdict));
+      moved_controls.push_back(v.variant + " in " + v.group + ": " + name_of(v.verdict));
     }
   }
   const size_t groups = changed.size() + quiet.size();

@@ -24,14 +24,14 @@ namespace {
 int report_train(const TrainResult& r, const std::string& trace) {
   if (r.launcher_exit) return *r.launcher_exit;  // rank 0 reported the run
   if (r.reports) {
-    std::cout << "status " << r.status << "  steps " << r.steps << "  final loss ";
+    std::cout << "status " << name_of(r.status) << "  steps " << r.steps << "  final loss ";
     if (r.steps > 0)
       std::cout << r.final_loss;
     else
       std::cout << "- (no step ran)";
     std::cout << "  trace " << trace << std::endl;
   }
-  return r.status == "interrupted" ? 128 + r.signal : 0;  // nan is a finding: exit 0
+  return r.status == RunStatus::interrupted ? 128 + r.signal : 0;  // nan is a finding: exit 0
 }
 
 // `divlab train`'s command line, as given.

@@ -172,7 +172,7 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
       std::snprintf(cell, sizeof cell, "%s %+.4f p=%.2g",
                     v.perturbed  ? "perturbed"
                     : v.lopsided ? "lopsided"
-                                 : outcome_name(v.verdict),
+                                 : name_of(v.verdict),
                     v.gap, v.p_welch);
       std::printf("  %-36s", cell);
     }

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -81,20 +82,20 @@ void write_atomically(const std::string& path, const std::string& text) {
     throw InputError("sweep: cannot write '" + path + "' (disk full, or the folder unwritable)");
 }
 
-// A trace that finished (completed with every step it was asked for, or stopped on NaN: a
-// finding, not a failure) and that no live process is still writing.
-std::string finished_status(const std::string& trace) {
-  if (access(trace.c_str(), R_OK) != 0 || lock_holder(trace + ".lock") != 0) return "";
+// How a trace finished (completed with every step it was asked for, or stopped on NaN: a
+// finding, not a failure) that no live process is still writing; nothing for any other.
+std::optional<RunStatus> finished_status(const std::string& trace) {
+  if (access(trace.c_str(), R_OK) != 0 || lock_holder(trace + ".lock") != 0) return std::nullopt;
   try {
     const TraceReader r(trace);
-    std::string s = r.string_attr("/", "status");
-    if (s == "nan") return s;
-    if (s != "completed") return "";
+    const RunStatus s = r.status();
+    if (s == RunStatus::nan) return s;
+    if (s != RunStatus::completed) return std::nullopt;
     const auto steps = r.ints("/metrics/step").size();
-    return double(steps) >= r.number_attr("/config", "train.steps") ? s : "";
+    if (double(steps) >= r.number_attr("/config", "train.steps")) return s;
   } catch (const InputError&) {
-    return "";
   }
+  return std::nullopt;
 }
 
 // The copy of the grid's base config that cells run from.
@@ -366,7 +367,7 @@ void check_cells_plugins(const Grid& g, const std::string& out) {
   if (loaded_plugins().empty()) return;
   for (size_t i = 0; i < g.size(); ++i) {
     const std::string path = cell_trace_path(out, i);
-    if (finished_status(path).empty()) continue;
+    if (!finished_status(path)) continue;
     const TraceReader r(path);
     if (!r.has_attr("/", "plugins")) continue;
     if (const std::string changed = changed_plugin(r.string_attr("/", "plugins")); !changed.empty())
@@ -422,7 +423,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     return sum;
   }
   if (opt.cell >= 0) {  // one cell, in this process
-    if (!finished_status(cell_trace_path(opt.out, opt.cell)).empty()) {
+    if (finished_status(cell_trace_path(opt.out, opt.cell))) {
       sum.skipped = 1;
       return sum;
     }
@@ -430,7 +431,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     t.out = cell_trace_path(opt.out, opt.cell), t.force = true, t.progress = false;
     const std::string base = g.base_config.empty() ? "" : frozen_base_config(opt.out);
     const TrainResult r = train(load_config(base, g.cells[opt.cell]), t);
-    (r.status == "nan" ? sum.nan : sum.completed) = 1;
+    (r.status == RunStatus::nan ? sum.nan : sum.completed) = 1;
     return sum;
   }
 
@@ -440,11 +441,11 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   std::vector<Record> rec(g.size());
   std::vector<size_t> todo;
   for (size_t i = 0; i < g.size(); ++i) {
-    const std::string done = finished_status(cell_trace_path(opt.out, i));
-    if (done.empty()) {
+    const std::optional<RunStatus> done = finished_status(cell_trace_path(opt.out, i));
+    if (!done) {
       todo.push_back(i);
     } else {
-      rec[i].status = done + " (earlier)";
+      rec[i].status = name_of(*done) + std::string(" (earlier)");
       ++sum.skipped;
     }
   }
@@ -507,9 +508,9 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         continue;
       } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         limit = std::min(jobs, limit + 1);
-        const std::string s = finished_status(cell_trace_path(opt.out, run.cell));
-        rec[run.cell] = {s.empty() ? "failed (no finished trace)" : s, 0, age};
-        (s == "nan" ? sum.nan : s == "completed" ? sum.completed : sum.failed)++;
+        const std::optional<RunStatus> s = finished_status(cell_trace_path(opt.out, run.cell));
+        rec[run.cell] = {s ? name_of(*s) : "failed (no finished trace)", 0, age};
+        (!s ? sum.failed : *s == RunStatus::nan ? sum.nan : sum.completed)++;
       } else {
         const bool signalled = WIFSIGNALED(status);
         const int code = signalled ? WTERMSIG(status) : WEXITSTATUS(status);

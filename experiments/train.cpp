@@ -442,12 +442,13 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   Progress progress(opt.progress && lead);
   const auto t0 = std::chrono::steady_clock::now();
   double profiled_from_s = 0, last_wall_s = 0;  // the profiled steps' span on the wall clock
-  TrainResult result{"completed", start.first_step, 0.0, 0, std::nullopt, lead};
+  TrainResult result{RunStatus::completed, start.first_step, 0.0, 0, std::nullopt, lead};
   std::vector<std::pair<std::string, std::string>> nan_where;
   // Then no step is taken; over NCCL the first step's reports carry the request instead, so that
   // every rank stops at the same step.
   const bool stopped_while_setting_up = stop_signal() != 0 && !comm;
-  if (stopped_while_setting_up) result.status = "interrupted", result.signal = stop_signal();
+  if (stopped_while_setting_up)
+    result.status = RunStatus::interrupted, result.signal = stop_signal();
   try {
     for (int64_t step = stopped_while_setting_up ? cfg.steps : start.first_step; step < cfg.steps;
          ++step) {
@@ -502,7 +503,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
       progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
       if (!finite) {
-        result.status = "nan";
+        result.status = RunStatus::nan;
         data.batch(step, B, Tn, in.data(), tgt.data());
         if (lead)  // over NCCL rank 0 replays every shard itself; the others are done
           nan_where = attribute_nan(model, *trainee.step, in.data(), tgt.data(), step, cfg.seed);
@@ -517,7 +518,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed. Over NCCL only what every
       // rank reported counts, so that all stop at this step.
       if (stop != 0 || (!comm && stop_signal() != 0)) {
-        result.status = "interrupted";
+        result.status = RunStatus::interrupted;
         result.signal = stop != 0 ? stop : stop_signal();
         break;
       }
@@ -531,7 +532,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     // "failed" and where, and the command says the same in one line.
     progress.done();
     const std::string failure = crash.where() + ": " + e.what();
-    trace.finish("failed", {{"failure", failure}});
+    trace.finish(RunStatus::failed, {{"failure", failure}});
     throw RunFailed("train failed " + failure + " (trace '" + opt.out + "' records it)");
   }
   progress.done();
@@ -687,7 +688,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   {
     const TraceReader r(path);
     const auto done = int64_t(r.ints("/metrics/step").size());
-    if (r.string_attr("/", "status") == "completed" && done >= cfg.steps)
+    if (r.status() == RunStatus::completed && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +
                        " steps; nothing left to run (--set train.steps=N to go further)");
     resume.checkpoint = read_checkpoint(r);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "experiments/config.h"
+#include "io/trace.h"
 
 namespace divlab {
 
@@ -22,7 +23,7 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  std::string status;  // completed | nan | interrupted
+  RunStatus status = RunStatus::completed;  // completed, nan or interrupted
   int64_t steps = 0;
   double final_loss = 0;
   int signal = 0;  // the signal that interrupted the run

@@ -158,9 +158,9 @@ void TraceWriter::attr(const std::string& object, const std::string& name, int64
       .write(H5::PredType::NATIVE_INT64, &value);
 }
 
-void TraceWriter::status_attr(const std::string& status) {
+void TraceWriter::status_attr(RunStatus status) {
   if (!impl_) return;  // a writer that keeps nothing
-  attr("/", "status", status);
+  attr("/", "status", std::string(name_of(status)));
 }
 
 void TraceWriter::series(const std::string& path, Kind kind) {
@@ -352,7 +352,7 @@ void set_root_strings(H5::Group& root,
 }
 }  // namespace
 
-void TraceWriter::finish(const std::string& status,
+void TraceWriter::finish(RunStatus status,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
   if (!impl_) return;  // a writer that keeps nothing
   publish();
@@ -365,7 +365,7 @@ void TraceWriter::finish(const std::string& status,
     H5::Group root = impl_->file.openGroup("/");
     set_root_strings(root, attrs);
     fault_point("trace.finishing");
-    root.openAttribute("status").write(utf8_string(), status);
+    root.openAttribute("status").write(utf8_string(), std::string(name_of(status)));
     impl_->file.close();
   } catch (const H5::Exception&) {
     write_failed("recording the outcome");
@@ -391,9 +391,10 @@ bool record_crash(const std::string& path, const std::string& failure) {
       H5::Attribute status = root.openAttribute("status");
       status.read(status.getStrType(), now);
     }
-    if (now != "running") return false;
+    if (now != name_of(RunStatus::running)) return false;
     set_root_strings(root, {{"failure", failure}});
-    root.openAttribute("status").write(utf8_string(), std::string("failed"));  // last
+    root.openAttribute("status").write(utf8_string(),
+                                       std::string(name_of(RunStatus::failed)));  // last
     root.close();
     file.close();
     return true;
@@ -465,6 +466,15 @@ std::string TraceReader::string_attr(const std::string& object, const std::strin
   } catch (const H5::Exception&) {
     throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);
   }
+}
+
+RunStatus TraceReader::status() const {
+  const std::string text = string_attr("/", "status");
+  RunStatus s{};
+  if (!parse_name(text, &s))
+    throw InputError("trace '" + path_ + "': status '" + text + "' is none divlab writes (" +
+                     names_text<RunStatus>() + ")");
+  return s;
 }
 
 double TraceReader::number_attr(const std::string& object, const std::string& name) const {

@@ -19,11 +19,28 @@
 #include <string>
 #include <vector>
 
+#include "common/named_enum.h"
+
 namespace H5 {
 class PredType;
 }
 
 namespace divlab {
+
+// A run's state, as its trace's root attribute "status" records it (by name_of):
+// running until the run ends, then completed (every step it was asked for), nan (stopped on a
+// non-finite loss or gradient: a finding), interrupted (SIGINT or SIGTERM: resumable) or failed
+// (a kernel threw or the process crashed: the root attribute "failure" says how).
+enum class RunStatus { running, completed, nan, interrupted, failed };
+template <>
+struct EnumNames<RunStatus> {
+  static constexpr std::pair<RunStatus, const char*> table[] = {
+      {RunStatus::running, "running"},
+      {RunStatus::completed, "completed"},
+      {RunStatus::nan, "nan"},
+      {RunStatus::interrupted, "interrupted"},
+      {RunStatus::failed, "failed"}};
+};
 
 // Writing the trace failed mid-run (disk full, the file or its folder no longer writable). What
 // was flushed before stays readable.
@@ -48,8 +65,8 @@ class TraceWriter {
   void attr(const std::string& object, const std::string& name, const std::string& value);
   void attr(const std::string& object, const std::string& name, double value);
   void attr(const std::string& object, const std::string& name, int64_t value);
-  // Root "status": "running" until finish() records the outcome.
-  void status_attr(const std::string& status);
+  // Root "status": running until finish() records the outcome.
+  void status_attr(RunStatus status);
   enum class Kind { Float64, Int64 };
   void series(const std::string& path, Kind kind);  // extendible 1-D, chunked along steps
   // Makes `series` the one every flush writes last. A writer killed during a flush then leaves
@@ -73,10 +90,9 @@ class TraceWriter {
   // Writes buffered appends when `steps_since_flush` or the wall-clock interval is due.
   void maybe_flush(int64_t flush_steps, double flush_seconds);
   void flush();
-  // Flushes, closes, and records the final status (completed | nan | failed | interrupted),
-  // with any further root attributes (string values).
-  void finish(const std::string& status,
-              const std::vector<std::pair<std::string, std::string>>& attrs = {});
+  // Flushes, closes, and records the final status, with any further root attributes (string
+  // values).
+  void finish(RunStatus status, const std::vector<std::pair<std::string, std::string>>& attrs = {});
 
   const std::string& path() const { return path_; }
 
@@ -117,6 +133,9 @@ class TraceReader {
   bool has_attr(const std::string& object, const std::string& name) const;
   std::string string_attr(const std::string& object, const std::string& name) const;
   double number_attr(const std::string& object, const std::string& name) const;
+  // The root "status"; throws InputError when the attribute is missing or holds a word no
+  // divlab writes.
+  RunStatus status() const;
   std::vector<double> floats(const std::string& dataset) const;
   std::vector<int64_t> ints(const std::string& dataset) const;
   std::vector<double> tensor(const std::string& dataset) const;  // any rank, row-major

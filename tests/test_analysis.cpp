@@ -89,7 +89,7 @@ Cell synthetic_cell(const std::string& data, const std::string& variant, bool co
                     std::vector<double> loss) {
   Cell c;
   c.path = "cells/" + std::to_string(seed) + variant + ".h5";
-  c.status = "completed";
+  c.status = RunStatus::completed;
   c.config = {{"data", data},
               {"train.seed", std::to_string(seed)},
               {"train.batch", "8"},
@@ -178,7 +178,7 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
     const auto base = noisy_curve(gen, 100, 0.005);
     cells.push_back(synthetic_cell("d", "reference", false, seed, base));
     Cell nan = synthetic_cell("d", "fp16_accum", false, seed, base);
-    nan.status = "nan";
+    nan.status = RunStatus::nan;
     nan.nan_where = "backward embed_rmsnorm_backward layer 0 grad wte.weight, step 7";
     cells.push_back(nan);
   }

@@ -65,6 +65,10 @@ def setup_for(case):
             with open(os.path.join(d, name), "r+b") as f:
                 f.seek(offset)
                 f.write(bytes((i * 97 + 13) % 256 for i in range(4096)))
+        for name, word in case.get("status", {}).items():  # a trace another tool rewrote
+            import h5py
+            with h5py.File(os.path.join(d, name), "r+") as f:
+                f.attrs["status"] = word
     return setup
 
 
