@@ -526,8 +526,8 @@ CheckReport new_check_report(const CheckOptions& opt) {
                      "embed_rmsnorm_backward=bf16_accum");
   CheckReport rep;
   rep.op = opt.target.substr(0, eq), rep.variant = opt.target.substr(eq + 1);
-  rep.backend = name_of(opt.backend);
-  rep.precision = name_of(opt.precision);
+  rep.backend = opt.backend;
+  rep.precision = opt.precision;
   const auto& ops = checkable_ops();
   if (std::find(ops.begin(), ops.end(), rep.op) == ops.end()) {
     std::string list;
@@ -596,10 +596,10 @@ void finish_check_report(CheckReport& rep) {
     if (r.failed) rep.pass = false, rep.failing.push_back(r.name);
     if (!r.failed) worst = std::max(worst, r.grade_error());  // the grade of what passed
   }
-  rep.grade = worst <= kFp32Grade ? "fp32" : "bf16";
+  rep.grade = worst <= kFp32Grade ? Grade::Fp32 : Grade::Bf16;
   // Reduced-precision arithmetic inside an fp32 kernel is a failure of its own, named once:
   // such a kernel changes training even where every condition passes at 1e-2.
-  if (rep.required == Grade::Fp32 && rep.grade != "fp32") {
+  if (rep.required == Grade::Fp32 && rep.grade != Grade::Fp32) {
     rep.pass = false;
     rep.failing.push_back(kFp32GradeCondition);
   }
@@ -615,8 +615,9 @@ CheckReport run_check(const CheckOptions& opt) {
 std::string format_check(const CheckReport& r) {
   std::ostringstream o;
   char line[640];
-  o << "divlab check " << r.op << "=" << r.variant << " (" << r.backend << ", " << r.precision
-    << ", seed " << r.seed << "): every condition against the op's reference in fp64\n";
+  o << "divlab check " << r.op << "=" << r.variant << " (" << name_of(r.backend) << ", "
+    << name_of(r.precision) << ", seed " << r.seed
+    << "): every condition against the op's reference in fp64\n";
   std::snprintf(line, sizeof line, "%-22s %-24s %5s %9s %9s %8s %10s  %s\n", "condition", "shape",
                 "draws", "error", "row err", "verifier", "bias", "result");
   o << line;
@@ -647,8 +648,8 @@ std::string format_check(const CheckReport& r) {
   }
   o << "\n";
   if (r.pass) {
-    o << "verdict: PASS (" << r.grade << "-grade";
-    if (r.grade == "bf16") o << ": within 1e-2 but not 1e-4; not an fp32-exact kernel";
+    o << "verdict: PASS (" << name_of(r.grade) << "-grade";
+    if (r.grade == Grade::Bf16) o << ": within 1e-2 but not 1e-4; not an fp32-exact kernel";
     o << ")\n";
   } else {
     o << "verdict: FAIL under:";
@@ -667,8 +668,8 @@ std::string format_check(const CheckReport& r) {
         o << "  [" << c.name << "] smallest failing shape: " << c.smallest << "\n";
     }
     o << "replay: divlab check " << r.op << "=" << r.variant << " --seed " << r.seed
-      << (r.backend != "cpu" ? " --backend " + r.backend : "")
-      << (r.precision != "fp32" ? " --precision " + r.precision : "")
+      << (r.backend != Backend::Cpu ? std::string(" --backend ") + name_of(r.backend) : "")
+      << (r.precision != Precision::Fp32 ? std::string(" --precision ") + name_of(r.precision) : "")
       << (r.trace.empty() ? "" : " --trace " + r.trace);
     for (const std::string& p : r.plugins) o << " --plugins " << p;
     o << "\n";

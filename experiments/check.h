@@ -97,11 +97,13 @@ struct ConditionResult {
 };
 
 struct CheckReport {
-  std::string op, variant, backend, precision;
+  std::string op, variant;
+  Backend backend = Backend::Cpu;
+  Precision precision = Precision::Fp32;
   Grade required = Grade::Fp32;
   std::vector<ConditionResult> conditions;
   bool pass = true;
-  std::string grade;                 // "fp32" (every row within 1e-4) or "bf16" (within 1e-2)
+  Grade grade = Grade::Fp32;         // reached: fp32 (every row within 1e-4) or bf16 (within 1e-2)
   std::vector<std::string> failing;  // names of the conditions that break it
   // The benchmark's verifier emulated: Gaussian inputs, one fixed seed, its shapes (aligned and
   // large), |v - r| <= 1e-2 + 1e-2 |r| on 99 % of elements. What the kernel passed before.

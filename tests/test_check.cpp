@@ -429,7 +429,7 @@ TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
     opt.target = "adamw_step=reference", opt.seed = seed;
     const CheckReport ref = run_check(opt);
     EXPECT_TRUE(ref.pass) << format_check(ref);
-    EXPECT_EQ(ref.grade, "fp32") << format_check(ref);
+    EXPECT_EQ(ref.grade, Grade::Fp32) << format_check(ref);
   }
 }
 
@@ -518,7 +518,7 @@ TEST(CheckHoles, ABenignReorderingPassesAtTheFp32Grade) {
   Registered reg(mutable_cpu_catalogue().rmsnorm_backward, "reversed", rmsnorm_backward_reversed);
   const CheckReport r = check("rmsnorm_backward=reversed");
   EXPECT_TRUE(r.pass) << format_check(r);
-  EXPECT_EQ(r.grade, "fp32") << format_check(r);
+  EXPECT_EQ(r.grade, Grade::Fp32) << format_check(r);
 }
 
 TEST(CheckHoles, ReducedPrecisionInsideAnFp32KernelFailsUnlessAccepted) {
@@ -533,7 +533,7 @@ TEST(CheckHoles, ReducedPrecisionInsideAnFp32KernelFailsUnlessAccepted) {
     opt.grade = Grade::Bf16;
     const CheckReport accepted = run_check(opt);
     EXPECT_TRUE(accepted.pass) << format_check(accepted);
-    EXPECT_EQ(accepted.grade, "bf16");
+    EXPECT_EQ(accepted.grade, Grade::Bf16);
   }
 }
 
@@ -546,7 +546,7 @@ TEST(CheckHoles, IllConditionedInputsDoNotCostAnExactKernelItsFp32Grade) {
     opt.target = "attention_forward=reference", opt.seed = seed;
     const CheckReport rep = run_check(opt);
     EXPECT_TRUE(rep.pass) << format_check(rep);
-    EXPECT_EQ(rep.grade, "fp32") << format_check(rep);
+    EXPECT_EQ(rep.grade, Grade::Fp32) << format_check(rep);
     if (seed != 4020195975) continue;
     for (const ConditionResult& c : rep.conditions) {
       if (c.name == "values large (x1e3)") {
@@ -580,7 +580,7 @@ TEST(CheckHoles, TheBf16CatalogueIsCheckedAtTheBf16Grade) {
   opt.precision = Precision::Bf16;
   const CheckReport ok = run_check(opt);
   EXPECT_TRUE(ok.pass) << format_check(ok);
-  EXPECT_EQ(ok.precision, "bf16");
+  EXPECT_EQ(ok.precision, Precision::Bf16);
   opt.target = "embed_rmsnorm_backward=bf16_accum";
   const CheckReport bad = run_check(opt);
   EXPECT_FALSE(bad.pass);
