@@ -56,7 +56,7 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   c.path = path;
   const TraceReader r(path);  // InputError if not HDF5
   c.status = r.status();
-  if (c.status == RunStatus::nan) {
+  if (c.status == RunStatus::Nan) {
     auto attr = [&](const char* name) {
       try {
         return r.string_attr("/", name);
@@ -225,7 +225,7 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       const auto it = ended.find(p.substr(dir.size() + 1));
       const bool crashed = it != ended.end() && (it->second.rfind("crashed", 0) == 0 ||
                                                  it->second.rfind("failed (exit", 0) == 0);
-      const bool ended = c.status == RunStatus::completed || c.status == RunStatus::nan;
+      const bool ended = c.status == RunStatus::Completed || c.status == RunStatus::Nan;
       if (!ended && crashed) c.crash = it->second;
       if (ended || c.crashed())
         cells.push_back(std::move(c));

@@ -71,7 +71,7 @@ std::vector<DoseResponse> dose_responses(const std::vector<Verdict>& verdicts) {
               [](const DosePoint& a, const DosePoint& b) { return a.dose < b.dose; });
     // The diverged run of points at the top of the range, if any.
     size_t first = r.points.size();
-    while (first > 0 && r.points[first - 1].verdict == Outcome::diverged) --first;
+    while (first > 0 && r.points[first - 1].verdict == Outcome::Diverged) --first;
     if (first < r.points.size()) {
       r.diverged_from = r.points[first].dose;
       if (first > 0) r.quiet_up_to = r.points[first - 1].dose;

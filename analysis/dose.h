@@ -23,7 +23,7 @@ struct DosePoint {
   double gap = 0, ci_low = 0, ci_high = 0;  // mean gap and its 95 % t-interval over seeds
   double band = 0;                          // the control band at the end (0: no controls)
   double p_welch = 1;
-  Outcome verdict = Outcome::no_reference;
+  Outcome verdict = Outcome::NoReference;
 };
 
 struct DoseResponse {

@@ -45,7 +45,7 @@ const char* verdict_words(Outcome o) {
                                            "✓ no divergence",  "✗ crashed",
                                            "✗ stopped on NaN", "? reference stopped on NaN",
                                            "? too few seeds",  "? no reference run"};
-  static_assert(std::size(kWords) == size_t(Outcome::no_reference) + 1, "words for each outcome");
+  static_assert(std::size(kWords) == size_t(Outcome::NoReference) + 1, "words for each outcome");
   return kWords[size_t(o)];
 }
 
@@ -59,8 +59,8 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     groups.insert(v.group);
     if (v.control || v.variant == "reference") continue;
     ++candidates;
-    const bool failed = v.verdict == Outcome::diverged || v.verdict == Outcome::nan ||
-                        v.verdict == Outcome::crashed;
+    const bool failed = v.verdict == Outcome::Diverged || v.verdict == Outcome::Nan ||
+                        v.verdict == Outcome::Crashed;
     (failed ? diverged : held)[v.variant].push_back(&v);
   }
   if (diverged.empty())
@@ -72,9 +72,9 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     for (size_t i = 0; i < rows.size() && i < 4; ++i) {
       const Verdict& v = *rows[i];
       out += (i ? "; " : "") + (v.group.empty() ? std::string("the grid") : v.group);
-      if (details && v.verdict == Outcome::nan) out += ": stopped on NaN";
-      if (details && v.verdict == Outcome::crashed) out += ": crashed";
-      if (details && v.verdict == Outcome::diverged)
+      if (details && v.verdict == Outcome::Nan) out += ": stopped on NaN";
+      if (details && v.verdict == Outcome::Crashed) out += ": crashed";
+      if (details && v.verdict == Outcome::Diverged)
         out += ": gap " + fmt(v.gap, "%+.4f") + " nats" +
                (v.onset >= 0 ? ", from step " + std::to_string(v.onset) : "");
     }
@@ -298,7 +298,7 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
        << (v.lopsided ? ", lopsided" : "") << " | " << v.seeds << " | " << fmt(v.gap, "%+.4f")
        << " | " << fmt(100 * v.gap / v.final_loss_ref, "%+.2f%%") << " | " << fmt(v.p_welch)
        << " | " << fmt(v.p_permutation) << " | " << fmt(v.hedges_g, "%.2f") << " | "
-       << (v.onset >= 0 && v.verdict == Outcome::diverged ? std::to_string(v.onset) : "-") << " | "
+       << (v.onset >= 0 && v.verdict == Outcome::Diverged ? std::to_string(v.onset) : "-") << " | "
        << (std::isnan(v.val_gap) ? "-" : fmt(v.val_gap, "%+.4f")) << " | " << fmt(v.dose, "%.0f")
        << " (" << fmt(v.dose_min, "%.0f") << "-" << fmt(v.dose_max, "%.0f") << ") |\n";
   for (const auto& v : verdicts)

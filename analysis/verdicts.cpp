@@ -194,7 +194,7 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
           s.crashed_runs.push_back(crashed_run(*c, "candidate"));
           continue;
         }
-        if (c->status == RunStatus::nan) {
+        if (c->status == RunStatus::Nan) {
           s.any_nan = true;
           s.nan_where = c->nan_where;
           ++s.candidate_nan;
@@ -209,12 +209,12 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
           s.crashed_runs.push_back(crashed_run(*it->second, "reference"));
           continue;
         }
-        if (it->second->status == RunStatus::nan) {  // no reference curve to pair this seed with
+        if (it->second->status == RunStatus::Nan) {  // no reference curve to pair this seed with
           ++s.reference_nan;
           s.nan_runs.push_back(nan_run(*it->second, "reference"));
           continue;
         }
-        if (c->status == RunStatus::nan) continue;
+        if (c->status == RunStatus::Nan) continue;
         const Cell& r = *it->second;
         const size_t n = std::min(c->loss.size(), r.loss.size());
         std::vector<double> a(c->loss.begin(), c->loss.begin() + long(n)),
@@ -282,20 +282,20 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
       v.nan_runs = s.nan_runs;
       const int tried = int(by_variant[variant].size());
       if (ref.empty()) {
-        v.verdict = Outcome::no_reference;
+        v.verdict = Outcome::NoReference;
         v.no_verdict_reason = "the group has no reference run (every kernel at its reference)";
       } else if (s.candidate_crashed > 0) {
-        v.verdict = Outcome::crashed;
+        v.verdict = Outcome::Crashed;
         v.no_verdict_reason = "the candidate crashed in " + std::to_string(s.candidate_crashed) +
                               " of " + std::to_string(tried) + " seeds: " + s.crashed_runs[0];
       } else if (s.any_nan) {
-        v.verdict = Outcome::nan;
+        v.verdict = Outcome::Nan;
         v.nan_where = s.nan_where;
         v.no_verdict_reason = "the candidate stopped on NaN in " + std::to_string(s.candidate_nan) +
                               " of " + std::to_string(tried) + " seeds: a finding, not a loss gap";
       } else if (s.gaps.size() < 2) {
         v.verdict =
-            s.gaps.empty() && s.reference_nan > 0 ? Outcome::reference_nan : Outcome::too_few_seeds;
+            s.gaps.empty() && s.reference_nan > 0 ? Outcome::ReferenceNan : Outcome::TooFewSeeds;
         v.no_verdict_reason = std::to_string(s.gaps.size()) + " of " + std::to_string(tried) +
                               " seeds paired (2 needed)";
         if (s.reference_nan > 0)
@@ -357,9 +357,9 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         const bool material = std::abs(v.gap) >= kMinRelativeGap * std::abs(v.final_loss_ref);
         const bool significant =
             v.p_welch < alpha && material && (control_curves.empty() || v.onset >= 0);
-        v.verdict = !significant ? Outcome::no_divergence
-                    : sign > 0   ? Outcome::diverged
-                                 : Outcome::lower_loss;
+        v.verdict = !significant ? Outcome::NoDivergence
+                    : sign > 0   ? Outcome::Diverged
+                                 : Outcome::LowerLoss;
         const double min_gap = kMinRelativeGap * std::abs(v.final_loss_ref);
         const SeedSides sides = seed_sides(s.gaps);
         v.median_gap = sides.median, v.p_sign = sides.p_sign;

@@ -25,34 +25,34 @@ namespace divlab {
 // too-few-seeds; no-reference (the group has no reference run). Only the results come from the
 // test; the rest leave `no_verdict_reason` set.
 enum class Outcome {
-  diverged,
-  lower_loss,
-  no_divergence,
-  crashed,
-  nan,
-  reference_nan,
-  too_few_seeds,
-  no_reference
+  Diverged,
+  LowerLoss,
+  NoDivergence,
+  Crashed,
+  Nan,
+  ReferenceNan,
+  TooFewSeeds,
+  NoReference
 };
 // The names every output writes (verdicts.csv, summary.h5, report.md, the terminal).
 template <>
 struct EnumNames<Outcome> {
   static constexpr std::pair<Outcome, const char*> table[] = {
-      {Outcome::diverged, "diverged"},
-      {Outcome::lower_loss, "lower-loss"},
-      {Outcome::no_divergence, "no-divergence"},
-      {Outcome::crashed, "crashed"},
-      {Outcome::nan, "nan"},
-      {Outcome::reference_nan, "reference-nan"},
-      {Outcome::too_few_seeds, "too-few-seeds"},
-      {Outcome::no_reference, "no-reference"}};
+      {Outcome::Diverged, "diverged"},
+      {Outcome::LowerLoss, "lower-loss"},
+      {Outcome::NoDivergence, "no-divergence"},
+      {Outcome::Crashed, "crashed"},
+      {Outcome::Nan, "nan"},
+      {Outcome::ReferenceNan, "reference-nan"},
+      {Outcome::TooFewSeeds, "too-few-seeds"},
+      {Outcome::NoReference, "no-reference"}};
 };
 std::ostream& operator<<(std::ostream& out, Outcome o);  // its name (test failures print it)
 
 // One run as the analysis needs it (analyze.cpp reads it from a trace).
 struct Cell {
   std::string path;
-  RunStatus status = RunStatus::completed;
+  RunStatus status = RunStatus::Completed;
   std::map<std::string, std::string> config;  // resolved key -> value text
   std::vector<double> loss, val_loss, max_row;
   std::string variant;    // "op=variant[+op=variant]" or "reference"
@@ -72,7 +72,7 @@ struct Verdict {
   std::map<std::string, std::string> settings;  // the same, key by key
   std::string variant;                          // "op=variant[+op=variant]" or "reference"
   bool control = false;  // every swapped kernel is a documented benign control
-  Outcome verdict = Outcome::no_reference;
+  Outcome verdict = Outcome::NoReference;
   int seeds = 0;
   double final_loss_ref = 0;  // mean over seeds, last 10 % of steps
   double gap = 0;             // mean over seeds of (variant - reference), last 10 % of steps

@@ -106,8 +106,8 @@ class Bisector {
     for (const Verdict& v : analyze(an))
       if (v.variant == key) {
         d.verdict = v.verdict, d.gap = v.gap, d.p = v.p_welch, d.onset = v.onset;
-        d.fails = v.verdict == Outcome::diverged || v.verdict == Outcome::lower_loss ||
-                  v.verdict == Outcome::nan || v.verdict == Outcome::crashed;
+        d.fails = v.verdict == Outcome::Diverged || v.verdict == Outcome::LowerLoss ||
+                  v.verdict == Outcome::Nan || v.verdict == Outcome::Crashed;
       }
     std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), name_of(d.verdict), d.gap, d.p);
     std::fflush(stdout);

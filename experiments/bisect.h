@@ -25,17 +25,17 @@ struct BisectOptions {
 };
 
 struct BisectDecision {
-  std::vector<std::string> subset;          // "op=variant"
-  Outcome verdict = Outcome::no_reference;  // analyze's verdict for the subset (none: no row)
+  std::vector<std::string> subset;         // "op=variant"
+  Outcome verdict = Outcome::NoReference;  // analyze's verdict for the subset (none: no row)
   double gap = 0, p = 1;
   long long onset = -1;
   bool fails = false;
 };
 
 struct BisectResult {
-  std::vector<std::string> swapped;         // every non-reference kernel of the source
-  std::vector<std::string> culprits;        // the minimal failing subset (empty: nothing diverged)
-  Outcome verdict = Outcome::no_reference;  // the culprits' (diverged, lower-loss, nan, crashed)
+  std::vector<std::string> swapped;        // every non-reference kernel of the source
+  std::vector<std::string> culprits;       // the minimal failing subset (empty: nothing diverged)
+  Outcome verdict = Outcome::NoReference;  // the culprits' (diverged, lower-loss, nan, crashed)
   long long onset = -1;
   int runs = 0;  // training runs executed
   std::vector<BisectDecision> decisions;

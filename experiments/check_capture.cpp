@@ -134,11 +134,13 @@ struct NewestWeights {
 
 NewestWeights newest_weights(const std::string& trace, const std::vector<ParamInfo>& layout) {
   const TraceReader r(trace);
-  for (const std::string which : {"final", "checkpoint", "initial"}) {
+  for (const WhichWeights which :
+       {WhichWeights::Final, WhichWeights::Checkpoint, WhichWeights::Initial}) {
     auto w = trace_weights(r, which, layout);
     if (!w) continue;
-    const std::string source = (which == "checkpoint" ? "its newest checkpoint" : which) +
-                               " (step " + std::to_string(w->step) + ")";
+    const std::string source =
+        std::string(which == WhichWeights::Checkpoint ? "its newest checkpoint" : name_of(which)) +
+        " (step " + std::to_string(w->step) + ")";
     return {std::move(w), source};
   }
   return {std::nullopt, "initialisation (the trace keeps no weights: drawn from the run's seed)"};

@@ -169,7 +169,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   for (const Verdict* p : in_order) {
     const Verdict& v = *p;
     if (v.variant == candidate) {
-      if (v.verdict == Outcome::no_divergence) {
+      if (v.verdict == Outcome::NoDivergence) {
         quiet.push_back(v.group);
         if (!largest || std::abs(v.gap) > std::abs(largest->gap)) largest = &v;
         if (v.perturbed) perturbed.push_back(v.group + ": " + shift_words(v));
@@ -186,7 +186,7 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
                                ? gap_text(v)
                                : name_of(v.verdict) + (" (" + v.no_verdict_reason + ")")));
       }
-    } else if (v.control && v.verdict != Outcome::no_divergence) {
+    } else if (v.control && v.verdict != Outcome::NoDivergence) {
       moved_controls.push_back(v.variant + " in " + v.group + ": " + name_of(v.verdict));
     }
   }

@@ -185,6 +185,7 @@ Command add_data_command(CLI::App& app) {
 
 Command add_sample_command(CLI::App& app) {
   const auto so = std::make_shared<SampleOptions>();
+  const auto weights = std::make_shared<std::string>(name_of(so->weights));
   auto* sample_cmd = app.add_subcommand("sample", "text a trained run's model writes");
   sample_cmd->add_option("trace", so->trace, "the run's trace (train, or a sweep's cell)")
       ->required();
@@ -197,13 +198,14 @@ Command add_sample_command(CLI::App& app) {
       ->capture_default_str()
       ->check(kNotNegative);
   sample_cmd
-      ->add_option("--weights", so->weights,
+      ->add_option("--weights", *weights,
                    "final (kept with trace.final_weights, else the newest checkpoint) | "
                    "checkpoint | initial")
       ->capture_default_str();
   sample_cmd->add_option("--kernels", so->kernels,
                          "op=variant at inference (default: every op's reference)");
-  return {sample_cmd, [so] {
+  return {sample_cmd, [so, weights] {
+            so->weights = option_choice<WhichWeights>("--weights", *weights);
             const Sample out = sample(*so);
             std::string kernels;
             for (const auto& k : so->kernels) kernels += (kernels.empty() ? "" : ", ") + k;
@@ -222,18 +224,22 @@ Command add_sample_command(CLI::App& app) {
 
 Command add_export_command(CLI::App& app) {
   const auto ex = std::make_shared<ExportOptions>();
+  const auto weights = std::make_shared<std::string>(name_of(ex->weights));
+  const auto dtype = std::make_shared<std::string>(name_of(ex->dtype));
   auto* export_cmd = app.add_subcommand(
       "export", "a trace's weights as safetensors (PyTorch names and shapes, parameter order)");
   export_cmd->add_option("trace", ex->trace, "the run's trace")->required();
   export_cmd->add_option("--out", ex->out, "FILE.safetensors")->required();
   export_cmd
-      ->add_option("--weights", ex->weights,
+      ->add_option("--weights", *weights,
                    "final | initial (trace.final_weights / trace.initial_weights) | "
                    "checkpoint (the newest)")
       ->capture_default_str();
-  export_cmd->add_option("--dtype", ex->dtype, "f32 | f64")->capture_default_str();
+  export_cmd->add_option("--dtype", *dtype, "f32 | f64")->capture_default_str();
   export_cmd->add_flag("--force", ex->force, "overwrite --out");
-  return {export_cmd, [ex] {
+  return {export_cmd, [ex, weights, dtype] {
+            ex->weights = option_choice<WhichWeights>("--weights", *weights);
+            ex->dtype = option_choice<ExportDtype>("--dtype", *dtype);
             std::cout << export_weights(*ex) << std::endl;
             return 0;
           }};
@@ -288,7 +294,7 @@ Command add_analyze_command(CLI::App& app) {
             const auto verdicts = analyze(o->an);
             const bool diverged =
                 std::any_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) {
-                  return v.verdict == Outcome::diverged || v.verdict == Outcome::crashed;
+                  return v.verdict == Outcome::Diverged || v.verdict == Outcome::Crashed;
                 });
             return o->fail_on_diverged && diverged ? 1 : 0;
           }};

@@ -31,7 +31,7 @@ int report_train(const TrainResult& r, const std::string& trace) {
       std::cout << "- (no step ran)";
     std::cout << "  trace " << trace << std::endl;
   }
-  return r.status == RunStatus::interrupted ? 128 + r.signal : 0;  // nan is a finding: exit 0
+  return r.status == RunStatus::Interrupted ? 128 + r.signal : 0;  // nan is a finding: exit 0
 }
 
 // `divlab train`'s command line, as given.

@@ -35,21 +35,18 @@ std::string json_string(const std::string& s) {
 }  // namespace
 
 std::string export_weights(const ExportOptions& opt) {
-  if (opt.weights != "final" && opt.weights != "initial" && opt.weights != "checkpoint")
-    throw InputError("--weights '" + opt.weights + "': expected final, initial or checkpoint");
-  if (opt.dtype != "f32" && opt.dtype != "f64")
-    throw InputError("--dtype '" + opt.dtype + "': expected f32 or f64");
   check_out_is_no_input(opt.out, {{opt.trace, "the trace being read"}}, "");
   check_output_path(opt.out, opt.force);
   const TraceReader r(opt.trace);
   const std::vector<ParamInfo> layout = param_layout(model_of(r, opt.trace));
   auto w = trace_weights(r, opt.weights, layout);
-  if (!w && opt.weights == "checkpoint")
+  if (!w && opt.weights == WhichWeights::Checkpoint)
     throw InputError("trace '" + opt.trace + "': holds no checkpoint (checkpoint.every = 0, " +
                      "or the run stopped before its first)");
+  const std::string which = name_of(opt.weights);
   if (!w)
-    throw InputError("trace '" + opt.trace + "': holds no " + opt.weights +
-                     " weights (train with --set trace." + opt.weights +
+    throw InputError("trace '" + opt.trace + "': holds no " + which +
+                     " weights (train with --set trace." + which +
                      "_weights=true; --weights checkpoint exports the newest checkpoint)");
   const std::vector<double>& params = w->params;
   const int64_t step = w->step;
@@ -60,10 +57,9 @@ std::string export_weights(const ExportOptions& opt) {
 
   // safetensors: an 8-byte little-endian header length, a JSON header (name -> dtype, shape,
   // byte range; __metadata__), then the tensors' little-endian bytes, here in parameter order.
-  const size_t width = opt.dtype == "f32" ? 4 : 8;
+  const size_t width = opt.dtype == ExportDtype::F32 ? 4 : 8;
   std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"source\":" + json_string(opt.trace) +
-                       ",\"weights\":\"" + opt.weights + "\",\"step\":\"" + std::to_string(step) +
-                       "\"}";
+                       ",\"weights\":\"" + which + "\",\"step\":\"" + std::to_string(step) + "\"}";
   for (const ParamInfo& p : layout) {
     std::string shape;
     for (int64_t d : p.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
@@ -92,8 +88,8 @@ std::string export_weights(const ExportOptions& opt) {
   if (!write_file_atomically(opt.out, bytes))
     throw InputError("--out '" + opt.out + "': cannot be written");
   return "wrote " + opt.out + ": " + std::to_string(layout.size()) + " tensors, " +
-         std::to_string(params.size()) + " " + opt.dtype + " weights (" + opt.weights + ", after " +
-         std::to_string(step) + " steps)";
+         std::to_string(params.size()) + " " + name_of(opt.dtype) + " weights (" + which +
+         ", after " + std::to_string(step) + " steps)";
 }
 
 void check_batch_fits(int batch, int seq, size_t bytes_per_position) {

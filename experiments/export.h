@@ -5,13 +5,24 @@
 #include <cstdint>
 #include <string>
 
+#include "common/named_enum.h"
+#include "experiments/weights.h"
+
 namespace divlab {
+
+// The safetensors dtype the weights are written in (the trace keeps them in float64).
+enum class ExportDtype { F32, F64 };
+template <>
+struct EnumNames<ExportDtype> {
+  static constexpr std::pair<ExportDtype, const char*> table[] = {{ExportDtype::F32, "f32"},
+                                                                  {ExportDtype::F64, "f64"}};
+};
 
 struct ExportOptions {
   std::string trace;
-  std::string out;                // FILE.safetensors
-  std::string weights = "final";  // final | initial | checkpoint (the newest)
-  std::string dtype = "f32";      // f32 | f64
+  std::string out;  // FILE.safetensors
+  WhichWeights weights = WhichWeights::Final;
+  ExportDtype dtype = ExportDtype::F32;
   bool force = false;
 };
 // Writes the weights with PyTorch's names and shapes, in the model's parameter order, with

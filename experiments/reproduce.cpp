@@ -48,7 +48,7 @@ std::string clip(const std::string& text, size_t bytes) {
 std::string model_samples(const std::vector<Verdict>& verdicts) {
   std::string md;
   for (const auto& v : verdicts) {
-    if (v.verdict != Outcome::diverged || v.seed_traces.empty()) continue;
+    if (v.verdict != Outcome::Diverged || v.seed_traces.empty()) continue;
     SampleOptions opt;
     opt.tokens = 64, opt.temperature = 0.8, opt.seed = 1;
     const std::string bug = v.variant.substr(v.variant.find('=') + 1);

@@ -66,7 +66,7 @@ void lay_out_trace(TraceWriter& w, const RunConfig& cfg, const DatasetInfo& data
   w.attr("/", "threads", int64_t(threads));
   w.attr("/", "param_count", int64_t(layout.back().offset + layout.back().size));
   if (!cfg.plugins.empty()) w.attr("/", "plugins", loaded_plugins_identity());
-  w.status_attr(RunStatus::running);
+  w.status_attr(RunStatus::Running);
   w.attr("/", "config_toml", cfg.to_toml());
   w.attr("/", "kernel_roles", kernel_roles(cfg));
   for (const auto& [key, value] : cfg.resolved) {

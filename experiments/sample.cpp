@@ -24,16 +24,17 @@ struct SampledWeights {
   std::string what;
 };
 
-// The asked-for weights; "final" falls back to the newest checkpoint (a sweep cell keeps no
-// final weights unless asked).
-SampledWeights weights_of(const TraceReader& r, const std::string& which, const ModelConfig& m,
+// The asked-for weights; the final ones fall back to the newest checkpoint (a sweep cell keeps
+// no final weights unless asked).
+SampledWeights weights_of(const TraceReader& r, WhichWeights which, const ModelConfig& m,
                           const std::string& path) {
   const auto layout = param_layout(m);
-  if (auto w = trace_weights(r, which, layout); w && which != "checkpoint")
-    return {std::move(w->params), which + " weights (after " + std::to_string(w->step) + " steps)"};
-  if (which == "initial")
+  if (auto w = trace_weights(r, which, layout); w && which != WhichWeights::Checkpoint)
+    return {std::move(w->params),
+            std::string(name_of(which)) + " weights (after " + std::to_string(w->step) + " steps)"};
+  if (which == WhichWeights::Initial)
     throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
-  if (auto c = trace_weights(r, "checkpoint", layout))
+  if (auto c = trace_weights(r, WhichWeights::Checkpoint, layout))
     return {std::move(c->params), "the newest checkpoint (after " + std::to_string(c->step) +
                                       " steps; the trace keeps no final weights)"};
   throw InputError("trace '" + path + "': holds no weights to sample from (train with --set " +
@@ -67,8 +68,6 @@ Sample sample(const SampleOptions& opt) {
     throw InputError("--tokens " + std::to_string(opt.tokens) + ": must be in 1..100000");
   if (!(opt.temperature >= 0) || !std::isfinite(opt.temperature))
     throw InputError("--temperature: must be a finite number >= 0");
-  if (opt.weights != "final" && opt.weights != "initial" && opt.weights != "checkpoint")
-    throw InputError("--weights '" + opt.weights + "': expected final, initial or checkpoint");
   const TraceReader r(opt.trace);
   // The run's model and data, with the inference kernels in place of the run's (CPU, fp32;
   // the run's plug-ins are not needed, its kernels are replaced before they are looked up).

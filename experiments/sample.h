@@ -7,16 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "experiments/weights.h"
+
 namespace divlab {
 
 struct SampleOptions {
   std::string trace;
-  std::string prompt;                // text (a text run: BPE-encoded) or token ids "3 17 5"
-  int tokens = 100;                  // how many to generate
-  double temperature = 0.8;          // 0: always the most likely token
-  uint64_t seed = 0;                 // the sampling's; the same seed gives the same text
-  std::string weights = "final";     // final (else the newest checkpoint) | checkpoint | initial
-  std::vector<std::string> kernels;  // op=variant at inference (default: every reference)
+  std::string prompt;        // text (a text run: BPE-encoded) or token ids "3 17 5"
+  int tokens = 100;          // how many to generate
+  double temperature = 0.8;  // 0: always the most likely token
+  uint64_t seed = 0;         // the sampling's; the same seed gives the same text
+  WhichWeights weights = WhichWeights::Final;  // final: else the newest checkpoint
+  std::vector<std::string> kernels;            // op=variant at inference (default: every reference)
 };
 
 struct Sample {

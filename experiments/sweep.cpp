@@ -89,8 +89,8 @@ std::optional<RunStatus> finished_status(const std::string& trace) {
   try {
     const TraceReader r(trace);
     const RunStatus s = r.status();
-    if (s == RunStatus::nan) return s;
-    if (s != RunStatus::completed) return std::nullopt;
+    if (s == RunStatus::Nan) return s;
+    if (s != RunStatus::Completed) return std::nullopt;
     const auto steps = r.ints("/metrics/step").size();
     if (double(steps) >= r.number_attr("/config", "train.steps")) return s;
   } catch (const InputError&) {
@@ -431,7 +431,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     t.out = cell_trace_path(opt.out, opt.cell), t.force = true, t.progress = false;
     const std::string base = g.base_config.empty() ? "" : frozen_base_config(opt.out);
     const TrainResult r = train(load_config(base, g.cells[opt.cell]), t);
-    (r.status == RunStatus::nan ? sum.nan : sum.completed) = 1;
+    (r.status == RunStatus::Nan ? sum.nan : sum.completed) = 1;
     return sum;
   }
 
@@ -510,7 +510,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         limit = std::min(jobs, limit + 1);
         const std::optional<RunStatus> s = finished_status(cell_trace_path(opt.out, run.cell));
         rec[run.cell] = {s ? name_of(*s) : "failed (no finished trace)", 0, age};
-        (!s ? sum.failed : *s == RunStatus::nan ? sum.nan : sum.completed)++;
+        (!s ? sum.failed : *s == RunStatus::Nan ? sum.nan : sum.completed)++;
       } else {
         const bool signalled = WIFSIGNALED(status);
         const int code = signalled ? WTERMSIG(status) : WEXITSTATUS(status);

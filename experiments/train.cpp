@@ -333,8 +333,8 @@ StartPoint open_trace(TraceWriter& trace, const RunConfig& cfg, const TrainOptio
   const int64_t n_params = int64_t(std::as_const(model).params().size());
   if (cfg.checkpoint_every > 0)
     lay_out_checkpoints(trace, n_params, cfg.optim.kind == OptimizerKind::AdamW, cfg.model.vocab);
-  if (cfg.initial_weights) lay_out_weights(trace, "initial", model.layout());
-  if (cfg.final_weights) lay_out_weights(trace, "final", model.layout());
+  if (cfg.initial_weights) lay_out_weights(trace, WhichWeights::Initial, model.layout());
+  if (cfg.final_weights) lay_out_weights(trace, WhichWeights::Final, model.layout());
   if (launch)
     trace.attr("/", "data_parallel",
                std::string(name_of(cfg.data_parallel)) + ": " + std::to_string(cfg.ranks) +
@@ -368,7 +368,7 @@ StartPoint open_trace(TraceWriter& trace, const RunConfig& cfg, const TrainOptio
     if (resume && resume->checkpoint && !resume->initial_weights)
       throw InputError("--resume '" + opt.out + "': trace.initial_weights = true, but the " +
                        "trace holds no initial weights");
-    write_weights(trace, "initial", model.layout(),
+    write_weights(trace, WhichWeights::Initial, model.layout(),
                   resume && resume->checkpoint
                       ? *resume->initial_weights
                       : widen(std::as_const(model).params(), model.stream()));
@@ -442,13 +442,13 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   Progress progress(opt.progress && lead);
   const auto t0 = std::chrono::steady_clock::now();
   double profiled_from_s = 0, last_wall_s = 0;  // the profiled steps' span on the wall clock
-  TrainResult result{RunStatus::completed, start.first_step, 0.0, 0, std::nullopt, lead};
+  TrainResult result{RunStatus::Completed, start.first_step, 0.0, 0, std::nullopt, lead};
   std::vector<std::pair<std::string, std::string>> nan_where;
   // Then no step is taken; over NCCL the first step's reports carry the request instead, so that
   // every rank stops at the same step.
   const bool stopped_while_setting_up = stop_signal() != 0 && !comm;
   if (stopped_while_setting_up)
-    result.status = RunStatus::interrupted, result.signal = stop_signal();
+    result.status = RunStatus::Interrupted, result.signal = stop_signal();
   try {
     for (int64_t step = stopped_while_setting_up ? cfg.steps : start.first_step; step < cfg.steps;
          ++step) {
@@ -503,7 +503,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       trace.maybe_flush(cfg.flush_steps, cfg.flush_seconds);
       progress.update(step + 1, cfg.steps, double(loss), double((step + 1) * N) / wall, wall);
       if (!finite) {
-        result.status = RunStatus::nan;
+        result.status = RunStatus::Nan;
         data.batch(step, B, Tn, in.data(), tgt.data());
         if (lead)  // over NCCL rank 0 replays every shard itself; the others are done
           nan_where = attribute_nan(model, *trainee.step, in.data(), tgt.data(), step, cfg.seed);
@@ -518,7 +518,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
       // SIGINT/SIGTERM/SIGHUP/SIGPIPE: the step is done and flushed. Over NCCL only what every
       // rank reported counts, so that all stop at this step.
       if (stop != 0 || (!comm && stop_signal() != 0)) {
-        result.status = RunStatus::interrupted;
+        result.status = RunStatus::Interrupted;
         result.signal = stop != 0 ? stop : stop_signal();
         break;
       }
@@ -532,7 +532,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
     // "failed" and where, and the command says the same in one line.
     progress.done();
     const std::string failure = crash.where() + ": " + e.what();
-    trace.finish(RunStatus::failed, {{"failure", failure}});
+    trace.finish(RunStatus::Failed, {{"failure", failure}});
     throw RunFailed("train failed " + failure + " (trace '" + opt.out + "' records it)");
   }
   progress.done();
@@ -547,7 +547,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   if (kernels.profiler && tap) print_shadow_timing(tap->timing(), tap->in_background());
   trace.write_array("/dataset/token_counts", start.token_counts);
   if (cfg.final_weights && lead)
-    write_weights(trace, "final", model.layout(),
+    write_weights(trace, WhichWeights::Final, model.layout(),
                   widen(std::as_const(model).params(), model.stream()), result.steps);
   trace.finish(result.status, nan_where);
   return result;
@@ -688,7 +688,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   {
     const TraceReader r(path);
     const auto done = int64_t(r.ints("/metrics/step").size());
-    if (r.status() == RunStatus::completed && done >= cfg.steps)
+    if (r.status() == RunStatus::Completed && done >= cfg.steps)
       throw InputError("--resume '" + path + "': the run completed its " + std::to_string(done) +
                        " steps; nothing left to run (--set train.steps=N to go further)");
     resume.checkpoint = read_checkpoint(r);
@@ -704,7 +704,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
                          std::to_string(resume.checkpoint->next_step) + " of train.steps = " +
                          std::to_string(cfg.steps) + "; nothing left to run");
       resume.history = read_history(r, resume.checkpoint->next_step);
-      resume.initial_weights = read_weights(r, "initial", param_layout(cfg.model));
+      resume.initial_weights = read_weights(r, WhichWeights::Initial, param_layout(cfg.model));
     }
   }
   if (access(path.c_str(), W_OK) != 0) throw InputError("--resume '" + path + "': not writable");

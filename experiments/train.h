@@ -23,7 +23,7 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  RunStatus status = RunStatus::completed;  // completed, nan or interrupted
+  RunStatus status = RunStatus::Completed;  // completed, nan or interrupted
   int64_t steps = 0;
   double final_loss = 0;
   int signal = 0;  // the signal that interrupted the run

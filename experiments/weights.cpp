@@ -6,27 +6,27 @@
 namespace divlab {
 
 namespace {
-std::string tensor_path(const std::string& which, const ParamInfo& p) {
-  return "/weights/" + which + "/" + p.name;
+std::string tensor_path(WhichWeights which, const ParamInfo& p) {
+  return std::string("/weights/") + name_of(which) + "/" + p.name;
 }
 }  // namespace
 
-void lay_out_weights(TraceWriter& w, const std::string& which,
-                     const std::vector<ParamInfo>& layout) {
+void lay_out_weights(TraceWriter& w, WhichWeights which, const std::vector<ParamInfo>& layout) {
   for (const ParamInfo& p : layout)
     w.array(tensor_path(which, p), TraceWriter::Kind::Float64, p.shape);
-  if (which == "final") w.array("/weights/final_step", TraceWriter::Kind::Int64, 1);
+  if (which == WhichWeights::Final) w.array("/weights/final_step", TraceWriter::Kind::Int64, 1);
 }
 
-void write_weights(TraceWriter& w, const std::string& which, const std::vector<ParamInfo>& layout,
+void write_weights(TraceWriter& w, WhichWeights which, const std::vector<ParamInfo>& layout,
                    const std::vector<double>& params, int64_t step) {
   for (const ParamInfo& p : layout)
     w.write_array(tensor_path(which, p), std::vector<double>(params.begin() + p.offset,
                                                              params.begin() + p.offset + p.size));
-  if (which == "final") w.write_array("/weights/final_step", std::vector<int64_t>{step});
+  if (which == WhichWeights::Final)
+    w.write_array("/weights/final_step", std::vector<int64_t>{step});
 }
 
-std::optional<std::vector<double>> read_weights(const TraceReader& r, const std::string& which,
+std::optional<std::vector<double>> read_weights(const TraceReader& r, WhichWeights which,
                                                 const std::vector<ParamInfo>& layout) {
   if (layout.empty() || !r.exists(tensor_path(which, layout[0]))) return std::nullopt;
   std::vector<double> params;
@@ -40,9 +40,9 @@ std::optional<std::vector<double>> read_weights(const TraceReader& r, const std:
   return params;
 }
 
-std::optional<TraceWeights> trace_weights(const TraceReader& r, const std::string& which,
+std::optional<TraceWeights> trace_weights(const TraceReader& r, WhichWeights which,
                                           const std::vector<ParamInfo>& layout) {
-  if (which == "checkpoint") {
+  if (which == WhichWeights::Checkpoint) {
     const auto c = read_checkpoint(r);
     if (!c) return std::nullopt;
     return TraceWeights{c->params, c->next_step};
@@ -50,7 +50,7 @@ std::optional<TraceWeights> trace_weights(const TraceReader& r, const std::strin
   auto params = read_weights(r, which, layout);
   if (!params) return std::nullopt;
   return TraceWeights{std::move(*params),
-                      which == "final" ? r.ints("/weights/final_step").at(0) : 0};
+                      which == WhichWeights::Final ? r.ints("/weights/final_step").at(0) : 0};
 }
 
 }  // namespace divlab

@@ -8,29 +8,40 @@
 #include <string>
 #include <vector>
 
+#include "common/named_enum.h"
 #include "io/trace.h"
 #include "model/transformer.h"
 
 namespace divlab {
 
-// Creates /weights/WHICH/<name> for every parameter (before SWMR starts); "final" also gets
-// /weights/final_step (int64[1]: the steps taken before the weights were kept).
-void lay_out_weights(TraceWriter& w, const std::string& which,
-                     const std::vector<ParamInfo>& layout);
+// Which of a trace's weights: those kept at the end or at the start of the run
+// (trace.final_weights, trace.initial_weights), or its newest checkpoint.
+enum class WhichWeights { Final, Initial, Checkpoint };
+template <>
+struct EnumNames<WhichWeights> {
+  static constexpr std::pair<WhichWeights, const char*> table[] = {
+      {WhichWeights::Final, "final"},
+      {WhichWeights::Initial, "initial"},
+      {WhichWeights::Checkpoint, "checkpoint"}};
+};
+
+// Creates /weights/WHICH/<name> for every parameter (before SWMR starts; WHICH final or
+// initial); final also gets /weights/final_step (int64[1]: the steps taken before the weights
+// were kept).
+void lay_out_weights(TraceWriter& w, WhichWeights which, const std::vector<ParamInfo>& layout);
 // Writes the flat parameter buffer `params` (layout order) into /weights/WHICH.
-void write_weights(TraceWriter& w, const std::string& which, const std::vector<ParamInfo>& layout,
+void write_weights(TraceWriter& w, WhichWeights which, const std::vector<ParamInfo>& layout,
                    const std::vector<double>& params, int64_t step = 0);
 // The flat parameter buffer from /weights/WHICH; none if the trace does not hold them.
-std::optional<std::vector<double>> read_weights(const TraceReader& r, const std::string& which,
+std::optional<std::vector<double>> read_weights(const TraceReader& r, WhichWeights which,
                                                 const std::vector<ParamInfo>& layout);
 
-// A trace's weights by name: "final" and "initial" (kept with trace.*_weights) or "checkpoint"
-// (the newest), with the steps taken before them; none if the trace does not hold them.
+// A trace's weights, with the steps taken before them; none if the trace does not hold them.
 struct TraceWeights {
   std::vector<double> params;  // flat, in parameter order
   int64_t step = 0;
 };
-std::optional<TraceWeights> trace_weights(const TraceReader& r, const std::string& which,
+std::optional<TraceWeights> trace_weights(const TraceReader& r, WhichWeights which,
                                           const std::vector<ParamInfo>& layout);
 
 }  // namespace divlab

@@ -391,10 +391,10 @@ bool record_crash(const std::string& path, const std::string& failure) {
       H5::Attribute status = root.openAttribute("status");
       status.read(status.getStrType(), now);
     }
-    if (now != name_of(RunStatus::running)) return false;
+    if (now != name_of(RunStatus::Running)) return false;
     set_root_strings(root, {{"failure", failure}});
     root.openAttribute("status").write(utf8_string(),
-                                       std::string(name_of(RunStatus::failed)));  // last
+                                       std::string(name_of(RunStatus::Failed)));  // last
     root.close();
     file.close();
     return true;

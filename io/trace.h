@@ -31,15 +31,15 @@ namespace divlab {
 // running until the run ends, then completed (every step it was asked for), nan (stopped on a
 // non-finite loss or gradient: a finding), interrupted (SIGINT or SIGTERM: resumable) or failed
 // (a kernel threw or the process crashed: the root attribute "failure" says how).
-enum class RunStatus { running, completed, nan, interrupted, failed };
+enum class RunStatus { Running, Completed, Nan, Interrupted, Failed };
 template <>
 struct EnumNames<RunStatus> {
   static constexpr std::pair<RunStatus, const char*> table[] = {
-      {RunStatus::running, "running"},
-      {RunStatus::completed, "completed"},
-      {RunStatus::nan, "nan"},
-      {RunStatus::interrupted, "interrupted"},
-      {RunStatus::failed, "failed"}};
+      {RunStatus::Running, "running"},
+      {RunStatus::Completed, "completed"},
+      {RunStatus::Nan, "nan"},
+      {RunStatus::Interrupted, "interrupted"},
+      {RunStatus::Failed, "failed"}};
 };
 
 // Writing the trace failed mid-run (disk full, the file or its folder no longer writable). What

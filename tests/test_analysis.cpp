@@ -89,7 +89,7 @@ Cell synthetic_cell(const std::string& data, const std::string& variant, bool co
                     std::vector<double> loss) {
   Cell c;
   c.path = "cells/" + std::to_string(seed) + variant + ".h5";
-  c.status = RunStatus::completed;
+  c.status = RunStatus::Completed;
   c.config = {{"data", data},
               {"train.seed", std::to_string(seed)},
               {"train.batch", "8"},
@@ -142,7 +142,7 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   const auto verdicts = compute_verdicts(two_groups(gen, 0.05, 2e-5), 0.05);
   ASSERT_EQ(verdicts.size(), 4u);  // 2 groups x (control, candidate)
   const Verdict bug = find_verdict(verdicts, "data=skewed", "bf16_accum");
-  EXPECT_EQ(bug.verdict, Outcome::diverged) << "seed " << testing::test_seed();
+  EXPECT_EQ(bug.verdict, Outcome::Diverged) << "seed " << testing::test_seed();
   EXPECT_EQ(bug.compared_with, "controls");
   EXPECT_EQ(bug.seeds, 4);
   EXPECT_NEAR(bug.gap, 0.05, 0.01) << "seed " << testing::test_seed();
@@ -152,7 +152,7 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   EXPECT_EQ(bug.seed_traces.size(), 4u);
   EXPECT_EQ(bug.settings.at("data"), "skewed");
   const Verdict flat = find_verdict(verdicts, "data=flat", "bf16_accum");
-  EXPECT_EQ(flat.verdict, Outcome::no_divergence) << "seed " << testing::test_seed();
+  EXPECT_EQ(flat.verdict, Outcome::NoDivergence) << "seed " << testing::test_seed();
   EXPECT_EQ(flat.onset, -1);
   EXPECT_TRUE(find_verdict(verdicts, "data=flat", "fp32_reordered").control);
 }
@@ -164,7 +164,7 @@ TEST(Verdicts, WithoutAGapDivergenceIsAsRareAsAlphaSays) {
   int diverged = 0, total = 0;
   for (int grid = 0; grid < 50; ++grid)
     for (const auto& v : compute_verdicts(two_groups(gen, 0.0, 2e-4), 0.05)) {
-      diverged += v.verdict == Outcome::diverged;
+      diverged += v.verdict == Outcome::Diverged;
       ++total;
     }
   EXPECT_LE(double(diverged) / total, 0.12)
@@ -178,7 +178,7 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
     const auto base = noisy_curve(gen, 100, 0.005);
     cells.push_back(synthetic_cell("d", "reference", false, seed, base));
     Cell nan = synthetic_cell("d", "fp16_accum", false, seed, base);
-    nan.status = RunStatus::nan;
+    nan.status = RunStatus::Nan;
     nan.nan_where = "backward embed_rmsnorm_backward layer 0 grad wte.weight, step 7";
     cells.push_back(nan);
   }
@@ -186,11 +186,11 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
   const auto verdicts = compute_verdicts(cells, 0.05);
   ASSERT_EQ(verdicts.size(), 2u);
   const Verdict nan = find_verdict(verdicts, "all", "fp16_accum");
-  EXPECT_EQ(nan.verdict, Outcome::nan);
+  EXPECT_EQ(nan.verdict, Outcome::Nan);
   EXPECT_EQ(nan.nan_runs.size(), 3u);
   EXPECT_NE(nan.nan_where.find("step 7"), std::string::npos);
   const Verdict one = find_verdict(verdicts, "all", "bf16_accum");
-  EXPECT_EQ(one.verdict, Outcome::too_few_seeds);
+  EXPECT_EQ(one.verdict, Outcome::TooFewSeeds);
   EXPECT_NE(one.no_verdict_reason.find("1 of 1 seeds paired"), std::string::npos)
       << one.no_verdict_reason;
 }
@@ -227,12 +227,12 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
                           {"biased", [&](int) { return size(gen); }}}),
       0.05);
   const Verdict noisy = find_verdict(verdicts, "all", "noisy");
-  EXPECT_EQ(noisy.verdict, Outcome::no_divergence) << "seed " << testing::test_seed();
+  EXPECT_EQ(noisy.verdict, Outcome::NoDivergence) << "seed " << testing::test_seed();
   EXPECT_TRUE(noisy.perturbed) << "p_shift " << noisy.p_shift << ", seed " << testing::test_seed();
   EXPECT_GT(noisy.shift, 0.04);
   EXPECT_LT(noisy.control_shift, 0.005);
   const Verdict biased = find_verdict(verdicts, "all", "biased");
-  EXPECT_EQ(biased.verdict, Outcome::diverged) << "seed " << testing::test_seed();
+  EXPECT_EQ(biased.verdict, Outcome::Diverged) << "seed " << testing::test_seed();
   EXPECT_FALSE(biased.perturbed);  // a divergence already says more
   EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").perturbed);
 }
@@ -251,7 +251,7 @@ TEST(Verdicts, EverySeedOnOneSideWithOneFarBeyondIsLopsidedNotPerturbed) {
                      {"mixed", [&](int seed) { return seed == 2 ? -0.04 : moved[size_t(seed)]; }}}),
       0.05);
   const Verdict lop = find_verdict(verdicts, "all", "lopsided");
-  EXPECT_EQ(lop.verdict, Outcome::no_divergence)
+  EXPECT_EQ(lop.verdict, Outcome::NoDivergence)
       << "p " << lop.p_welch << ", seed " << testing::test_seed();
   EXPECT_GT(lop.p_welch, 0.05);
   EXPECT_LT(lop.p_permutation, 0.001);
@@ -282,7 +282,7 @@ TEST(Verdicts, MostSeedsOneWayAndAFewChaoticOnesEitherWayIsLopsided) {
           24),
       0.05);
   const Verdict v = find_verdict(verdicts, "all", "chaotic");
-  EXPECT_EQ(v.verdict, Outcome::no_divergence)
+  EXPECT_EQ(v.verdict, Outcome::NoDivergence)
       << "p " << v.p_welch << ", seed " << testing::test_seed();
   EXPECT_EQ(v.seeds_one_way, 21);  // 19 small and the 2 chaotic seeds moved up
   EXPECT_GT(v.median_gap, 0.02);
@@ -341,10 +341,10 @@ TEST(Verdicts, ASeedTwiceInAGroupIsRefusedNamingBothTraces) {
 TEST(DoseResponse, FindsWhereTheVerdictsCrossAndStay) {
   // Given out of order, as groups come from a map: sorted by dose.
   const std::vector<Verdict> v = {
-      point("data=brown", "bug", 262144, 9800, 0.30, Outcome::diverged),
-      point("data=brown", "bug", 16384, 610, 0.001, Outcome::no_divergence),
-      point("data=brown", "bug", 65536, 2450, 0.08, Outcome::diverged),
-      point("data=brown", "bug", 4096, 150, -0.002, Outcome::no_divergence)};
+      point("data=brown", "bug", 262144, 9800, 0.30, Outcome::Diverged),
+      point("data=brown", "bug", 16384, 610, 0.001, Outcome::NoDivergence),
+      point("data=brown", "bug", 65536, 2450, 0.08, Outcome::Diverged),
+      point("data=brown", "bug", 4096, 150, -0.002, Outcome::NoDivergence)};
   const auto r = dose_responses(v);
   ASSERT_EQ(r.size(), 1u);
   ASSERT_EQ(r[0].points.size(), 4u);
@@ -360,9 +360,9 @@ TEST(DoseResponse, FindsWhereTheVerdictsCrossAndStay) {
 }
 
 TEST(DoseResponse, AFlatLawHasNoCrossing) {
-  const std::vector<Verdict> v = {point("s", "bug", 16384, 610, 0.001, Outcome::no_divergence),
-                                  point("s", "bug", 65536, 2450, -0.003, Outcome::no_divergence),
-                                  point("s", "bug", 262144, 9800, 0.004, Outcome::no_divergence)};
+  const std::vector<Verdict> v = {point("s", "bug", 16384, 610, 0.001, Outcome::NoDivergence),
+                                  point("s", "bug", 65536, 2450, -0.003, Outcome::NoDivergence),
+                                  point("s", "bug", 262144, 9800, 0.004, Outcome::NoDivergence)};
   const auto r = dose_responses(v);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(std::isnan(r[0].diverged_from));
@@ -374,9 +374,9 @@ TEST(DoseResponse, AFlatLawHasNoCrossing) {
 
 TEST(DoseResponse, ADivergenceThatDoesNotPersistToTheTopIsNoCrossing) {
   // Diverged in the middle only: chance, or a different effect; never called a threshold.
-  const std::vector<Verdict> v = {point("s", "bug", 16384, 610, 0.001, Outcome::no_divergence),
-                                  point("s", "bug", 65536, 2450, 0.05, Outcome::diverged),
-                                  point("s", "bug", 262144, 9800, 0.004, Outcome::no_divergence)};
+  const std::vector<Verdict> v = {point("s", "bug", 16384, 610, 0.001, Outcome::NoDivergence),
+                                  point("s", "bug", 65536, 2450, 0.05, Outcome::Diverged),
+                                  point("s", "bug", 262144, 9800, 0.004, Outcome::NoDivergence)};
   const auto r = dose_responses(v);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(std::isnan(r[0].diverged_from));
@@ -384,15 +384,15 @@ TEST(DoseResponse, ADivergenceThatDoesNotPersistToTheTopIsNoCrossing) {
 
 TEST(DoseResponse, EveryDoseDivergedAndSeriesNeedTwoSizes) {
   const std::vector<Verdict> v = {
-      point("a", "bug", 16384, 610, 0.1, Outcome::diverged),
-      point("a", "bug", 65536, 2450, 0.2, Outcome::diverged),
-      point("a", "ctl", 16384, 610, 0.0, Outcome::no_divergence),
-      point("a", "ctl", 65536, 2450, 0.0, Outcome::no_divergence),
+      point("a", "bug", 16384, 610, 0.1, Outcome::Diverged),
+      point("a", "bug", 65536, 2450, 0.2, Outcome::Diverged),
+      point("a", "ctl", 16384, 610, 0.0, Outcome::NoDivergence),
+      point("a", "ctl", 65536, 2450, 0.0, Outcome::NoDivergence),
       // One size only: not a series.
-      point("b", "bug", 65536, 2450, 0.2, Outcome::diverged),
+      point("b", "bug", 65536, 2450, 0.2, Outcome::Diverged),
       // Two groups of one size (e.g. two seeds' doses): still not a series.
-      point("c", "bug", 65536, 2450, 0.2, Outcome::diverged),
-      point("c", "bug", 65536, 2600, 0.2, Outcome::diverged)};
+      point("c", "bug", 65536, 2450, 0.2, Outcome::Diverged),
+      point("c", "bug", 65536, 2600, 0.2, Outcome::Diverged)};
   const auto r = dose_responses(v);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].variant, "bug");

@@ -352,7 +352,7 @@ TEST(CheckHoles, ATracesRecordedValuesAreOneMoreCondition) {
   EXPECT_EQ(got.source, "final (step 7)");
   const TraceReader r(trace);
   const RunConfig cfg = parse_config_text(r.string_attr("/", "config_toml"), "trace", {});
-  const auto weights = trace_weights(r, "final", param_layout(cfg.model));
+  const auto weights = trace_weights(r, WhichWeights::Final, param_layout(cfg.model));
   ASSERT_TRUE(weights);
   const CapturedCall& call = got.calls[0];
   EXPECT_EQ(call.shape.text(), "B1 T12 C16 NH1 V96");

@@ -102,7 +102,7 @@ Verdict verdict(const std::string& group, const std::string& variant, Outcome re
                 int first_cell, bool control = false) {
   Verdict v;
   v.group = group, v.variant = variant, v.verdict = result, v.first_cell = first_cell;
-  v.control = control, v.gap = result == Outcome::no_divergence ? 0.0001 : 0.5, v.p_welch = 0.01;
+  v.control = control, v.gap = result == Outcome::NoDivergence ? 0.0001 : 0.5, v.p_welch = 0.01;
   return v;
 }
 }  // namespace
@@ -110,10 +110,10 @@ Verdict verdict(const std::string& group, const std::string& variant, Outcome re
 TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
   const std::string bug = "linear_forward=tail_skip";
   const std::string s =
-      train_summary(bug, {verdict("train.optimizer=adamw", bug, Outcome::no_divergence, 12),
-                          verdict("train.optimizer=sgd", bug, Outcome::diverged, 0),
+      train_summary(bug, {verdict("train.optimizer=adamw", bug, Outcome::NoDivergence, 12),
+                          verdict("train.optimizer=sgd", bug, Outcome::Diverged, 0),
                           verdict("train.optimizer=sgd", "linear_forward=fp64_accum",
-                                  Outcome::no_divergence, 0, true)});
+                                  Outcome::NoDivergence, 0, true)});
   EXPECT_EQ(s.rfind("summary: linear_forward=tail_skip changed training in 1 of 2 groups: "
                     "train.optimizer=sgd: diverged (gap +0.5000, p 0.01",
                     0),
@@ -123,8 +123,8 @@ TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
   EXPECT_EQ(s.find("note:"), std::string::npos) << s;
 
   const std::string quiet =
-      train_summary(bug, {verdict("g", bug, Outcome::no_divergence, 0),
-                          verdict("g", "linear_forward=fp64_accum", Outcome::diverged, 0, true)});
+      train_summary(bug, {verdict("g", bug, Outcome::NoDivergence, 0),
+                          verdict("g", "linear_forward=fp64_accum", Outcome::Diverged, 0, true)});
   EXPECT_NE(quiet.find("within its controls' noise floor in all 1 groups"), std::string::npos)
       << quiet;
   EXPECT_NE(quiet.find("note: the control linear_forward=fp64_accum in g: diverged"),
@@ -132,7 +132,7 @@ TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
       << quiet;
 
   // No consistent gap, yet every run moved (AdamW at a huge dose): said, not called no effect.
-  Verdict noisy = verdict("train.optimizer=adamw", bug, Outcome::no_divergence, 0);
+  Verdict noisy = verdict("train.optimizer=adamw", bug, Outcome::NoDivergence, 0);
   noisy.perturbed = true, noisy.shift = 0.05, noisy.control_shift = 0.0025, noisy.p_shift = 0.003;
   const std::string moved = train_summary(bug, {noisy});
   EXPECT_EQ(moved.find("this grid shows no effect"), std::string::npos) << moved;
@@ -146,7 +146,7 @@ TEST(CheckTrain, TheSummarySaysWhereTheCandidateChangedTrainingInGridOrder) {
             std::string::npos);
 
   // Most seeds one way, some far beyond the rest: Welch's t misses it, and the summary says so.
-  Verdict lopsided = verdict("train.optimizer=sgd", bug, Outcome::no_divergence, 0);
+  Verdict lopsided = verdict("train.optimizer=sgd", bug, Outcome::NoDivergence, 0);
   lopsided.lopsided = true, lopsided.gap = 0.013, lopsided.p_welch = 0.16;
   lopsided.seeds = 24, lopsided.seeds_one_way = 19, lopsided.median_gap = 0.035;
   const std::string one_way = train_summary(bug, {lopsided});

@@ -17,7 +17,7 @@ TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
   {
     TraceWriter w(path, false);
     w.attr("/", "backend", std::string("cpu"));
-    w.status_attr(RunStatus::running);
+    w.status_attr(RunStatus::Running);
     w.series("/metrics/loss", TraceWriter::Kind::Float64);
     w.series("/metrics/step", TraceWriter::Kind::Int64);
     w.array("/dataset/token_counts", TraceWriter::Kind::Int64, 5);
@@ -34,14 +34,14 @@ TEST(Trace, AppendFlushReadWhileOpenThenFinish) {
       TraceReader r(path);  // while the writer holds it: 20 steps flushed, 5 pending
       EXPECT_EQ(r.ints("/metrics/step").size(), 20u);
       EXPECT_EQ(r.string_attr("/", "status"), "running");
-      EXPECT_EQ(r.status(), RunStatus::running);
+      EXPECT_EQ(r.status(), RunStatus::Running);
     }
     w.write_array("/dataset/token_counts", std::vector<int64_t>{1, 2, 3, 4, 5});
-    w.finish(RunStatus::completed);
+    w.finish(RunStatus::Completed);
   }
   TraceReader r(path);
   EXPECT_EQ(r.string_attr("/", "status"), "completed");
-  EXPECT_EQ(r.status(), RunStatus::completed);
+  EXPECT_EQ(r.status(), RunStatus::Completed);
   EXPECT_EQ(r.string_attr("/", "backend"), "cpu");
   const auto loss = r.floats("/metrics/loss");
   ASSERT_EQ(loss.size(), 25u);
@@ -74,7 +74,7 @@ namespace {
 // A published trace with nothing in it, left "running" (its writer gone without finish()).
 void leave_running_trace(const std::string& path) {
   TraceWriter w(path, true);
-  w.status_attr(RunStatus::running);
+  w.status_attr(RunStatus::Running);
   w.start();
   w.publish();
 }
@@ -94,7 +94,7 @@ TEST(Trace, AWriterGoneBeforePublishingLeavesNothing) {
   unlink(path.c_str());
   {
     TraceWriter w(path, true);
-    w.status_attr(RunStatus::running);
+    w.status_attr(RunStatus::Running);
     w.series("/metrics/step", TraceWriter::Kind::Int64);
   }
   EXPECT_NE(access(path.c_str(), F_OK), 0);
@@ -111,7 +111,7 @@ TEST(Trace, ACrashedWritersTraceIsMarkedFailedOnce) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     TraceWriter w(path, true);
-    w.status_attr(RunStatus::running);
+    w.status_attr(RunStatus::Running);
     w.series("/metrics/step", TraceWriter::Kind::Int64);
     w.start();
     w.publish();

@@ -39,7 +39,7 @@ TEST(GpuTrain, WritesACompleteTraceWithGpuShadowMetrics) {
            "train.seed=" + std::to_string(test_seed() % 1000)});
   TrainOptions opt;
   opt.out = out, opt.progress = false;
-  EXPECT_EQ(train(cfg, opt).status, RunStatus::completed);
+  EXPECT_EQ(train(cfg, opt).status, RunStatus::Completed);
   const TraceReader r(out);
   EXPECT_EQ(r.string_attr("/", "backend"), "cuda");
   EXPECT_NE(r.string_attr("/", "device").find("sm_"), std::string::npos);
@@ -76,7 +76,7 @@ TEST(GpuTrain, ShadowedReferencesMatchTheFp64ReferenceAtEveryStep) {
                        "train.seed=" + std::to_string(test_seed() % 1000)});
   TrainOptions opt;
   opt.out = out, opt.progress = false;
-  EXPECT_EQ(train(cfg, opt).status, RunStatus::completed);
+  EXPECT_EQ(train(cfg, opt).status, RunStatus::Completed);
   const TraceReader r(out);
   for (const auto& name :
        {"embed_rmsnorm_backward/fp64_accum", "rmsnorm_forward/reference",
@@ -120,7 +120,7 @@ TEST(GpuTrain, DeviceShadowMetricsAreTheFp64OnesWithinTheFp32ReferencesDistance)
                          "shadow.reference=" + reference, seed});
     TrainOptions opt;
     opt.out = out, opt.progress = false;
-    EXPECT_EQ(train(cfg, opt).status, RunStatus::completed);
+    EXPECT_EQ(train(cfg, opt).status, RunStatus::Completed);
     return out;
   };
   const TraceReader device(run("fp32_device")), exact(run("fp64"));
@@ -196,7 +196,7 @@ TEST(GpuPlugin, ExampleCudaPluginTrainsIsShadowedAndBisected) {
              "shadow.variants=[embed_rmsnorm_backward=example_cuda_bf16_atomic]"});
     TrainOptions opt;
     opt.out = out, opt.progress = false;
-    EXPECT_EQ(train(cfg, opt).status, RunStatus::completed) << precision;
+    EXPECT_EQ(train(cfg, opt).status, RunStatus::Completed) << precision;
     const auto rel =
         TraceReader(out).floats("/shadow/embed_rmsnorm_backward/example_cuda_bf16_atomic/rel_l2");
     ASSERT_EQ(rel.size(), 2u) << precision;
@@ -273,7 +273,7 @@ TEST(GpuPlugin, Bf16CudaPluginIsCheckedTrainedShadowedAndSwept) {
     shadowed.push_back(s);
   TrainOptions opt;
   opt.out = out, opt.progress = false;
-  EXPECT_EQ(train(load_config("", shadowed), opt).status, RunStatus::completed);
+  EXPECT_EQ(train(load_config("", shadowed), opt).status, RunStatus::Completed);
   const auto rel =
       TraceReader(out).floats("/shadow/swiglu_forward/example_cuda_bf16_swiglu_vec8/rel_l2");
   ASSERT_EQ(rel.size(), 4u);
@@ -319,7 +319,7 @@ TEST(GpuPlugin, AnOptimizerUpdatePlugsInOnTheGpu) {
                "train.optimizer=sgd", std::string("kernels.sgd_step=") + sgd});
       TrainOptions train_opt;
       train_opt.out = out, train_opt.progress = false;
-      ASSERT_EQ(train(cfg, train_opt).status, RunStatus::completed) << precision << " " << sgd;
+      ASSERT_EQ(train(cfg, train_opt).status, RunStatus::Completed) << precision << " " << sgd;
       losses.push_back(TraceReader(out).floats("/metrics/loss"));
       unlink(out.c_str());
     }

@@ -61,7 +61,7 @@ TEST(GpuRealText, Bf16AtomicsCorruptTheHottestRowsAtARealisticDose) {
   TrainOptions opt;
   opt.out = out, opt.progress = false;
   try {
-    ASSERT_EQ(train(cfg, opt).status, RunStatus::completed);
+    ASSERT_EQ(train(cfg, opt).status, RunStatus::Completed);
   } catch (const InputError& e) {
     if (std::string(e.what()).find("corpus not found") == std::string::npos) throw;
     GTEST_SKIP() << "the Brown corpus is not here (scripts/setup.sh fetches it): " << e.what();

@@ -49,7 +49,7 @@ double final_loss(const std::string& dir, const std::string& optimizer, const st
   const std::string out = dir + "/" + optimizer + "-" + kernel + "-" + std::to_string(seed) + ".h5";
   TrainOptions opt;
   opt.out = out, opt.progress = false;
-  EXPECT_EQ(train(load_config("", set), opt).status, RunStatus::completed);
+  EXPECT_EQ(train(load_config("", set), opt).status, RunStatus::Completed);
   const auto loss = TraceReader(out).floats("/metrics/loss");
   unlink(out.c_str());
   return std::accumulate(loss.end() - 15, loss.end(), 0.0) / 15;
