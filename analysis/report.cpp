@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -39,14 +38,28 @@ std::string fmt(double x, const char* f = "%.3g") {
   return buf;
 }
 
-// A verdict in plain words with one symbol, for readers of the report (in Outcome's order).
+// A verdict in plain words with one symbol, for readers of the report. A switch, so that an
+// outcome added without its words fails to build (-Wswitch), whatever the enumerators' order.
 const char* verdict_words(Outcome o) {
-  static constexpr const char* kWords[] = {"✗ diverged",       "↓ lower loss",
-                                           "✓ no divergence",  "✗ crashed",
-                                           "✗ stopped on NaN", "? reference stopped on NaN",
-                                           "? too few seeds",  "? no reference run"};
-  static_assert(std::size(kWords) == size_t(Outcome::NoReference) + 1, "words for each outcome");
-  return kWords[size_t(o)];
+  switch (o) {
+    case Outcome::Diverged:
+      return "✗ diverged";
+    case Outcome::LowerLoss:
+      return "↓ lower loss";
+    case Outcome::NoDivergence:
+      return "✓ no divergence";
+    case Outcome::Crashed:
+      return "✗ crashed";
+    case Outcome::Nan:
+      return "✗ stopped on NaN";
+    case Outcome::ReferenceNan:
+      return "? reference stopped on NaN";
+    case Outcome::TooFewSeeds:
+      return "? too few seeds";
+    case Outcome::NoReference:
+      return "? no reference run";
+  }
+  return name_of(o);
 }
 
 // The report's first sentence: which candidates diverged and where, and where the same
