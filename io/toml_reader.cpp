@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <sstream>
+#include <string_view>
 
 #include "common/errors.h"
 #include "common/utf8.h"
@@ -163,7 +165,13 @@ void flatten(const toml::table& table, const std::string& prefix, const std::str
 
 std::string float_text(double x) {
   char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  auto r = std::to_chars(buf, buf + sizeof buf, x);
+  // The shortest text of an integral value from 2^63 up can be all digits ("9223372036854775808"),
+  // which TOML reads as an integer out of its 64-bit range: a config written from it would not
+  // read back. Such values are written with an exponent.
+  if (std::abs(x) >= 0x1p63 &&
+      std::string_view(buf, size_t(r.ptr - buf)).find_first_of(".e") == std::string_view::npos)
+    r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
   return std::string(buf, r.ptr);
 }
 

@@ -30,7 +30,8 @@ struct TomlEntry {
   TomlValue value;
 };
 
-// The shortest text that reads back as exactly `x` (std::to_chars): 0.1, 1e-05, inf.
+// The shortest text that reads back as exactly `x` (std::to_chars): 0.1, 1e-05, inf; never an
+// integer past TOML's 64-bit range (9.223372036854776e+18, not 9223372036854775808).
 std::string float_text(double x);
 
 // Parses a document; `source` names it in messages (e.g. "config file 'c.toml'"). Throws
