@@ -96,6 +96,20 @@ void expand(Grid& g, const Part& part, const std::string& path) {
         if (extra.find('=') == std::string::npos)
           throw InputError("grid '" + path + "': axis '" + part.axes[a].first + "' value '" +
                            words.str() + "': words after the value must be key=value");
+        // A cell is labelled and analysed by its axes' values: a word that set an axis's key
+        // (its own or another's) would run a value other than the one its label names.
+        const std::string key = extra.substr(0, extra.find('='));
+        const bool axis_key = std::any_of(part.axes.begin(), part.axes.end(),
+                                          [&](const auto& axis) { return axis.first == key; });
+        const bool repeated = std::any_of(extras[a].begin(), extras[a].end(),
+                                          [&](auto& e) { return e.substr(0, e.find('=')) == key; });
+        if (axis_key || repeated)
+          throw InputError("grid '" + path + "': axis '" + part.axes[a].first + "' value '" +
+                           words.str() + "': '" + extra + "' sets " +
+                           (axis_key ? "'" + key +
+                                           "', an axis of the grid (a cell's label would "
+                                           "name one value and the run use another)"
+                                     : "'" + key + "' twice"));
         extras[a].push_back(extra);
       }
       rest /= part.axes[a].second.size();

@@ -12,7 +12,8 @@
 //   [axes.train]
 //   seed = [0, 1, 2]
 //   optimizer = ["sgd", "adamw train.lr=3e-3"]  # a value may bring overrides of its own
-//                                        # (two axes' values bringing one key: the later axis wins)
+//                                        # (two axes' values bringing one key: the later axis wins;
+//                                        # an axis's own key: refused, the label would mislead)
 //   [quick.set.train]                    # optional: what --quick changes (set and axes)
 //   steps = 50
 //
