@@ -246,8 +246,8 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
       resolve_kernels(cfg);  // its kernel names, against its backend (plug-ins loaded once)
       if (cfg.backend == Backend::Cuda && g.first_cuda_cell < 0) g.first_cuda_cell = int64_t(i);
       check_dataset_source(cfg.data);  // a missing corpus, before any cell runs
-      // Two cells that resolve to one run (a repeated axis value, an axis value whose own
-      // overrides undo another axis) would count one experiment twice as two seeds' worth.
+      // Two cells that resolve to one run (a repeated axis value, 0.1 beside 1e-1, one axis
+      // given twice) would count one experiment twice as two seeds' worth.
       const auto [at, fresh] = resolved.emplace(cfg.to_toml(), i);
       if (!fresh)
         throw InputError("resolves to the same run as cell " + std::to_string(at->second) + " (" +

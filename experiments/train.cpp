@@ -56,6 +56,13 @@ void check_output_path(const std::string& path, bool force) {
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode))
       throw InputError("output '" + path + "' is a folder (--out names the trace file)");
+    // A file is written beside it and renamed over it: with --force, as root, over /dev/null.
+    if (!S_ISREG(st.st_mode))
+      throw InputError("output '" + path + "' is " +
+                       (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                        : S_ISFIFO(st.st_mode)                     ? "a named pipe"
+                                                                   : "not a regular file") +
+                       ": --out names a file to write, and --force replaces only a regular file");
     if (!force) throw InputError("output '" + path + "' already exists (use --force to overwrite)");
     if (access(path.c_str(), W_OK) != 0)
       throw InputError("output '" + path + "' exists and is not writable");
