@@ -88,6 +88,19 @@ std::string read_input_file(const std::string& path, const std::string& what) {
   return text;
 }
 
+void require_input_file(const std::string& path, const std::string& what,
+                        const std::string& folder_hint) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    throw InputError(what + " '" + path + "': " +
+                     (errno == ENOENT ? std::string("no such file") : std::strerror(errno)));
+  if (S_ISREG(st.st_mode)) return;
+  throw InputError(what + " '" + path + "': " +
+                   (S_ISDIR(st.st_mode)    ? "a folder" + folder_hint
+                    : S_ISFIFO(st.st_mode) ? std::string("a named pipe, not a file")
+                                           : std::string("a device, not a file")));
+}
+
 bool write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   {

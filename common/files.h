@@ -15,6 +15,12 @@ bool read_file(const std::string& path, std::string& out);
 // or a device would block or never end, a folder holds no text) or cannot be read.
 std::string read_input_file(const std::string& path, const std::string& what);
 
+// Checks that `path` names a regular file before anything opens it (opening a named pipe blocks
+// until a writer comes; a device never ends). Throws InputError "WHAT 'PATH': no such file", "...
+// a folder" + `folder_hint`, "... a named pipe" or "... a device" (not a file).
+void require_input_file(const std::string& path, const std::string& what,
+                        const std::string& folder_hint = "");
+
 // Writes `bytes` to a temporary file beside `path` (named by the process id, so concurrent
 // writers never share one) and renames it over `path`: readers see the old file or the new one,
 // never a part. False, with nothing left behind, if the write fails.

@@ -1,6 +1,5 @@
 #include "experiments/bisect.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <set>
 
 #include "analysis/analyze.h"
+#include "common/files.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/sweep.h"
@@ -32,9 +32,7 @@ std::string join(const Subset& s, const char* sep) {
 }
 
 RunConfig load_source(const BisectOptions& opt) {
-  struct stat st {};
-  if (stat(opt.source.c_str(), &st) != 0)
-    throw InputError("bisect '" + opt.source + "': no such file");
+  require_input_file(opt.source, "bisect", " (bisect takes a trace or a config file)");
   std::ifstream f(opt.source, std::ios::binary);
   char magic[8] = {0};
   f.read(magic, 8);

@@ -1,12 +1,12 @@
 #include "experiments/check_capture.h"
 
-#include <filesystem>
 #include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "common/errors.h"
+#include "common/files.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/data_parallel.h"
@@ -117,10 +117,7 @@ bool run_calls(const RunConfig& cfg, Op op) {
 }
 
 RunConfig trace_config(const std::string& trace) {
-  if (std::filesystem::is_directory(trace))
-    throw InputError("check --trace '" + trace + "': a folder, not a trace (a run's --out file)");
-  if (!std::filesystem::is_regular_file(trace))
-    throw InputError("check --trace '" + trace + "': no such file");
+  require_input_file(trace, "check --trace", ", not a trace (a run's --out file)");
   const TraceReader r(trace);
   if (!r.has_attr("/", "config_toml"))
     throw InputError("check --trace '" + trace + "': the trace holds no run config");

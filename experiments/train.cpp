@@ -672,7 +672,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
                             bool progress) {
   Resume resume;
   RunConfig cfg;
-  if (access(path.c_str(), F_OK) != 0) throw InputError("--resume '" + path + "': no such file");
+  require_input_file(path, "--resume", ", not a trace (a run's --out file)");
   // What the trace records decides whether it may resume at all, before the lock is taken (a
   // refusal then leaves every file as it was); over NCCL, whether this process is a rank (and
   // which) decides who takes the lock.

@@ -8,10 +8,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "common/errors.h"
 #include "common/fault.h"
+#include "common/files.h"
 
 namespace divlab {
 
@@ -410,10 +410,8 @@ struct TraceReader::Impl {
 
 TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
   H5::Exception::dontPrint();
+  require_input_file(path, "trace", ", not a trace (a run's --out file)");
   if (access(path.c_str(), R_OK) != 0) throw InputError("trace '" + path + "': cannot be read");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError("trace '" + path + "': a folder, not a trace (a run's --out file)");
   // A SWMR reader retries a metadata read whose checksum fails (the writer may be mid-flush),
   // 100 times with growing sleeps by default: a corrupt file then takes minutes to refuse (found
   // by fuzz/fuzz_trace.cpp). A few attempts cover a concurrent flush.

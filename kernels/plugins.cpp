@@ -1,6 +1,7 @@
 #include "kernels/plugins.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -320,6 +321,12 @@ void load_one(const std::string& path) {
     if (l.identity == identity) return;
   auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
   if (path.empty()) fail("an empty path (dlopen would return divlab itself)");
+  // Opening a named pipe blocks until a writer comes (the probe would wait out its 30 s).
+  struct stat st {};
+  if (path.find('/') != std::string::npos && stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(S_ISDIR(st.st_mode)    ? "a folder, not a library"
+         : S_ISFIFO(st.st_mode) ? "a named pipe, not a library"
+                                : "a device, not a library");
   if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
