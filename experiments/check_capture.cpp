@@ -1,5 +1,7 @@
 #include "experiments/check_capture.h"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -129,8 +131,11 @@ struct NewestWeights {
   std::string source;
 };
 
+// The newest weights the trace keeps whose values are all finite: a run that blew up keeps NaN
+// final weights, on which every op's inputs would be NaN and no comparison says anything.
 NewestWeights newest_weights(const std::string& trace, const std::vector<ParamInfo>& layout) {
   const TraceReader r(trace);
+  std::string skipped;
   for (const WhichWeights which :
        {WhichWeights::Final, WhichWeights::Checkpoint, WhichWeights::Initial}) {
     auto w = trace_weights(r, which, layout);
@@ -138,8 +143,16 @@ NewestWeights newest_weights(const std::string& trace, const std::vector<ParamIn
     const std::string source =
         std::string(which == WhichWeights::Checkpoint ? "its newest checkpoint" : name_of(which)) +
         " (step " + std::to_string(w->step) + ")";
-    return {std::move(w), source};
+    if (!std::all_of(w->params.begin(), w->params.end(),
+                     [](double x) { return std::isfinite(x); })) {
+      skipped += (skipped.empty() ? "" : ", ") + source;
+      continue;
+    }
+    return {std::move(w), source + (skipped.empty() ? "" : "; newer: " + skipped + ", not finite")};
   }
+  if (!skipped.empty())
+    throw InputError("check --trace '" + trace + "': every set of weights it keeps holds NaN or " +
+                     "inf (" + skipped + "): no finite values to judge the op on");
   return {std::nullopt, "initialisation (the trace keeps no weights: drawn from the run's seed)"};
 }
 

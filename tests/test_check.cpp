@@ -255,9 +255,6 @@ std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
 
 }  // namespace
 
-// --trace: the op sees exactly what its run fed it (the embedding table is the trace's final
-// weights, the ids the first sequence of that step's batch), and those values are a condition
-// judged like any other.
 TEST(CheckHoles, DeviceMemoryMustGrowInEveryQuarterOfTheCallsToLeak) {
   // The device's memory in use counts every process on the GPU: another process's allocations
   // during the calls are steps in one or two quarters; a kernel that leaks grows every quarter
@@ -345,6 +342,9 @@ TEST(CheckHoles, AnotherProcessAllocatingAllAlongIsNotTheKernelsLeak) {
       << memory_leak_finding(both);
 }
 
+// --trace: the op sees exactly what its run fed it (the embedding table is the trace's final
+// weights, the ids the first sequence of that step's batch), and those values are a condition
+// judged like any other.
 TEST(CheckHoles, ATracesRecordedValuesAreOneMoreCondition) {
   const std::string trace = traced_run("check_trace");
   const TraceCapture got = capture_op_calls(trace, "embedding_forward", 3);

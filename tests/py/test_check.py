@@ -254,6 +254,29 @@ class Check(unittest.TestCase):
             self.fail(f"worker {workers} outlived its check")
         self.assertEqual(set(glob.glob("/tmp/divlab-check-*")) - before, set())
 
+    def test_a_traces_weights_that_are_not_finite_are_passed_over(self):
+        # NaN weights would feed the op NaN everywhere: the reference itself would "fail" against
+        # the fp64 reference. The newest finite weights are taken, and none at all is refused.
+        import h5py
+        import numpy as np
+        d = tmpdir()
+        trace = os.path.join(d, "run.h5")
+        r = run("train", "--quiet", "--out", trace, "--set", "model.vocab=96", "model.d_model=16",
+                "model.n_layers=1", "model.seq_len=12", "train.batch=3", "train.steps=4",
+                "trace.final_weights=true", "trace.initial_weights=true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with h5py.File(trace, "r+") as f:
+            f["/weights/final/wte.weight"][0, 0] = np.nan
+        r = run("check", "linear_forward=reference", "--trace", trace, "--draws", "1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the trace's weights: initial (step 0); newer: final (step 4), not finite",
+                      r.stdout)
+        with h5py.File(trace, "r+") as f:
+            f["/weights/initial/ln_f.weight"][3] = np.inf
+        assert_rejected(self, ["check", "linear_forward=reference", "--trace", trace],
+                        "every set of weights it keeps holds NaN or inf (final (step 4), "
+                        "initial (step 0))")
+
     def test_bad_input(self):
         assert_rejected(self, ["check", "embed_rmsnorm_backward"], "expected OP=VARIANT")
         assert_rejected(self, ["check", "embed_rmsnorm_backward=nope"], "'nope': unknown variant")
