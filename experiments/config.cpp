@@ -568,7 +568,14 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
   // A kernel the model never calls would label the run with a variant that never ran.
   const auto never_called = [&](const std::string& op_text, std::string* why) {
     Op op{};
-    if (!parse_op(op_text, &op) || model_calls(m, op)) return false;
+    if (!parse_op(op_text, &op)) return false;
+    if (op == Op::sgd_step || op == Op::adamw_step) {
+      const OptimizerKind serves = op == Op::sgd_step ? OptimizerKind::Sgd : OptimizerKind::AdamW;
+      *why = std::string("train.optimizer is ") + name_of(cfg.optim.kind) + " (" + op_text +
+             " updates " + name_of(serves) + " runs)";
+      return cfg.optim.kind != serves;
+    }
+    if (model_calls(m, op)) return false;
     if (op == Op::grad_reduce) {
       *why = "train.ranks is 1 (no data-parallel shards to reduce)";
       return cfg.ranks == 1;
