@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -92,7 +93,14 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
   // plug-ins) gives way to the check's.
   std::vector<TomlEntry> entries;
   entries.push_back({"set.backend", string_value(name_of(backend))});
-  if (!plugins.empty()) entries.push_back({"set.plugins", string_array(plugins)});
+  // Each cell loads the libraries again, and a sweep may be continued from another folder: a
+  // path by location is frozen absolute (a bare name is dlopen's library search, kept as it is).
+  std::vector<std::string> located;
+  for (const std::string& p : plugins)
+    located.push_back(p.find('/') == std::string::npos
+                          ? p
+                          : std::filesystem::absolute(p).lexically_normal().string());
+  if (!located.empty()) entries.push_back({"set.plugins", string_array(located)});
   if (kind == GridKind::Bf16Weights)
     entries.push_back({"set.train.precision", string_value("bf16")});
   // The gradient reduction runs between the shards of a data-parallel step: four simulated

@@ -107,7 +107,7 @@ std::string frozen_base_config(const std::string& dir) {
 // takes the folder's writer lock (into `held`) before writing anything into it.
 
 void prepare_dir(const std::string& dir, const Grid& g, bool lock,
-                 std::unique_ptr<WriterLock>& held) {
+                 std::unique_ptr<WriterLock>& held, const std::string& other_grid_hint) {
   struct stat st {};
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw InputError("--out '" + dir + "': exists and is not a folder");
@@ -116,9 +116,8 @@ void prepare_dir(const std::string& dir, const Grid& g, bool lock,
       std::string id = read_all(id_file);
       while (!id.empty() && (id.back() == '\n')) id.pop_back();
       if (id != g.id)
-        throw InputError("--out '" + dir +
-                         "' holds the cells of another grid (grid.id differs); "
-                         "choose another folder");
+        throw InputError("--out '" + dir + "' holds the cells of another grid (grid.id differs); " +
+                         (other_grid_hint.empty() ? "choose another folder" : other_grid_hint));
     } else if (access((dir + "/cells").c_str(), F_OK) == 0) {
       throw InputError("--out '" + dir + "' holds cells but no grid.id; choose another folder");
     }
@@ -410,8 +409,20 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   // Checked before the folder is touched, like everything else the command line gives.
   const auto slurm =
       opt.emit_slurm ? slurm_resources(g, opt.slurm) : std::map<std::string, std::string>{};
+  // The commonest other grid is this one with the other --quick (check --train sweeps quick).
+  std::string hint;
+  if (std::string id; read_file(opt.out + "/grid.id", id) && id.rfind(g.id, 0) != 0) try {
+      const Grid other = opt.grid.empty()
+                             ? load_grid(frozen_grid, !opt.quick, opt.seed_offset,
+                                         access(frozen_base.c_str(), F_OK) == 0 ? frozen_base : "")
+                             : load_grid(opt.grid, !opt.quick, opt.seed_offset);
+      if (id.rfind(other.id, 0) == 0)
+        hint = std::string("it was swept ") + (opt.quick ? "without" : "with") +
+               " --quick: run the same command " + (opt.quick ? "without" : "with") + " it";
+    } catch (const InputError&) {  // no [quick] overlay: no such grid
+    }
   std::unique_ptr<WriterLock> lock;
-  prepare_dir(opt.out, g, opt.cell < 0, lock);
+  prepare_dir(opt.out, g, opt.cell < 0, lock, hint);
   SweepSummary sum;
   sum.cells = int(g.size());
   if (opt.emit_slurm) {

@@ -398,7 +398,7 @@ std::string changed_plugin(const std::string& recorded) {
   std::istringstream in(recorded);
   for (std::string library, digest, abi; in >> library >> digest >> abi;)
     for (const auto& l : loaded())
-      if (l.path == library && "sha256:" + l.sha256 != digest)
+      if (l.identity == identity_of(library) && "sha256:" + l.sha256 != digest)
         return "plug-in '" + library + "' is not the file the run started with (" +
                digest.substr(0, 19) + "... recorded, sha256:" + l.sha256.substr(0, 12) + "... now)";
   return "";

@@ -596,6 +596,16 @@ class ExperimentBadInput(unittest.TestCase):
         self.check(["sweep", "--config", "{d}/other.toml", "--out", "{d}/out"], "another grid",
                    setup)
 
+    def test_a_folder_swept_with_quick_says_so(self):
+        # check --train sweeps with --quick: continuing its folder without it is another grid.
+        def setup(d):
+            write_grid(d, GRID + "[quick.set.train]\nsteps = 4\n")
+            run("sweep", "--config", os.path.join(d, "grid.toml"), "--out",
+                os.path.join(d, "out"), "--quick", check=True)
+        self.check(["sweep", "--out", "{d}/out"],
+                   "another grid (grid.id differs); it was swept with --quick: run the same "
+                   "command with it", setup)
+
     def test_cell_out_of_range(self):
         self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--cell", "9"],
                    "--cell 9", lambda d: write_grid(d))
