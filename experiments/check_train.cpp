@@ -96,6 +96,7 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
   // Each cell loads the libraries again, and a sweep may be continued from another folder: a
   // path by location is frozen absolute (a bare name is dlopen's library search, kept as it is).
   std::vector<std::string> located;
+  located.reserve(plugins.size());
   for (const std::string& p : plugins)
     located.push_back(p.find('/') == std::string::npos
                           ? p
