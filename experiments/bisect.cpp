@@ -203,8 +203,10 @@ Subset ddmin(Subset c, Bisector& b) {
 }  // namespace
 
 BisectResult run_bisect(const BisectOptions& opt) {
-  if (opt.seeds < 2)
-    throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need >= 2");
+  // Each decision trains every arm at every seed: past a thousand, one would take days (and its
+  // grid would pass the sweep's cap on cells after the folder was made).
+  if (opt.seeds < 2 || opt.seeds > 1000)
+    throw InputError("bisect --seeds " + std::to_string(opt.seeds) + ": need 2 to 1000");
   if (opt.jobs < 0)
     throw InputError("bisect --jobs " + std::to_string(opt.jobs) + ": must be >= 0");
   if (opt.steps < 0)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <random>
 
 #include "datasets/synthetic.h"
 #include "datasets/text.h"
@@ -87,6 +88,22 @@ TEST(Uniform, NoIdAboveMeanPlusSixSigma) {
   const double mean = n * p, sigma = std::sqrt(n * p * (1 - p));
   EXPECT_LT(*std::max_element(counts.begin(), counts.end()), mean + 6 * sigma);
   EXPECT_GT(*std::min_element(counts.begin(), counts.end()), mean - 6 * sigma);
+}
+
+// Few tokens in a large vocabulary take the sorted path; it must count as the table does.
+TEST(Batches, StatsOfFewTokensInALargeVocabularyMatchTheTable) {
+  const uint64_t seed = testing::test_seed();
+  std::mt19937_64 gen(seed);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int vocab = 1000 + int(gen() % 100000), n = 1 + int(gen() % 100);
+    std::vector<TokenId> tokens(size_t(n), 0);
+    for (auto& t : tokens) t = TokenId(gen() % (trial % 2 ? 5 : uint64_t(vocab)));
+    std::vector<int64_t> counts(size_t(vocab), 0);
+    const BatchStats table = batch_stats(tokens.data(), n, vocab, &counts);
+    const BatchStats sorted = batch_stats(tokens.data(), n, vocab, nullptr);
+    EXPECT_EQ(sorted.max_row_contributions, table.max_row_contributions) << "seed " << seed;
+    EXPECT_EQ(sorted.top1_share, table.top1_share) << "seed " << seed;
+  }
 }
 
 TEST(Batches, PureFunctionOfSeedAndStep) {
