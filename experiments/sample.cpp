@@ -61,6 +61,44 @@ std::vector<int> prompt_ids(const std::string& prompt, const std::string& tokeni
   return ids;
 }
 
+// Whether `op` writes something the sampled text depends on: the forward ops up to the logits.
+// The rest never run at inference, or (the cross-entropy's loss) run on nothing the sampler reads;
+// a text labelled with one of them would credit it with a text it did not write.
+bool shapes_the_text(Op op) {
+  switch (op) {
+    case Op::embedding_forward:
+    case Op::rmsnorm_forward:
+    case Op::linear_forward:
+    case Op::attention_forward:
+    case Op::gelu_forward:
+    case Op::add:
+    case Op::rope_forward:
+    case Op::gqa_forward:
+    case Op::swiglu_forward:
+    case Op::softcap_forward:
+    case Op::add_rmsnorm_forward:
+      return true;
+    case Op::rmsnorm_backward:
+    case Op::linear_backward:
+    case Op::attention_backward:
+    case Op::gelu_backward:
+    case Op::cross_entropy:
+    case Op::embed_rmsnorm_backward:
+    case Op::rope_backward:
+    case Op::gqa_backward:
+    case Op::swiglu_backward:
+    case Op::softcap_backward:
+    case Op::grad_reduce:
+    case Op::sgd_step:
+    case Op::adamw_step:
+    case Op::cast:
+    case Op::sum_squares:
+    case Op::count:
+      return false;
+  }
+  return false;
+}
+
 }  // namespace
 
 Sample sample(const SampleOptions& opt) {
@@ -82,6 +120,10 @@ Sample sample(const SampleOptions& opt) {
     if (eq == std::string::npos) throw InputError("--kernels '" + k + "': expected op=variant");
     if (!named.insert(k.substr(0, eq)).second)
       throw InputError("--kernels: op '" + k.substr(0, eq) + "' named twice");
+    if (Op op{}; parse_op(k.substr(0, eq), &op) && !shapes_the_text(op))
+      throw InputError("--kernels '" + k + "': " + op_name(op) +
+                       " never writes what sampling reads (it runs the forward pass to the "
+                       "logits); the text would name a kernel that did not shape it");
     overrides.push_back("kernels." + k);
   }
   RunConfig cfg;
