@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -296,8 +297,23 @@ std::map<std::string, std::string> slurm_resources(const Grid& g, const SlurmRes
   for (const auto& [key, value] : r)
     if (value.find_first_of("\r\n") != std::string::npos)
       throw InputError("slurm " + key + ": must be one line");
-  if (std::stoll(r["cpus_per_task"]) < 1)
-    throw InputError("slurm cpus_per_task = " + r["cpus_per_task"] + ": must be >= 1");
+  const long long cpus = std::stoll(r["cpus_per_task"]);
+  if (cpus < 1 || cpus > kMaxThreads)  // a cell's threads
+    throw InputError("slurm cpus_per_task = " + r["cpus_per_task"] + ": must be 1 to " +
+                     std::to_string(kMaxThreads));
+  // What sbatch would refuse at submission, after the folder was written: refused here. (Names
+  // are left alone: Slurm's accounts may hold spaces, which the directive quotes.)
+  struct Form {
+    const char *key, *pattern, *expected;
+  };
+  const Form forms[] = {
+      {"time", "(\\d+-)?\\d+(:\\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite",
+       "minutes, H:MM:SS or D-HH:MM:SS"},
+      {"mem", "\\d+[KMGTkmgt]?", "a size such as 8G or 4000M"}};
+  for (const Form& f : forms)
+    if (r.count(f.key) && !std::regex_match(r[f.key], std::regex(f.pattern)))
+      throw InputError(std::string("slurm ") + f.key + " = '" + r[f.key] +
+                       "': sbatch would refuse it (expected " + f.expected + ")");
   return r;
 }
 

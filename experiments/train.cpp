@@ -55,7 +55,7 @@ void check_output_path(const std::string& path, bool force) {
   struct stat st {};
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode))
-      throw InputError("output '" + path + "' is a folder (--out names the trace file)");
+      throw InputError("output '" + path + "' is a folder (--out names the file to write)");
     // A file is written beside it and renamed over it: with --force, as root, over /dev/null.
     if (!S_ISREG(st.st_mode))
       throw InputError("output '" + path + "' is " +
