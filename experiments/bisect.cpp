@@ -42,8 +42,8 @@ RunConfig load_source(const BisectOptions& opt) {
       opt.source.size() > 3 && opt.source.rfind(".h5") == opt.source.size() - 3;
   if (named_trace || std::string(magic, 8) == "\x89HDF\r\n\x1a\n") {
     const TraceReader r(opt.source);
-    return load_config_text(r.string_attr("/", "config_toml"), "trace '" + opt.source + "'",
-                            opt.overrides);
+    return load_config_text(r.string_attr("/", "config_toml"), opt.source, opt.overrides,
+                            ConfigFrom::Trace);
   }
   return load_config(opt.source, opt.overrides);
 }

@@ -123,7 +123,7 @@ RunConfig trace_config(const std::string& trace) {
   const TraceReader r(trace);
   if (!r.has_attr("/", "config_toml"))
     throw InputError("check --trace '" + trace + "': the trace holds no run config");
-  return parse_config_text(r.string_attr("/", "config_toml"), "trace '" + trace + "'", {});
+  return parse_config_text(r.string_attr("/", "config_toml"), trace, {}, ConfigFrom::Trace);
 }
 
 struct NewestWeights {

@@ -439,12 +439,13 @@ RunConfig parse_config(const std::string& path, const std::vector<std::string>& 
 }
 
 RunConfig parse_config_text(const std::string& toml, const std::string& source,
-                            const std::vector<std::string>& overrides) {
+                            const std::vector<std::string>& overrides, ConfigFrom from) {
   RawValues raw;
   if (!toml.empty()) {
-    for (const TomlEntry& e : read_toml(toml, "config file '" + source + "'"))
-      put(raw, e.key, e.value, " (" + source + " line " + std::to_string(e.value.line) + ")",
-          false);
+    const std::string named = from == ConfigFrom::Trace ? "trace '" + source + "'" : source;
+    for (const TomlEntry& e :
+         read_toml(toml, from == ConfigFrom::Trace ? named : "config file '" + source + "'"))
+      put(raw, e.key, e.value, " (" + named + " line " + std::to_string(e.value.line) + ")", false);
   }
   for (const auto& o : overrides) {
     const auto eq = o.find('=');
@@ -633,8 +634,8 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 }
 
 RunConfig load_config_text(const std::string& toml, const std::string& source,
-                           const std::vector<std::string>& overrides) {
-  RunConfig cfg = parse_config_text(toml, source, overrides);
+                           const std::vector<std::string>& overrides, ConfigFrom from) {
+  RunConfig cfg = parse_config_text(toml, source, overrides, from);
   resolve_kernels(cfg);
   return cfg;
 }

@@ -96,9 +96,13 @@ std::string describe_config_keys();
 // nothing else: no plug-in is loaded, no catalogue consulted. Throws InputError naming the key,
 // value or path.
 RunConfig parse_config(const std::string& path, const std::vector<std::string>& overrides);
-// The same from TOML text (e.g. a trace's config_toml); `source` names it in messages.
+// Where a config's TOML text comes from, for messages: a config file ("config file 'PATH' line
+// 3, column 5: ...", "(PATH line 3)") or a trace's recorded config ("trace 'PATH' line 3 ...").
+enum class ConfigFrom { File, Trace };
+// The same from TOML text (e.g. a trace's config_toml); `source` is its path.
 RunConfig parse_config_text(const std::string& toml, const std::string& source,
-                            const std::vector<std::string>& overrides);
+                            const std::vector<std::string>& overrides,
+                            ConfigFrom from = ConfigFrom::File);
 
 // The step between parsing and running: loads the config's plug-ins (once per process) and checks
 // its kernel choices and shadow entries against its backend's catalogue, whose names the
@@ -108,7 +112,8 @@ void resolve_kernels(const RunConfig& cfg);
 // parse_config and resolve_kernels: what a command that runs or validates a run calls.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
 RunConfig load_config_text(const std::string& toml, const std::string& source,
-                           const std::vector<std::string>& overrides);
+                           const std::vector<std::string>& overrides,
+                           ConfigFrom from = ConfigFrom::File);
 
 // The name in `names` within 3 edits of `word` and closest to it, for "did you mean" hints;
 // empty if none is.

@@ -19,7 +19,7 @@ namespace {
 // exporting machine need not have them): every [model] key, so the layout is the run's (the
 // llama family, a tied head, the MLP's width, grouped key/value heads).
 ModelConfig model_of(const TraceReader& r, const std::string& path) {
-  return parse_config_text(r.string_attr("/", "config_toml"), "trace '" + path + "'", {}).model;
+  return parse_config_text(r.string_attr("/", "config_toml"), path, {}, ConfigFrom::Trace).model;
 }
 
 void append_le(std::string& out, uint64_t x) {

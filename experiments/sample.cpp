@@ -128,7 +128,7 @@ Sample sample(const SampleOptions& opt) {
   }
   RunConfig cfg;
   try {
-    cfg = load_config_text(recorded, "trace '" + opt.trace + "'", overrides);
+    cfg = load_config_text(recorded, opt.trace, overrides, ConfigFrom::Trace);
   } catch (const InputError& e) {
     // The recorded config loaded once already; what fails now is an inference kernel named here.
     if (opt.kernels.empty()) throw;

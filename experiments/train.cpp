@@ -679,8 +679,8 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   {
     const TraceReader r(path);
     const std::string recorded = r.string_attr("/", "config_toml");
-    cfg = load_config_text(recorded, "trace '" + path + "'", overrides);
-    check_resume_overrides(parse_config_text(recorded, "trace '" + path + "'", {}), cfg, path);
+    cfg = load_config_text(recorded, path, overrides, ConfigFrom::Trace);
+    check_resume_overrides(parse_config_text(recorded, path, {}, ConfigFrom::Trace), cfg, path);
     // A library rebuilt since would compute the remaining steps with other kernels under the
     // same names.
     if (r.has_attr("/", "plugins"))
