@@ -95,10 +95,15 @@ void require_input_file(const std::string& path, const std::string& what,
     throw InputError(what + " '" + path + "': " +
                      (errno == ENOENT ? std::string("no such file") : std::strerror(errno)));
   if (S_ISREG(st.st_mode)) return;
-  throw InputError(what + " '" + path + "': " +
-                   (S_ISDIR(st.st_mode)    ? "a folder" + folder_hint
-                    : S_ISFIFO(st.st_mode) ? std::string("a named pipe, not a file")
-                                           : std::string("a device, not a file")));
+  throw InputError(what + " '" + path + "': " + special_file_kind(st.st_mode) +
+                   (S_ISDIR(st.st_mode) ? folder_hint : ", not a file"));
+}
+
+std::string special_file_kind(unsigned mode) {
+  return S_ISDIR(mode)                    ? "a folder"
+         : S_ISFIFO(mode)                 ? "a named pipe"
+         : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+                                          : "a socket";
 }
 
 bool write_file_atomically(const std::string& path, const std::string& bytes) {

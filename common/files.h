@@ -15,6 +15,10 @@ bool read_file(const std::string& path, std::string& out);
 // or a device would block or never end, a folder holds no text) or cannot be read.
 std::string read_input_file(const std::string& path, const std::string& what);
 
+// What a file that is not a regular one is, for messages: "a folder", "a named pipe", "a device"
+// or "a socket" (`mode` from stat).
+std::string special_file_kind(unsigned mode);
+
 // Checks that `path` names a regular file before anything opens it (opening a named pipe blocks
 // until a writer comes; a device never ends). Throws InputError "WHAT 'PATH': no such file", "...
 // a folder" + `folder_hint`, "... a named pipe" or "... a device" (not a file).

@@ -101,8 +101,9 @@ void expand(Grid& g, const Part& part, const std::string& path) {
         const std::string key = extra.substr(0, extra.find('='));
         const bool axis_key = std::any_of(part.axes.begin(), part.axes.end(),
                                           [&](const auto& axis) { return axis.first == key; });
-        const bool repeated = std::any_of(extras[a].begin(), extras[a].end(),
-                                          [&](auto& e) { return e.substr(0, e.find('=')) == key; });
+        const bool repeated = std::any_of(extras[a].begin(), extras[a].end(), [&](const auto& e) {
+          return e.substr(0, e.find('=')) == key;
+        });
         if (axis_key || repeated)
           throw InputError("grid '" + path + "': axis '" + part.axes[a].first + "' value '" +
                            words.str() + "': '" + extra + "' sets " +

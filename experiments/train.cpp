@@ -58,10 +58,7 @@ void check_output_path(const std::string& path, bool force) {
       throw InputError("output '" + path + "' is a folder (--out names the file to write)");
     // A file is written beside it and renamed over it: with --force, as root, over /dev/null.
     if (!S_ISREG(st.st_mode))
-      throw InputError("output '" + path + "' is " +
-                       (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                        : S_ISFIFO(st.st_mode)                     ? "a named pipe"
-                                                                   : "not a regular file") +
+      throw InputError("output '" + path + "' is " + special_file_kind(st.st_mode) +
                        ": --out names a file to write, and --force replaces only a regular file");
     if (!force) throw InputError("output '" + path + "' already exists (use --force to overwrite)");
     if (access(path.c_str(), W_OK) != 0)

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/files.h"
 #include "common/sha256.h"
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
@@ -324,9 +325,7 @@ void load_one(const std::string& path) {
   // Opening a named pipe blocks until a writer comes (the probe would wait out its 30 s).
   struct stat st {};
   if (path.find('/') != std::string::npos && stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    fail(S_ISDIR(st.st_mode)    ? "a folder, not a library"
-         : S_ISFIFO(st.st_mode) ? "a named pipe, not a library"
-                                : "a device, not a library");
+    fail(special_file_kind(st.st_mode) + ", not a library");
   if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
