@@ -171,6 +171,10 @@ Command add_check_command(CLI::App& app) {
             ck.plots = !o->no_plots;
             ck.sanitizer = !o->no_sanitizer;
             ck.backend = option_choice<Backend>("--backend", o->backend);
+            // Candidates are judged against the fp64 reference, so they run fp32 or bf16 only.
+            if (o->precision != "fp32" && o->precision != "bf16")
+              throw InputError("--precision '" + o->precision + "': expected fp32 or bf16" +
+                               (o->precision == "fp64" ? " (the reference is fp64 already)" : ""));
             ck.precision = option_choice<Precision>("--precision", o->precision);
             ck.grade = option_choice<Grade>("--grade", o->grade);
             ck.isolated = !o->in_process;

@@ -40,20 +40,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, C):
+    def __init__(self, C, hidden):
         super().__init__()
-        self.fc = nn.Linear(C, 4 * C, bias=False)
-        self.proj = nn.Linear(4 * C, C, bias=False)
+        self.fc = nn.Linear(C, hidden, bias=False)
+        self.proj = nn.Linear(hidden, C, bias=False)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self, C, n_heads, eps, sdpa=False):
+    def __init__(self, C, n_heads, eps, hidden, sdpa=False):
         super().__init__()
         self.ln1, self.attn = RMSNorm(C, eps), Attention(C, n_heads, sdpa)
-        self.ln2, self.mlp = RMSNorm(C, eps), MLP(C)
+        self.ln2, self.mlp = RMSNorm(C, eps), MLP(C, hidden)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -88,11 +88,13 @@ def loss_after_embedding(model, x, targets):
 
 class Transformer(nn.Module):
     def __init__(self, vocab, d_model, n_layers, n_heads, seq_len, eps=1e-5, sdpa=False,
-                 tied=False, softcap=0.0):
+                 tied=False, softcap=0.0, hidden=0):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, eps, sdpa) for _ in range(n_layers))
+        hidden = hidden or 4 * d_model
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, eps, hidden, sdpa)
+                                    for _ in range(n_layers))
         add_head(self, vocab, d_model, eps, tied, softcap)
 
     def embed(self, idx):
@@ -188,7 +190,8 @@ def from_config(m, sdpa=False):
         return Llama(m["vocab"], C, m["n_layers"], m["n_heads"], m["n_kv_heads"] or m["n_heads"],
                      hidden, m["rope_base"], m["norm_eps"], tied, cap, sdpa)
     return Transformer(m["vocab"], m["d_model"], m["n_layers"], m["n_heads"], m["seq_len"],
-                       m["norm_eps"], tied=tied, softcap=cap, sdpa=sdpa)
+                       m["norm_eps"], tied=tied, softcap=cap, sdpa=sdpa,
+                       hidden=m.get("mlp_hidden", 0))
 
 
 def lr_at(cfg, step):

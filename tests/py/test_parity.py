@@ -150,5 +150,12 @@ class LlamaParity(Parity):
                      "model.tied_embeddings=true", "model.logit_softcap=2"]
 
 
+class Gpt2OptionsParity(Parity):
+    """The gpt2 family with the options the reference model does not use: an MLP width of its
+    own, a tied head, a soft-cap the logits reach and a wide RMSNorm epsilon."""
+    MODEL = MODEL + ["model.mlp_hidden=40", "model.tied_embeddings=true",
+                     "model.logit_softcap=2", "model.norm_eps=1e-2"]
+
+
 if __name__ == "__main__":
     unittest.main()
