@@ -179,6 +179,18 @@ class Trace(unittest.TestCase):
         self.assertEqual(a["cpu_model"], model)
         self.assertRegex(a["compiler"], r"^(GNU|Clang) \d+\.")
 
+    def test_git_commit_is_the_checkouts_at_build_time(self):
+        # Read at every build (cmake/version.cmake), not at configure time: a binary built after
+        # a commit is labelled with it, "-dirty" if tracked files were edited since.
+        head = subprocess.run(["git", "-C", os.environ["DIVLAB_ROOT"], "rev-parse", "--short=12",
+                               "HEAD"], capture_output=True, text=True)
+        label = self.f.attrs["git_commit"]
+        if head.returncode != 0:  # built outside a checkout
+            self.assertEqual(label, "unknown")
+            return
+        self.assertIn(label, (head.stdout.strip(), head.stdout.strip() + "-dirty"),
+                      "rebuild divlab if HEAD moved since the last build")
+
     def test_config_as_toml_and_attributes(self):
         cfg = tomllib.loads(self.f.attrs["config_toml"])
         self.assertEqual(cfg["model"]["d_model"], 32)
