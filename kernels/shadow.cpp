@@ -165,6 +165,10 @@ std::vector<ShadowSpec> parse_shadow_specs(const std::vector<std::string>& entri
     if (eq == std::string::npos)
       throw UnknownKernel("shadow.variants entry '" + e + "': expected op=variant");
     ShadowSpec s{e.substr(0, eq), e.substr(eq + 1)};
+    // Each entry's metrics are a trace series of their own, named by the entry.
+    for (const auto& seen : specs)
+      if (seen.op == s.op && seen.variant == s.variant)
+        throw UnknownKernel("shadow.variants entry '" + e + "' is named twice");
     if (std::find(ops.begin(), ops.end(), s.op) == ops.end()) {
       std::string valid;
       for (const auto& o : ops) valid += (valid.empty() ? "" : ", ") + o;
