@@ -68,7 +68,8 @@ extern "C" void on_fatal_signal(int sig) {
 }
 }  // namespace
 
-CrashReport::CrashReport(const OpNote& note, const std::vector<std::string>& variants)
+CrashReport::CrashReport(const OpNote& note, const std::vector<std::string>& variants,
+                         const std::vector<std::pair<std::string, std::string>>& shadowed)
     : note_(note) {
   for (int i = 0; i < kOpCount; ++i) {
     const std::string op = op_name(Op(i));
@@ -76,6 +77,8 @@ CrashReport::CrashReport(const OpNote& note, const std::vector<std::string>& var
     inside_.push_back(" in op " + op + " (variant " + variant + ")");
     after_.push_back(", outside any op (the last one entered: " + op + ")");
   }
+  for (const auto& [op, variant] : shadowed)
+    shadowed_.push_back(" in op " + op + " (variant " + variant + ", replayed by shadow mode)");
   const CrashReport* none = nullptr;
   if (!g_active.compare_exchange_strong(none, this)) return;  // another report is active
   installed_ = true;
@@ -96,9 +99,10 @@ CrashReport::~CrashReport() {
 }
 
 std::string CrashReport::where() const {
-  const int op = note_.op.load();
+  const int op = note_.op.load(), spec = note_.shadow.load();
   const int64_t step = note_.step.load();
   const std::string at = step >= 0 ? " at step " + std::to_string(step) : " before the first step";
+  if (spec >= 0 && size_t(spec) < shadowed_.size()) return shadowed_[size_t(spec)].substr(1) + at;
   if (op < 0 || op >= kOpCount) return at.substr(1) + ", before any op";
   return note_.inside.load() ? inside_[size_t(op)].substr(1) + at
                              : at.substr(1) + after_[size_t(op)];
@@ -120,9 +124,11 @@ void CrashReport::write_line(int signal) const {
     if (f.number == signal) name = f.text;
   put(kPrefix);
   put(name);
-  const int op = note_.op.load();
+  const int op = note_.op.load(), spec = note_.shadow.load();
   const int64_t step = note_.step.load();
-  const bool known = op >= 0 && op < kOpCount;
+  const bool shadowed = spec >= 0 && size_t(spec) < shadowed_.size();
+  const bool known = !shadowed && op >= 0 && op < kOpCount;
+  if (shadowed) put(shadowed_[size_t(spec)].c_str());
   if (known && note_.inside.load()) put(inside_[size_t(op)].c_str());
   char digits[24];
   if (step >= 0) {
@@ -132,7 +138,7 @@ void CrashReport::write_line(int signal) const {
     put(" before the first step");
   }
   if (known && !note_.inside.load()) put(after_[size_t(op)].c_str());
-  if (!known) put(", before any op");
+  if (!known && !shadowed) put(", before any op");
   put("\n");
 }
 

@@ -26,14 +26,17 @@ namespace divlab {
 
 class CrashReport {
  public:
-  // `variants[op]`: the variant the run calls for op `op` (an Op's index), with its plug-in.
-  CrashReport(const OpNote& note, const std::vector<std::string>& variants);
+  // `variants[op]`: the variant the run calls for op `op` (an Op's index), with its plug-in;
+  // `shadowed[i]`: shadow.variants entry i as {op, variant with its plug-in} (OpNote::shadow).
+  CrashReport(const OpNote& note, const std::vector<std::string>& variants,
+              const std::vector<std::pair<std::string, std::string>>& shadowed = {});
   ~CrashReport();  // puts the previous handlers back
   CrashReport(const CrashReport&) = delete;
   CrashReport& operator=(const CrashReport&) = delete;
 
-  // Where the run is, e.g. "in op add (variant segfaults_on_large) at step 3" or "at step 3,
-  // outside any op (the last one entered: add)".
+  // Where the run is, e.g. "in op add (variant segfaults_on_large) at step 3", "in op add
+  // (variant V, replayed by shadow mode) at step 3" or "at step 3, outside any op (the last one
+  // entered: add)".
   std::string where() const;
   // The prefix a sweep looks for in a cell's log.
   static constexpr const char* kPrefix = "divlab: crashed: ";
@@ -47,6 +50,7 @@ class CrashReport {
  private:
   const OpNote& note_;
   std::vector<std::string> inside_, after_;  // per op: " in op X (variant V)", the other case
+  std::vector<std::string> shadowed_;        // per shadow.variants entry, as inside_
   bool installed_ = false;
   std::vector<std::pair<int, struct sigaction>> saved_;  // the handlers it replaced
 };

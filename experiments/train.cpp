@@ -273,7 +273,9 @@ struct RunKernels {
                 : tap    ? tap->kernels()
                          : chosen,
                 note),
-        tracked_reference(reference, note) {}
+        tracked_reference(reference, note) {
+    if (tap) tap->name_replays_in(&note);
+  }
   const KernelSet<T, A>& run() const { return tracked.kernels(); }
 
   const Catalogue<T, A>& catalogue;
@@ -382,14 +384,24 @@ StartPoint open_trace(TraceWriter& trace, const RunConfig& cfg, const TrainOptio
 }
 
 // Each op's kernel as a crash report names it ("reference", or the variant and its plug-in).
+// "V", or "V, plug-in PATH" for a plug-in's variant.
+std::string variant_label(const std::string& op, const std::string& variant) {
+  const std::string library = plugin_of(op, variant);
+  return variant + (library.empty() ? "" : ", plug-in " + library);
+}
 std::vector<std::string> kernel_names(const RunConfig& cfg) {
   std::vector<std::string> variants(kOpCount, "reference");
   for (int i = 0; i < kOpCount; ++i)
-    if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end()) {
-      const std::string library = plugin_of(it->first, it->second);
-      variants[size_t(i)] = it->second + (library.empty() ? "" : ", plug-in " + library);
-    }
+    if (const auto it = cfg.kernels.find(op_name(Op(i))); it != cfg.kernels.end())
+      variants[size_t(i)] = variant_label(it->first, it->second);
   return variants;
+}
+std::vector<std::pair<std::string, std::string>> shadowed_names(
+    const std::vector<ShadowSpec>& specs) {
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(specs.size());
+  for (const ShadowSpec& s : specs) out.emplace_back(s.op, variant_label(s.op, s.variant));
+  return out;
 }
 
 // The mean validation loss over eval.batches, always with the reference kernels: a candidate
@@ -440,7 +452,7 @@ TrainResult train_impl(const RunConfig& cfg, const TrainOptions& opt, const Data
   TraceWriter& trace = *owned_trace;
   StartPoint start =
       open_trace(trace, cfg, opt, data, model, optim, resume, launch, threads, device);
-  const CrashReport crash(kernels.note, kernel_names(cfg));
+  const CrashReport crash(kernels.note, kernel_names(cfg), shadowed_names(kernels.shadow_specs));
 
   std::vector<TokenId> in(N), tgt(N);
   Progress progress(opt.progress && lead);

@@ -16,6 +16,9 @@ struct OpNote {
   std::atomic<int> op{-1};          // the op last entered (an Op), -1 before any
   std::atomic<bool> inside{false};  // from its entry until it returns
   std::atomic<int64_t> step{-1};    // the caller's step (the trainer sets it)
+  // While shadow mode replays a candidate on a step's recorded inputs: the index of its
+  // shadow.variants entry (ShadowTap::name_replays_in), else -1.
+  std::atomic<int> shadow{-1};
   static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free);
 };
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/op_spec.h"
+#include "kernels/op_tracker.h"
 #include "kernels/shadow_replay.h"
 
 namespace divlab {
@@ -321,11 +322,14 @@ void ShadowTap<T, A>::submit(const TokenId* batch, int64_t n, int vocab, int64_t
     evaluate_on_device(*job, batch, n);
     stream = stream_->get();
   } else {
-    for (const auto& s : specs_) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const ShadowSpec& s = specs_[i];
       const KernelSet<T, A> variant = variants_.select({{s.op, s.variant}});
       auto& outputs = job->candidate.emplace_back();
+      mark_replay(int(i));
       for (const auto& call : captured_.at(s.op))
         outputs.push_back(replay<T, A>(s.op, call, variant, replay_context_, &staging_));
+      mark_replay(-1);
     }
   }
   job->captured = std::move(captured_);
@@ -395,8 +399,10 @@ void ShadowTap<T, A>::evaluate_on_device(Job& job, const TokenId* batch, int64_t
         const auto ref = replay_on_device<T, A>(op, call, *device_->reference, replay_context_,
                                                 &device_arrays_, side, *device_);
         for (size_t j = 0; j < indices.size(); ++j) {
+          mark_replay(int(indices[j]));
           const auto got = replay_on_device<T, A>(op, call, candidates[j], replay_context_,
                                                   &device_arrays_, side, *device_);
+          mark_replay(-1);
           for (size_t o = 0; o < got.size(); ++o) {
             const DeviceArray& v = got[o].values;
             device_->tally(replay_context_.next(), static_cast<double*>(sums[indices[j]].get()),
@@ -415,6 +421,11 @@ void ShadowTap<T, A>::evaluate_on_device(Job& job, const TokenId* batch, int64_t
     (void)job, (void)batch, (void)n;
     throw std::logic_error("shadow: a device comparison is for fp32 runs on a device");
   }
+}
+
+template <class T, class A>
+void ShadowTap<T, A>::mark_replay(int spec) {
+  if (note_) note_->shadow.store(spec);
 }
 
 template <class T, class A>

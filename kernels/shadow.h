@@ -29,6 +29,10 @@
 #include "kernels/registry.h"
 
 namespace divlab {
+struct OpNote;  // kernels/op_tracker.h
+}
+
+namespace divlab {
 
 struct ShadowSpec {
   std::string op, variant;
@@ -299,6 +303,10 @@ class ShadowTap {
   };
   Timing timing();
   bool in_background() const { return worker_.joinable(); }
+  // Marks `note->shadow` with a spec's index while that spec's candidate replays, and clears it
+  // when the replay returns, so that a candidate that throws or crashes there is named (the
+  // trainer's crash report) instead of the run's last op. Null: no marks.
+  void name_replays_in(OpNote* note) { note_ = note; }
 
   // One op's recorded call: copies of its inputs in their storage types (exact), its token ids,
   // sizes and scalars. Host copies from a device are queued, not finished: readable only once
@@ -353,6 +361,8 @@ class ShadowTap {
   std::map<std::string, int> wanted_;
   std::map<std::string, std::vector<Capture>> captured_;
   bool armed_ = false;
+  OpNote* note_ = nullptr;
+  void mark_replay(int spec);  // note_->shadow = spec (-1: none)
 
   std::mutex mutex_;
   std::condition_variable changed_;

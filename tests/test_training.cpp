@@ -111,4 +111,27 @@ TEST(Training, AKernelThatThrowsFailsTheRunAndTheTraceNamesTheOp) {
       << failure;
 }
 
+// Shadow mode replays a candidate after the step, outside every op the run calls: one that
+// throws there is named as the shadowed variant, not as the run's last op.
+TEST(Training, AShadowedCandidateThatThrowsIsNamedAsShadowed) {
+  Registered reg(mutable_cpu_catalogue().add, "throws_later", add_throws_later);
+  g_adds = 0;
+  const std::string out = temp_dir("shadow_throws") + "/run.h5";
+  const RunConfig cfg =
+      load_config("", {"model.vocab=64", "model.d_model=16", "model.n_layers=2", "model.seq_len=8",
+                       "train.batch=2", "train.steps=40", "shadow.every=1",
+                       "shadow.variants=[add=throws_later]", "train.threads=1"});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  const std::string named = "in op add (variant throws_later, replayed by shadow mode) at step ";
+  try {
+    train(cfg, opt);
+    FAIL() << "the run did not fail";
+  } catch (const RunFailed& e) {
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+  }
+  const std::string failure = TraceReader(out).string_attr("/", "failure");
+  EXPECT_EQ(failure.rfind(named, 0), 0u) << failure;
+}
+
 }  // namespace divlab

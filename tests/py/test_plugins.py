@@ -165,6 +165,21 @@ embed_rmsnorm_backward = ["reference", "example_bf16_rows"]
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertIn("kernels.add", r.stderr)
 
+    def test_a_shadowed_kernel_that_crashes_is_named_as_shadowed(self):
+        # Shadow mode replays the candidate after the step, outside the run's ops: its crash
+        # names the shadowed variant, not the op the run entered last.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        out = os.path.join(tmpdir(), "r.h5")
+        r = run("train", "--set", *SMALL, "model.d_model=128", "shadow.every=1",
+                "shadow.variants=[add=segfaults_on_large]", "--plugins", lib, "--out", out,
+                "--quiet")
+        self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
+        line = (f"crashed: SIGSEGV (Segmentation fault) in op add (variant segfaults_on_large, "
+                f"plug-in {lib}, replayed by shadow mode) at step 0")
+        self.assertIn("divlab: " + line, r.stderr)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["failure"], line)
+
     def test_bad_plugins_are_refused(self):
         assert_rejected(self, ["train", "--set", *SMALL, "plugins=[{d}/libnone.so]", "--out",
                                "{d}/r.h5"], "cannot load")
