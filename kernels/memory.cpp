@@ -9,8 +9,14 @@
 namespace divlab {
 
 namespace {
+// Every host buffer starts on a 64-byte boundary, the widest vector a CPU kernel loads (AVX-512).
+// Eigen peels a loop's unaligned head before its vector body, so where an array starts decides
+// how a sum is split and so its rounding: with malloc's 16-byte alignment a small model's bits
+// depended on the heap's state (`divlab train` and `train --profile` parted by an ulp on the same
+// config, 2026-11-29). Aligned, every tensor's alignment is a function of the layout alone.
+constexpr size_t kHostAlign = 64;
 void* host_allocate(size_t bytes) {
-  void* p = std::malloc(bytes);
+  void* p = std::aligned_alloc(kHostAlign, (bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
   if (!p) throw OutOfMemory("out of host memory allocating " + std::to_string(bytes) + " bytes");
   return p;
 }

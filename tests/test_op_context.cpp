@@ -245,6 +245,21 @@ TEST(OpContext, AReferencePairRunsInPlaceOfItsOpsWithTheirBitsAndSeeds) {
 // Plug-in ABI 2 promises 256-byte aligned scratch. A new or grown region holds all-ones bytes
 // (NaN as float), so a kernel that reads scratch before writing it sees NaN, not the zeros fresh
 // memory happens to hold; a region asked for again at its size or smaller keeps its contents.
+// Where a host buffer starts decides how a vectorised kernel splits its sums (kernels/memory.cpp):
+// every one starts on a 64-byte boundary, whatever its size and the heap's state.
+TEST(OpContext, HostBuffersStartOn64ByteBoundaries) {
+  const MemoryOps& mem = host_memory();
+  std::vector<void*> buffers, staging;
+  for (size_t bytes = 1; bytes <= 300; bytes += 7) {
+    buffers.push_back(mem.allocate(bytes));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buffers.back()) % 64, 0u) << bytes << " bytes";
+    staging.push_back(mem.allocate_staging(bytes));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(staging.back()) % 64, 0u) << bytes << " bytes, staging";
+  }
+  for (void* p : buffers) mem.release(p);
+  for (void* p : staging) mem.release_staging(p);
+}
+
 TEST(OpContext, HostScratchIsAlignedAndStartsAsNaN) {
   HostWorkspace w;
   for (const size_t floats : {size_t(1), size_t(3), size_t(1000), size_t(1) << 18}) {
