@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -587,8 +586,7 @@ TrainResult run(const RunConfig& cfg, const TrainOptions& opt, const Resume* res
     throw InputError(e.what());
   }
   const int threads = cfg.threads > 0 ? cfg.threads : default_threads();
-  omp_set_num_threads(threads);
-  Eigen::setNbThreads(1);  // Eigen runs inside our fixed chunks, never threaded by itself
+  omp_set_num_threads(threads);  // Eigen itself never threads (kernels/catalogue.cpp)
   DatasetOptions dopt;
   dopt.vocab = cfg.model.vocab;
   dopt.seq_len = cfg.model.seq_len;

@@ -1,3 +1,4 @@
+#include <Eigen/Core>
 #include <sstream>
 
 #include "kernels/add_rmsnorm/add_rmsnorm.h"
@@ -24,6 +25,12 @@ namespace divlab {
 namespace {
 template <class T>
 Catalogue<T> build_cpu_catalogue() {
+  // The CPU kernels split their work into chunks of a fixed size and run Eigen inside them
+  // (kernels/common/parallel.h). A call of one chunk runs outside any parallel region, where
+  // Eigen would thread a product by itself and size its blocks by the thread count: the
+  // product's bits would follow OMP_NUM_THREADS. Set here, where every caller of these kernels
+  // (the trainer, check, sample, the tests' harnesses) gets them.
+  Eigen::setNbThreads(1);
   Catalogue<T> cat;
 // Directory names are pasted into function names, never expressions.
 // NOLINTBEGIN(bugprone-macro-parentheses)

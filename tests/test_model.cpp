@@ -137,4 +137,30 @@ TEST(Model, GradientsBitwiseIdenticalForOneAndTwoThreads) {
   ASSERT_EQ(grads[0].size(), grads[1].size());
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
 }
+
+// Few rows: every row-parallel kernel runs one chunk, outside any parallel region, where Eigen
+// would have threaded its products itself with blocks sized by the thread count (found by the
+// twin's random configurations: this llama step parted at 2 threads, 2026-11-29).
+TEST(Model, FewRowsAreBitwiseIdenticalForOneAndTwoThreadsToo) {
+  ModelConfig m;
+  m.arch = Arch::Llama, m.vocab = 49, m.d_model = 32, m.n_layers = 2, m.n_heads = 4, m.seq_len = 5,
+  m.init_std = 0.3;
+  const int B = 3, N = B * m.seq_len;
+  std::mt19937_64 gen(test_seed());
+  std::vector<TokenId> in(N), tgt(N);
+  for (int n = 0; n < N; ++n) in[n] = TokenId(gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);
+  std::vector<double> grads[2];
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Transformer<double> model(m, cpu_catalogue<double>().select({}), B);
+    model.init(test_seed());
+    model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    grads[threads - 1] = model.grads().to_vector();
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(double)))
+      << "seed " << test_seed();
+}
 }  // namespace divlab
