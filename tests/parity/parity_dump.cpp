@@ -1,6 +1,7 @@
 // Writes what tests/py/test_parity.py needs to rebuild the model in PyTorch: initial weights,
-// each step's batch, the first step's loss and gradients, and the loss of every training step
-// (with train.ranks > 1, each step's gradient from the ranks' shards, as the trainer does).
+// each step's batch, the first step's loss and gradients, the loss of every training step (with
+// train.ranks > 1, each step's gradient from the ranks' shards, as the trainer does) and the
+// weights after the last (/final, which `divlab train` must reproduce bit for bit).
 //   parity_dump OUT.h5 key=value ...   (the same keys as divlab train's --set)
 #include <cstdio>
 #include <iostream>
@@ -53,6 +54,10 @@ void dump(const RunConfig& cfg, const std::string& out) {
       for (const auto& p : model.layout())
         w.write_array("/grads/" + p.name, as_double(model.grads().data() + p.offset, p.size));
     optim.step(model, s);
+  }
+  for (const auto& p : model.layout()) {
+    w.array("/final/" + p.name, K::Float64, p.size);
+    w.write_array("/final/" + p.name, as_double(model.params().data() + p.offset, p.size));
   }
   w.write_array("/batches/inputs", all_in);
   w.write_array("/batches/targets", all_tgt);
