@@ -382,12 +382,12 @@ StartPoint open_trace(TraceWriter& trace, const RunConfig& cfg, const TrainOptio
   return start;
 }
 
-// Each op's kernel as a crash report names it ("reference", or the variant and its plug-in).
 // "V", or "V, plug-in PATH" for a plug-in's variant.
 std::string variant_label(const std::string& op, const std::string& variant) {
   const std::string library = plugin_of(op, variant);
   return variant + (library.empty() ? "" : ", plug-in " + library);
 }
+// Each op's kernel as a crash report names it ("reference", or the variant and its plug-in).
 std::vector<std::string> kernel_names(const RunConfig& cfg) {
   std::vector<std::string> variants(kOpCount, "reference");
   for (int i = 0; i < kOpCount; ++i)
@@ -395,6 +395,7 @@ std::vector<std::string> kernel_names(const RunConfig& cfg) {
       variants[size_t(i)] = variant_label(it->first, it->second);
   return variants;
 }
+// Each shadow.variants entry as a crash report names it.
 std::vector<std::pair<std::string, std::string>> shadowed_names(
     const std::vector<ShadowSpec>& specs) {
   std::vector<std::pair<std::string, std::string>> out;
