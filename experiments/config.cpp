@@ -327,30 +327,32 @@ void put(RawValues& raw, const std::string& key, const TomlValue& v, const std::
     out.values.push_back(scalar_text(key, Type::String, item, where, command_line));
 }
 
-long long parse_int(const std::string& key, const std::string& v) {
+long long parse_int(const std::string& key, const std::string& v, const std::string& where) {
   try {
     size_t used = 0;
     const long long x = std::stoll(v, &used);
     if (used == v.size()) return x;
   } catch (const std::exception&) {
   }
-  throw InputError("config key '" + key + "': expected an integer, got '" + v + "'");
+  throw InputError("config key '" + key + "'" + where + ": expected an integer, got '" + v + "'");
 }
 
-double parse_float(const std::string& key, const std::string& v) {
+double parse_float(const std::string& key, const std::string& v, const std::string& where) {
   try {
     size_t used = 0;
     const double x = std::stod(v, &used);
     if (used == v.size() && std::isfinite(x)) return x;
   } catch (const std::exception&) {
   }
-  throw InputError("config key '" + key + "': expected a finite number, got '" + v + "'");
+  throw InputError("config key '" + key + "'" + where + ": expected a finite number, got '" + v +
+                   "'");
 }
 
-bool parse_bool(const std::string& key, const std::string& v) {
+bool parse_bool(const std::string& key, const std::string& v, const std::string& where) {
   if (v == "true") return true;
   if (v == "false") return false;
-  throw InputError("config key '" + key + "': expected true or false, got '" + v + "'");
+  throw InputError("config key '" + key + "'" + where + ": expected true or false, got '" + v +
+                   "'");
 }
 
 void check_range(const KeySpec& s, double x, const std::string& text, const std::string& where) {
@@ -392,17 +394,17 @@ Checked normalise(const KeySpec& s, const std::vector<std::string>& values,
   const std::string& v = values.at(0);
   switch (s.type) {
     case Type::Int:  // canonical text, so that two spellings of one value resolve to one run
-      c.integer = parse_int(s.key, v);
+      c.integer = parse_int(s.key, v, where);
       check_range(s, double(c.integer), v, where);
       c.text = std::to_string(c.integer);
       return c;
     case Type::Float:
-      c.number = parse_float(s.key, v);
+      c.number = parse_float(s.key, v, where);
       check_range(s, c.number, v, where);
       c.text = float_text(c.number);
       return c;
     case Type::Bool:
-      c.boolean = parse_bool(s.key, v);
+      c.boolean = parse_bool(s.key, v, where);
       c.text = v;
       return c;
     default:
