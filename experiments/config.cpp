@@ -453,7 +453,13 @@ RunConfig parse_config_text(const std::string& toml, const std::string& source,
     const auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       throw InputError("--set '" + o + "': expected key=value");
-    put(raw, trim(o.substr(0, eq)), read_toml_value(o.substr(eq + 1)), " (--set)", true);
+    TomlValue value;
+    try {
+      value = read_toml_value(o.substr(eq + 1));
+    } catch (const InputError& e) {
+      throw InputError("--set '" + o + "': " + e.what());
+    }
+    put(raw, trim(o.substr(0, eq)), value, " (--set)", true);
   }
 
   RunConfig cfg;

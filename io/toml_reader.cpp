@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <sstream>
 #include <string_view>
 
 #include "common/errors.h"
@@ -300,18 +299,27 @@ TomlValue read_toml_value(const std::string& text) {
   if (t.size() >= 2 && t.front() == '[' && t.back() == ']') {
     v.kind = TomlValue::Kind::Array;
     v.text = t;
-    std::stringstream items(t.substr(1, t.size() - 2));
-    std::string item;
-    while (std::getline(items, item, ','))
-      if (!trim(item).empty()) {
-        TomlValue element;
-        element.bare = true;
-        element.text = trim(item);
-        const char q = element.text.empty() ? 0 : element.text.front();
-        if (element.text.size() >= 2 && (q == '"' || q == '\'') && element.text.back() == q)
-          element.text = element.text.substr(1, element.text.size() - 2);
-        v.items.push_back(element);
-      }
+    // The items between the commas; as in TOML, [] and one trailing comma, but no item left out
+    // ([a,,b], [,a], [,]).
+    std::vector<std::string> parts;
+    const std::string inner = trim(t.substr(1, t.size() - 2));
+    for (size_t begin = 0; !inner.empty();) {
+      const size_t comma = inner.find(',', begin);
+      parts.push_back(trim(inner.substr(begin, comma - begin)));
+      if (comma == std::string::npos) break;
+      begin = comma + 1;
+    }
+    if (parts.size() > 1 && parts.back().empty()) parts.pop_back();
+    for (const std::string& item : parts) {
+      if (item.empty()) throw InputError("a list item is missing between its commas");
+      TomlValue element;
+      element.bare = true;
+      element.text = item;
+      const char q = item.front();
+      if (item.size() >= 2 && (q == '"' || q == '\'') && item.back() == q)
+        element.text = item.substr(1, item.size() - 2);
+      v.items.push_back(element);
+    }
     return v;
   }
   v.text = t;

@@ -50,7 +50,7 @@ std::map<std::string, std::string> read_toml_texts(const std::string& text,
 
 // One value typed on the command line (`--set key=VALUE`, a grid's axis value): TOML if the text
 // is one TOML value; otherwise the text itself as a bare string (`data=zipf:1.1` needs no
-// quotes), and `[a=b, c=d]` a list of bare strings.
+// quotes), and `[a=b, c=d]` a list of bare strings (an item left out between commas: InputError).
 TomlValue read_toml_value(const std::string& text);
 
 }  // namespace divlab

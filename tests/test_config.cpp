@@ -129,6 +129,11 @@ TEST(Config, CommandLineValuesAreTomlOrBareText) {
   const TomlValue list = read_toml_value("[a=b, 'c=d']");
   ASSERT_EQ(list.items.size(), 2u);
   EXPECT_EQ(list.items[1].text, "c=d");
+  // As in TOML: an empty list and a trailing comma, but no item left out between commas.
+  EXPECT_TRUE(read_toml_value("[ ]").items.empty());
+  EXPECT_EQ(read_toml_value("[a=b, c=d, ]").items.size(), 2u);
+  for (const char* gap : {"[a=b,,c=d]", "[,a=b]", "[,]", "[a=b,,]"})
+    EXPECT_THROW(read_toml_value(gap), InputError) << gap;
   // A newline cannot smuggle in a second key.
   EXPECT_TRUE(read_toml_value("1\nmodel.vocab = 2").bare);
   // Round trip of awkward strings through toml().
