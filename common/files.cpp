@@ -77,12 +77,7 @@ MadeFolders::~MadeFolders() {
 }
 
 std::string read_input_file(const std::string& path, const std::string& what) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0)
-    throw InputError(what + " '" + path + "': " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    throw InputError(what + " '" + path + "': is not a regular file" +
-                     (S_ISDIR(st.st_mode) ? " (a folder)" : ""));
+  require_input_file(path, what, ", not a file");
   std::string text;
   if (!read_file(path, text)) throw InputError(what + " '" + path + "': cannot be read");
   return text;
