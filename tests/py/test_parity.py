@@ -163,12 +163,17 @@ def random_keys(rng):
     arch, heads = rng.choice(["gpt2", "llama"]), rng.choice([1, 2, 4])
     head_dim = rng.choice([2, 4, 8]) if arch == "llama" else rng.choice([1, 3, 4, 8])
     ranks, micro, steps = rng.choice([1, 1, 2, 3]), rng.choice([1, 1, 2, 4]), rng.randint(3, 12)
+    # One in four with micro-batches of 2048 rows or more, where the CPU sums a narrow layer's
+    # weight gradient over the rows in slices (kernels/linear/cpu.cpp).
+    long = rng.random() < 0.25
+    seq = rng.randint(64, 128) if long else rng.randint(1, 20)
+    sequences = -(-rng.randint(2048, 3000) // seq) if long else rng.randint(1, 3)
     keys = [f"model.arch={arch}", f"model.vocab={rng.randint(3, 150)}",
             f"model.d_model={heads * head_dim}", f"model.n_layers={rng.randint(1, 3)}",
-            f"model.n_heads={heads}", f"model.seq_len={rng.randint(1, 20)}",
+            f"model.n_heads={heads}", f"model.seq_len={seq}",
             f"model.init_std={rng.choice([0.02, 0.1, 0.3])}",
             f"model.norm_eps={rng.choice([1e-5, 1e-3, 0.1])}", f"train.ranks={ranks}",
-            f"train.micro_batches={micro}", f"train.batch={ranks * micro * rng.randint(1, 3)}",
+            f"train.micro_batches={micro}", f"train.batch={ranks * micro * sequences}",
             f"train.steps={steps}", f"train.seed={rng.randint(0, 10**6)}",
             "data=" + rng.choice(["uniform", "zipf:1.1", "zipf:2", "markov:1.2,0.5"])]
     if arch == "llama":
