@@ -10,6 +10,7 @@ namespace divlab {
 // Eigen's own threading is never used: its k-blocking depends on the thread count, which would
 // change the summation order and break bitwise determinism across thread counts.
 
+namespace {
 // dW += dy^T x, parallel over blocks of kRowChunk output rows. A narrow layer (fewer than
 // kThreadsBusy blocks: a head over 64 ids, a 32-wide projection) would leave all but a thread or
 // two idle on its long sums over N (16 384 rows at reproduce's size), so its sum over N is also
@@ -51,6 +52,7 @@ void weight_gradient(T* dW, const T* dy, const T* x, int64_t N, int64_t in, int6
     }
   });
 }
+}  // namespace
 
 template <class T>
 void linear_forward_reference(T* y, const T* x, const T* W, int N, int in, int out) {
