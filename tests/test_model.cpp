@@ -115,6 +115,30 @@ TEST(Model, LossAtInitIsLogVocab) {
   EXPECT_NEAR(model.forward(in.data(), tgt.data(), false), std::log(512.0), 0.1);
 }
 
+// One forward and backward at 1 and at 2 threads, from the same initial weights: the losses and
+// the gradients of each.
+template <class T>
+struct AtOneAndTwoThreads {
+  T loss[2];
+  std::vector<T> grads[2];
+};
+template <class T>
+AtOneAndTwoThreads<T> run_at_one_and_two_threads(const ModelConfig& m, int B,
+                                                 const std::vector<TokenId>& in,
+                                                 const std::vector<TokenId>& tgt, uint64_t seed) {
+  AtOneAndTwoThreads<T> r;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Transformer<T> model(m, cpu_catalogue<T>().select({}), B);
+    model.init(seed);
+    r.loss[threads - 1] = model.forward(in.data(), tgt.data(), true);
+    model.backward();
+    r.grads[threads - 1] = model.grads().to_vector();
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  return r;
+}
+
 TEST(Model, GradientsBitwiseIdenticalForOneAndTwoThreads) {
   ModelConfig m;
   m.vocab = 300, m.d_model = 48, m.n_layers = 2, m.n_heads = 3, m.seq_len = 40;
@@ -122,20 +146,11 @@ TEST(Model, GradientsBitwiseIdenticalForOneAndTwoThreads) {
   std::mt19937_64 gen(test_seed());
   std::vector<TokenId> in(N), tgt(N);
   for (int n = 0; n < N; ++n) in[n] = TokenId(gen() % 7), tgt[n] = TokenId(gen() % m.vocab);
-  std::vector<float> grads[2];
-  float loss[2];
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
-    Transformer<float> model(m, cpu_catalogue<float>().select({}), B);
-    model.init(42);
-    loss[threads - 1] = model.forward(in.data(), tgt.data(), true);
-    model.backward();
-    grads[threads - 1] = model.grads().to_vector();
-  }
-  omp_set_num_threads(omp_get_num_procs());
-  EXPECT_EQ(loss[0], loss[1]);
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
+  const auto r = run_at_one_and_two_threads<float>(m, B, in, tgt, 42);
+  EXPECT_EQ(r.loss[0], r.loss[1]);
+  ASSERT_EQ(r.grads[0].size(), r.grads[1].size());
+  EXPECT_EQ(0,
+            std::memcmp(r.grads[0].data(), r.grads[1].data(), r.grads[0].size() * sizeof(float)));
 }
 
 // Few rows: every row-parallel kernel runs one chunk, outside any parallel region, where Eigen
@@ -149,18 +164,10 @@ TEST(Model, FewRowsAreBitwiseIdenticalForOneAndTwoThreadsToo) {
   std::mt19937_64 gen(test_seed());
   std::vector<TokenId> in(N), tgt(N);
   for (int n = 0; n < N; ++n) in[n] = TokenId(gen() % m.vocab), tgt[n] = TokenId(gen() % m.vocab);
-  std::vector<double> grads[2];
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
-    Transformer<double> model(m, cpu_catalogue<double>().select({}), B);
-    model.init(test_seed());
-    model.forward(in.data(), tgt.data(), true);
-    model.backward();
-    grads[threads - 1] = model.grads().to_vector();
-  }
-  omp_set_num_threads(omp_get_num_procs());
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(double)))
+  const auto r = run_at_one_and_two_threads<double>(m, B, in, tgt, test_seed());
+  ASSERT_EQ(r.grads[0].size(), r.grads[1].size());
+  EXPECT_EQ(0,
+            std::memcmp(r.grads[0].data(), r.grads[1].data(), r.grads[0].size() * sizeof(double)))
       << "seed " << test_seed();
 }
 }  // namespace divlab

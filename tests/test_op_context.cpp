@@ -242,9 +242,6 @@ TEST(OpContext, AReferencePairRunsInPlaceOfItsOpsWithTheirBitsAndSeeds) {
   EXPECT_EQ(profiler.times().count("add"), 0u);
 }
 
-// Plug-in ABI 2 promises 256-byte aligned scratch. A new or grown region holds all-ones bytes
-// (NaN as float), so a kernel that reads scratch before writing it sees NaN, not the zeros fresh
-// memory happens to hold; a region asked for again at its size or smaller keeps its contents.
 // Where a host buffer starts decides how a vectorised kernel splits its sums (kernels/memory.cpp):
 // every one starts on a 64-byte boundary, whatever its size and the heap's state.
 TEST(OpContext, HostBuffersStartOn64ByteBoundaries) {
@@ -260,6 +257,9 @@ TEST(OpContext, HostBuffersStartOn64ByteBoundaries) {
   for (void* p : staging) mem.release_staging(p);
 }
 
+// Plug-in ABI 2 promises 256-byte aligned scratch. A new or grown region holds all-ones bytes
+// (NaN as float), so a kernel that reads scratch before writing it sees NaN, not the zeros fresh
+// memory happens to hold; a region asked for again at its size or smaller keeps its contents.
 TEST(OpContext, HostScratchIsAlignedAndStartsAsNaN) {
   HostWorkspace w;
   for (const size_t floats : {size_t(1), size_t(3), size_t(1000), size_t(1) << 18}) {
