@@ -10,12 +10,49 @@ void rmsnorm_forward_reference(T* y, T* rstd, const T* x, const T* w, int N, int
   rmsnorm_forward_with(y, rstd, x, w, N, C, [eps](T ms) { return T(1) / std::sqrt(ms + eps); });
 }
 
+// a * b + c rounded once where the machine has FMA (what the compiler's contraction made of
+// `dw += dy * x * rstd` before), spelled out so the bits do not depend on how a loop of a given
+// width is vectorised.
+template <class T>
+inline T multiply_add(T a, T b, T c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// dw[c0 + j] += sum_n dy[n, c0 + j] * x[n, c0 + j] * rstd[n] for j < w, rows in order, in a
+// local accumulator stored into dw once (adding into dw row by row made every addition wait on
+// the store before it). W: the width the loop is compiled for (0: any w up to kMaxWidth).
+constexpr int kMaxWidth = 16;
+template <int W, class T>
+void column_sums(T* dw, const T* dy, const T* x, const T* rstd, int N, int C, int64_t c0,
+                 int64_t w) {
+  static_assert(W <= kMaxWidth);
+  T sum[kMaxWidth];
+  const int64_t width = W > 0 ? W : w;
+  for (int64_t j = 0; j < width; ++j) sum[j] = dw[c0 + j];
+  for (int64_t n = 0; n < N; ++n) {
+    const T* dy_row = dy + n * C + c0;
+    const T* x_row = x + n * C + c0;
+    for (int64_t j = 0; j < width; ++j)
+      sum[j] = multiply_add(dy_row[j] * x_row[j], rstd[n], sum[j]);
+  }
+  for (int64_t j = 0; j < width; ++j) dw[c0 + j] = sum[j];
+}
+
+// Column-parallel in chunks of 16 columns (one 64-byte line of fp32 per row), or 8 where 16
+// would leave fewer than eight chunks (C 32: four chunks, not two; each column's bits are the
+// same at either width).
 template <class T>
 void rmsnorm_weight_grad(T* dw, const T* dy, const T* x, const T* rstd, int N, int C) {
-  constexpr int64_t kColChunk = 16;
-  parallel_chunks(C, kColChunk, [&](int64_t c0, int64_t c1) {
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = c0; c < c1; ++c) dw[c] += dy[n * C + c] * x[n * C + c] * rstd[n];
+  const int64_t width = C >= 8 * kMaxWidth ? kMaxWidth : 8;
+  parallel_chunks(C, width, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    if (w == 16) return column_sums<16>(dw, dy, x, rstd, N, C, c0, w);
+    if (w == 8) return column_sums<8>(dw, dy, x, rstd, N, C, c0, w);
+    column_sums<0>(dw, dy, x, rstd, N, C, c0, w);
   });
 }
 

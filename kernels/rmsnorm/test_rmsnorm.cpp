@@ -1,3 +1,7 @@
+#include <omp.h>
+
+#include <cstring>
+
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "tests/support/check.h"
 
@@ -46,5 +50,42 @@ TEST(Rmsnorm, Fp32ForwardWithinRoundingOfFp64) {
   rmsnorm_forward_reference<float>(yf.data(), rf.data(), xf.data(), wf.data(), N, C, 1e-5f);
   rmsnorm_forward_reference<double>(yd.data(), rd.data(), xd.data(), wd.data(), N, C, 1e-5);
   EXPECT_CLOSE(yf, yd, 1e-6, "fp32 y");
+}
+
+// The weight gradient: every column sums its rows in row order, whatever the column chunks
+// (8 columns at C 44, 16 at C 150, each with a shorter last chunk) and the thread count, so its
+// fp32 bits are those of one sequential sum per column, and every row counts.
+TEST(Rmsnorm, WeightGradientSumsEachColumnInRowOrderOnAnyThreadCount) {
+  std::mt19937_64 gen(test_seed());
+  for (const int C : {44, 150}) {
+    const int N = 300;
+    auto x = randn<double>(N * C, gen), dy = randn<double>(N * C, gen),
+         before = randn<double>(C, gen);
+    std::vector<double> rstd(N);
+    for (double& r : rstd) r = 0.5 + std::uniform_real_distribution<double>(0, 1)(gen);
+    const std::vector<float> xf(x.begin(), x.end()), dyf(dy.begin(), dy.end()),
+        rf(rstd.begin(), rstd.end());
+    std::vector<double> exact = before;
+    std::vector<float> sequential(before.begin(), before.end());
+    for (int c = 0; c < C; ++c)
+      for (int n = 0; n < N; ++n) {
+        const int i = n * C + c;
+        exact[c] += dy[i] * x[i] * rstd[n];
+#ifdef __FMA__  // the kernel's rounding: the product's sum rounded once where FMA exists
+        sequential[c] = std::fma(dyf[i] * xf[i], rf[n], sequential[c]);
+#else
+        sequential[c] = dyf[i] * xf[i] * rf[n] + sequential[c];
+#endif
+      }
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dw(before.begin(), before.end());
+      rmsnorm_weight_grad<float>(dw.data(), dyf.data(), xf.data(), rf.data(), N, C);
+      EXPECT_CLOSE(dw, exact, 1e-5, "dw");
+      EXPECT_EQ(0, std::memcmp(sequential.data(), dw.data(), C * sizeof(float)))
+          << "C " << C << ", " << threads << " threads, seed " << test_seed();
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
 }
 }  // namespace divlab
