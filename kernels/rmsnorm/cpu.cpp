@@ -24,7 +24,8 @@ inline T multiply_add(T a, T b, T c) {
 
 // dw[c0 + j] += sum_n dy[n, c0 + j] * x[n, c0 + j] * rstd[n] for j < w, rows in order, in a
 // local accumulator stored into dw once (adding into dw row by row made every addition wait on
-// the store before it). W: the width the loop is compiled for (0: any w up to kMaxWidth).
+// the store before it). W: the width the loop is compiled for (0: any w up to kMaxWidth, a
+// layer's last columns).
 constexpr int kMaxWidth = 16;
 template <int W, class T>
 void column_sums(T* dw, const T* dy, const T* x, const T* rstd, int N, int C, int64_t c0,
@@ -42,17 +43,14 @@ void column_sums(T* dw, const T* dy, const T* x, const T* rstd, int N, int C, in
   for (int64_t j = 0; j < width; ++j) dw[c0 + j] = sum[j];
 }
 
-// Column-parallel in chunks of 16 columns (one 64-byte line of fp32 per row), or 8 where 16
-// would leave fewer than eight chunks (C 32: four chunks, not two; each column's bits are the
-// same at either width).
+// Column-parallel in chunks of 16 columns, a 64-byte line of an fp32 row, so threads do not share
+// the lines they read (with chunks of 8 on a narrow layer, the next ops writing those rows took
+// twice as long on 16 cores, more than the narrower chunks saved).
 template <class T>
 void rmsnorm_weight_grad(T* dw, const T* dy, const T* x, const T* rstd, int N, int C) {
-  const int64_t width = C >= 8 * kMaxWidth ? kMaxWidth : 8;
-  parallel_chunks(C, width, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
-    if (w == 16) return column_sums<16>(dw, dy, x, rstd, N, C, c0, w);
-    if (w == 8) return column_sums<8>(dw, dy, x, rstd, N, C, c0, w);
-    column_sums<0>(dw, dy, x, rstd, N, C, c0, w);
+  parallel_chunks(C, kMaxWidth, [&](int64_t c0, int64_t c1) {
+    if (c1 - c0 == kMaxWidth) return column_sums<kMaxWidth>(dw, dy, x, rstd, N, C, c0, kMaxWidth);
+    column_sums<0>(dw, dy, x, rstd, N, C, c0, c1 - c0);
   });
 }
 

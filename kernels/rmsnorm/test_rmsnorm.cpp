@@ -53,7 +53,7 @@ TEST(Rmsnorm, Fp32ForwardWithinRoundingOfFp64) {
 }
 
 // The weight gradient: every column sums its rows in row order, whatever the column chunks
-// (8 columns at C 44, 16 at C 150, each with a shorter last chunk) and the thread count, so its
+// (chunks of 16 columns; C 44 and 150 end in a shorter one) and the thread count, so its
 // fp32 bits are those of one sequential sum per column, and every row counts.
 TEST(Rmsnorm, WeightGradientSumsEachColumnInRowOrderOnAnyThreadCount) {
   std::mt19937_64 gen(test_seed());
