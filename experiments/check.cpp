@@ -464,6 +464,9 @@ struct Checker {
       if (!cond.applies_to(which)) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = cond.not_for;
+      } else if (cond.device_only && variant.memory->host_accessible) {
+        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
+        r.note = "a GPU condition (grid limits): --backend cuda";
       } else if (opt.shape_conditions_only && !cond.shapes_only) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = "not in the racecheck pass (shape conditions only)";

@@ -41,6 +41,14 @@ constexpr OpShape kWideRows{2, 9, 4224, 33, 97};
 // 2^12 values or more has a last, partial one. Larger costs more than the rest of a check
 // together: at 33.5 M values 5-9 s and 2.3-3.4 GB more (measured), against 0.3-2 s.
 constexpr OpShape kManyValues{2, 2047, 1024, 8, 1024};
+// A flat array past 2^24 values (16 779 246: 2 x 8201 x 1023, and logits of 1023 ids): past a
+// one-dimensional grid capped at 65 535 blocks of 256 threads (a kernel that caps its grid and
+// has no grid-stride loop never touches the rest) and past the integers fp32 holds exactly (an
+// index computed in float). GPT-2 small's MLP activations hold 50 M values a step, its
+// parameters 124 M. Flat ops only (their cost grows with the array), on a device only (a host
+// kernel has no grid): 1.4-3.3 s and 0.7-1.6 GB of host memory more a check (measured on an H200
+// machine's host; the inputs' normal draws take most of it).
+constexpr OpShape kPastGrid{2, 8201, 1023, 1, 1023};
 
 std::vector<Op> every_op_but(std::initializer_list<Op> skipped) {
   std::vector<Op> ops;
@@ -178,6 +186,13 @@ std::vector<Condition> check_condition_list(bool with_trace) {
       "its work grows faster than its arrays (a GEMM; attention's T^2) or its arrays triple "
       "here (RoPE's and GQA's heads): 'rows many' is its largest";
   list.push_back(many_values);
+  Condition past_grid = c("arrays past 2^24", kPastGrid);
+  past_grid.draws = 0, past_grid.device_only = true;
+  past_grid.only = {Op::add,         Op::gelu_forward,    Op::gelu_backward,
+                    Op::cast,        Op::softcap_forward, Op::softcap_backward,
+                    Op::sum_squares, Op::sgd_step,        Op::adamw_step};
+  past_grid.not_for = "the op is not one flat array ('arrays large' is its largest)";
+  list.push_back(past_grid);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

@@ -33,6 +33,7 @@ struct Condition {
   bool shapes_only = false;  // plain normal values at a shape: what check's racecheck pass runs
   bool misaligned = false;   // every array one value past a 16-byte boundary (OpInputs)
   bool loss_only = false;    // cross_entropy without dlogits, as evaluation calls it (OpScalars)
+  bool device_only = false;  // a GPU's limits (its grid): skipped on the host backend
   int draws = 1;             // x CheckOptions::draws; 0: one draw (the costly shapes)
 
   bool applies_to(Op op) const {

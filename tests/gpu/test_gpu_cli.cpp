@@ -382,6 +382,27 @@ TEST(GpuCheck, AKernelOutsideTheStreamItIsGivenFailsUnderConcurrentLoad) {
       << format_check(r);
 }
 
+// A kernel whose grid is capped at 65 535 blocks of 256 threads with no loop past them is exact on
+// every array up to 2^24 values and leaves the rest unwritten: "arrays past 2^24" fails it alone.
+// The flat ops' references and the built-in candidates pass that condition.
+TEST(GpuCheck, AGridCappedAt65535BlocksFailsOnlyPast2To24Values) {
+  REQUIRE_GPU();
+  CheckOptions opt = racy_plugin_check("add=grid_capped");
+  const CheckReport capped = run_check(opt);
+  EXPECT_EQ(capped.failing, std::vector<std::string>{"arrays past 2^24"}) << format_check(capped);
+  for (const char* target : {"add=reference", "gelu_backward=reference", "sgd_step=reference",
+                             "adamw_step=reference", "softcap_forward=reference"}) {
+    opt.target = target;
+    const CheckReport ok = run_check(opt);
+    const auto past =
+        std::find_if(ok.conditions.begin(), ok.conditions.end(),
+                     [](const ConditionResult& c) { return c.name == "arrays past 2^24"; });
+    ASSERT_NE(past, ok.conditions.end()) << target;
+    EXPECT_TRUE(past->ran) << target;
+    EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+  }
+}
+
 // A kernel that allocates device scratch at every call and never releases it gives the right
 // values at every condition; the 257th call sees the device's memory grow (128 KiB a call at the
 // aligned shape). The built-in reference does not grow it.

@@ -12,8 +12,13 @@
 // call and never released; check's "call 257 (warmed up)" must fail it on the device's memory.
 // And `add` staged in the context's scratch, asked for one value less than it writes: check's
 // guarded scratch must name the write past its end in every condition.
+// And one fault no small call shows: `add` on a grid capped at 65 535 blocks of 256 threads with
+// no grid-stride loop, exact up to 2^24 values and leaving the rest unwritten past them; check's
+// "arrays past 2^24" must fail it, alone.
 // (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "kernels/plugin_abi.h"
 
@@ -72,6 +77,15 @@ void add_scratch_one_short(const divlab_op_context* ctx, float* y, const float* 
   if (!sum) return;
   add_direct<<<unsigned((n + 255) / 256), 256, 0, stream>>>(sum, a, b, n);
   cudaMemcpyAsync(y, sum, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice, stream);
+}
+
+// A grid capped at the y and z dimensions' limit, as if it held for x too, and no loop over the
+// values past blocks x threads.
+constexpr int64_t kGridCap = 65535;
+void add_grid_capped(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                     int64_t n) {
+  const int64_t blocks = std::min((n + 255) / 256, kGridCap);
+  add_direct<<<unsigned(blocks), 256, 0, static_cast<cudaStream_t>(ctx->stream)>>>(y, a, b, n);
 }
 
 // One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
@@ -134,8 +148,14 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&add_scratch_one_short),
      "y = a + b staged in the context's scratch", "asks for one value less scratch than it writes",
      "a region whose rounded size ends where it asked", "rounded or larger regions"},
+    {"add", "grid_capped", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&add_grid_capped),
+     "y = a + b, one thread a value on at most 65 535 blocks of 256",
+     "no grid-stride loop: values past 2^24 (65 535 x 256) are never written",
+     "arrays past 16.8 M values (GPT-2 small's MLP activations, its parameters)",
+     "every smaller array"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 5, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 6, kVariants};
 
 }  // namespace
 
