@@ -51,6 +51,11 @@ int default_threads() {
 
 void check_output_path(const std::string& path, bool force) {
   if (path.empty()) throw InputError("--out: an output path is required");
+  // "runs/" or "runs/.": a folder by its spelling, even before it exists (its parents would be
+  // made, then the file could not be).
+  const std::filesystem::path name = std::filesystem::path(path).filename();
+  if (name.empty() || name == "." || name == "..")
+    throw InputError("output '" + path + "' names a folder (--out names the file to write)");
   struct stat st {};
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode))
