@@ -467,6 +467,9 @@ struct Checker {
       } else if (cond.device_only && variant.memory->host_accessible) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = "a GPU condition (grid limits): --backend cuda";
+      } else if (const std::string short_of = host_memory_shortfall(cond, available_host_memory());
+                 !short_of.empty()) {
+        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false, r.note = short_of;
       } else if (opt.shape_conditions_only && !cond.shapes_only) {
         r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
         r.note = "not in the racecheck pass (shape conditions only)";

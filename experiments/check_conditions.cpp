@@ -1,6 +1,7 @@
 #include "experiments/check_conditions.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <initializer_list>
 
 namespace divlab {
@@ -178,7 +179,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   Condition many_values = c("arrays large (4 M)", kManyValues);
   // Not shrunk: each step of a shrink reruns millions of values (a scatter that skips a row,
   // failing everywhere, took 56 s more to shrink here than its whole check took before).
-  many_values.draws = 0;
+  many_values.draws = 0, many_values.host_bytes = size_t(1) << 30;  // 0.75 GB on a CPU
   many_values.only = every_op_but({Op::linear_forward, Op::linear_backward, Op::attention_forward,
                                    Op::attention_backward, Op::rope_forward, Op::rope_backward,
                                    Op::gqa_forward, Op::gqa_backward});
@@ -188,6 +189,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   list.push_back(many_values);
   Condition past_grid = c("arrays past 2^24", kPastGrid);
   past_grid.draws = 0, past_grid.device_only = true;
+  past_grid.host_bytes = size_t(3) << 30;  // 2.8 GB, AdamW's, the CUDA context included
   past_grid.only = {Op::add,         Op::gelu_forward,    Op::gelu_backward,
                     Op::cast,        Op::softcap_forward, Op::softcap_backward,
                     Op::sum_squares, Op::sgd_step,        Op::adamw_step};
@@ -199,6 +201,15 @@ std::vector<Condition> check_condition_list(bool with_trace) {
     list.push_back(traced);
   }
   return list;
+}
+
+std::string host_memory_shortfall(const Condition& cond, size_t available) {
+  if (cond.host_bytes == 0 || available == 0 || available >= cond.host_bytes) return "";
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "needs about %.1f GiB of host memory, %.1f GiB available: not run",
+                double(cond.host_bytes) / double(1 << 30), double(available) / double(1 << 30));
+  return text;
 }
 
 std::vector<OpShape> verifier_shapes() {

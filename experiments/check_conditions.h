@@ -34,7 +34,11 @@ struct Condition {
   bool misaligned = false;   // every array one value past a 16-byte boundary (OpInputs)
   bool loss_only = false;    // cross_entropy without dlogits, as evaluation calls it (OpScalars)
   bool device_only = false;  // a GPU's limits (its grid): skipped on the host backend
-  int draws = 1;             // x CheckOptions::draws; 0: one draw (the costly shapes)
+  // The most host memory a check of any op took at this condition (measured, the process's peak;
+  // 0: small), asked of the host before it runs: a worker killed for memory would read as a
+  // kernel's crash.
+  size_t host_bytes = 0;
+  int draws = 1;  // x CheckOptions::draws; 0: one draw (the costly shapes)
 
   bool applies_to(Op op) const {
     return only.empty() || std::find(only.begin(), only.end(), op) != only.end();
@@ -45,6 +49,10 @@ struct Condition {
 // from its condition's index, so a new condition goes after the others: a seed then still
 // replays every older condition's draws.
 std::vector<Condition> check_condition_list(bool with_trace);
+
+// Why `cond` is not run on a host with `available` bytes of memory left ("" when it fits, or
+// when nothing is known: available 0).
+std::string host_memory_shortfall(const Condition& cond, size_t available);
 
 // The shapes the benchmark's verifier was written for (its emulation in check.cpp).
 std::vector<OpShape> verifier_shapes();

@@ -16,6 +16,7 @@
 #include "datasets/dataset.h"
 #include "experiments/check.h"
 #include "experiments/check_capture.h"
+#include "experiments/check_conditions.h"
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
@@ -254,6 +255,30 @@ std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
 }
 
 }  // namespace
+
+// The two conditions of millions of values in every array ask the host for their memory before
+// they run (a whole check on a CPU, "arrays large" included, peaked at 0.75 GB; the others are
+// far smaller): one that does not fit is not run, with the reason (a worker the kernel's
+// out-of-memory killer ends would read as the kernel's crash); where nothing is known, it runs.
+TEST(CheckConditions, LargeConditionsAskTheHostForTheirMemoryFirst) {
+  int asking = 0;
+  for (const Condition& c : check_condition_list(false)) {
+    if (c.name == "arrays large (4 M)" || c.name == "arrays past 2^24") {
+      EXPECT_GT(c.host_bytes, 0u) << c.name;
+      ++asking;
+    }
+    if (c.host_bytes == 0) {
+      EXPECT_EQ(host_memory_shortfall(c, 1), "") << c.name;
+      continue;
+    }
+    EXPECT_NE(host_memory_shortfall(c, c.host_bytes - 1).find("GiB available: not run"),
+              std::string::npos)
+        << c.name;
+    EXPECT_EQ(host_memory_shortfall(c, c.host_bytes), "") << c.name;
+    EXPECT_EQ(host_memory_shortfall(c, 0), "") << c.name;
+  }
+  EXPECT_EQ(asking, 2);
+}
 
 TEST(CheckHoles, DeviceMemoryMustGrowInEveryQuarterOfTheCallsToLeak) {
   // The device's memory in use counts every process on the GPU: another process's allocations
