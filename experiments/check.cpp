@@ -253,10 +253,6 @@ struct Checker {
     OpRun got;
     std::string moved;
     if (cond.concurrent) {
-      if (variant.memory->host_accessible) {
-        r.ran = false, r.note = "a GPU condition (streams): --backend cuda";
-        return r;
-      }
       // Each copy its own inputs, so a copy that reads another's state shows as error.
       std::vector<OpInputs> inputs{x};
       while (inputs.size() < size_t(kConcurrentCopies)) {
@@ -452,6 +448,19 @@ struct Checker {
     return true;
   }
 
+  // Why `cond` is skipped for this op and backend ("" where it runs).
+  std::string why_not_run(const Condition& cond, Op which) const {
+    if (!cond.applies_to(which)) return cond.not_for;
+    if (cond.device_only && variant.memory->host_accessible)
+      return std::string("a GPU condition (") + cond.device_only + "): --backend cuda";
+    if (std::string short_of = host_memory_shortfall(cond, available_host_memory());
+        !short_of.empty())
+      return short_of;
+    if (opt.shape_conditions_only && !cond.shapes_only)
+      return "not in the racecheck pass (shape conditions only)";
+    return "";
+  }
+
   void run_all(CheckReport& rep, size_t from, const CheckProgress& progress) const {
     Op which{};
     parse_op(op, &which);
@@ -461,18 +470,8 @@ struct Checker {
       const Condition& cond = list[i];
       if (progress.begin) progress.begin(i);
       ConditionResult r;
-      if (!cond.applies_to(which)) {
-        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
-        r.note = cond.not_for;
-      } else if (cond.device_only && variant.memory->host_accessible) {
-        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
-        r.note = "a GPU condition (grid limits): --backend cuda";
-      } else if (const std::string short_of = host_memory_shortfall(cond, available_host_memory());
-                 !short_of.empty()) {
-        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false, r.note = short_of;
-      } else if (opt.shape_conditions_only && !cond.shapes_only) {
-        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false;
-        r.note = "not in the racecheck pass (shape conditions only)";
+      if (const std::string why = why_not_run(cond, which); !why.empty()) {
+        r.name = cond.name, r.shape = cond.shape.text(), r.ran = false, r.note = why;
       } else {
         r = run(cond, i, rep.seed);
       }

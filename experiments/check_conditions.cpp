@@ -109,7 +109,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   rep.repeat = true;
   list.push_back(rep);
   Condition load = c("concurrent load", kAligned);
-  load.concurrent = true;
+  load.concurrent = true, load.device_only = "streams";
   list.push_back(load);
   // Appended after the older conditions, so that a seed still replays their draws.
   Condition wide = c("vocabulary wide", kWideVocabulary);
@@ -188,7 +188,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
       "here (RoPE's and GQA's heads): 'rows many' is its largest";
   list.push_back(many_values);
   Condition past_grid = c("arrays past 2^24", kPastGrid);
-  past_grid.draws = 0, past_grid.device_only = true;
+  past_grid.draws = 0, past_grid.device_only = "grid limits";
   past_grid.host_bytes = size_t(3) << 30;  // 2.8 GB, AdamW's, the CUDA context included
   past_grid.only = {Op::add,         Op::gelu_forward,    Op::gelu_backward,
                     Op::cast,        Op::softcap_forward, Op::softcap_backward,
