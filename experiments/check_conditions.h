@@ -33,7 +33,7 @@ struct Condition {
   bool shapes_only = false;  // plain normal values at a shape: what check's racecheck pass runs
   bool misaligned = false;   // every array one value past a 16-byte boundary (OpInputs)
   bool loss_only = false;    // cross_entropy without dlogits, as evaluation calls it (OpScalars)
-  // The GPU's side it tests ("streams", "grid limits"); set, it is skipped on the host backend.
+  // The GPU's side it tests ("streams"); set, it is skipped on the host backend.
   const char* device_only = nullptr;
   // The most host memory a check of any op took at this condition (measured, the process's peak;
   // 0: small), asked of the host before it runs: a worker killed for memory would read as a

@@ -5,7 +5,8 @@
 // crash verdicts, or end the process with exit(0), or change after 100 calls, or leak, or read
 // their output or write their input, as training never allows; a soft-cap with its cap written in;
 // a weight kept by address; kernels written for smaller vocabularies, sequences and row counts, and
-// for rows of fewer than 65 536 contributions; a softmax that drops NaNs), and in ABI 2: 7 (an
+// for rows of fewer than 65 536 contributions, for arrays whose counts are multiples of 16; a
+// softmax that drops NaNs), and in ABI 2: 7 (an
 // unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table claiming
 // version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
 // registration function.
@@ -73,6 +74,13 @@ void gelu_chunks_of_2_20(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < end; ++i)
     y[i] =
         0.5f * x[i] * (1.0f + std::tanh(0.7978845608f * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
+}
+// A path for large arrays with a body of 16 values at a time (one AVX-512 register) and no tail:
+// past 2^20 values the last n % 16 are never written. Right at every count a multiple of 16,
+// which every condition's arrays but the largest, 2 x 8201 x 1023, are.
+void add_vector_body_without_tail(float* y, const float* a, const float* b, int64_t n) {
+  const int64_t end = n > (int64_t(1) << 20) ? n / 16 * 16 : n;
+  for (int64_t i = 0; i < end; ++i) y[i] = a[i] + b[i];
 }
 // Right values through scratch of its own, allocated at every call and never released: 128 KiB a
 // call at check's aligned shape, gigabytes over a run.
@@ -319,8 +327,10 @@ const divlab_variant kVariants[] = {
     {"cross_entropy", "writes_gradient_always", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_writes_gradient_always), "", "", "", ""},
     {"gelu_forward", "chunks_of_2_20", "cpu",
-     reinterpret_cast<void (*)(void)>(&gelu_chunks_of_2_20), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 20, kVariants};
+     reinterpret_cast<void (*)(void)>(&gelu_chunks_of_2_20), "", "", "", ""},
+    {"add", "vector_body_without_tail", "cpu",
+     reinterpret_cast<void (*)(void)>(&add_vector_body_without_tail), "", "", "", ""}};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 21, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -177,22 +177,25 @@ class Check(unittest.TestCase):
         # 16-bit token ids, a RoPE table of 2048 positions, a row buffer of 65 536 logits, a
         # 16-bit row index, 16-bit per-id counts in a sorted scatter, a row staged in 4096 values,
         # a q.k tile of 64 channels, a path for tensors past 2^20 values that drops its partial
-        # chunk: right at every size the other conditions draw, wrong at a vocabulary past 2^17
-        # ids (Llama 3 has 128 256), a sequence past 2048 positions, 65 536 rows, one id at
-        # 65 536 positions, rows of 4224 channels in heads of 128, or 4 M values in one array.
+        # chunk, one with a body of 16 values and no tail: right at every size the other
+        # conditions draw, wrong at a vocabulary past 2^17 ids (Llama 3 has 128 256), a sequence
+        # past 2048 positions, 65 536 rows, one id at 65 536 positions, rows of 4224 channels in
+        # heads of 128, 4 M values in one array (and 16 M), or 16 M values no multiple of 16.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        for target, condition in [("embedding_forward=u16_ids", "vocabulary wide"),
-                                  ("cross_entropy=row_buffer_65536", "vocabulary wide"),
-                                  ("rope_forward=table_2048", "sequence long"),
-                                  ("rmsnorm_forward=rows_u16", "rows many"),
-                                  ("embed_rmsnorm_backward=u16_row_counts", "row hot (2^16+)"),
-                                  ("rmsnorm_forward=row_buffer_4096", "channels wide"),
-                                  ("attention_forward=head_tile_64", "channels wide"),
-                                  ("gelu_forward=chunks_of_2_20", "arrays large (4 M)")]:
+        for target, conditions in [
+                ("embedding_forward=u16_ids", ["vocabulary wide"]),
+                ("cross_entropy=row_buffer_65536", ["vocabulary wide"]),
+                ("rope_forward=table_2048", ["sequence long"]),
+                ("rmsnorm_forward=rows_u16", ["rows many"]),
+                ("embed_rmsnorm_backward=u16_row_counts", ["row hot (2^16+)"]),
+                ("rmsnorm_forward=row_buffer_4096", ["channels wide"]),
+                ("attention_forward=head_tile_64", ["channels wide"]),
+                ("gelu_forward=chunks_of_2_20", ["arrays large (4 M)", "arrays past 2^24"]),
+                ("add=vector_body_without_tail", ["arrays past 2^24"])]:
             with self.subTest(target):
                 r = check(target, "--plugins", lib)
                 self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-                self.assertEqual(failing(r.stdout), [condition], r.stdout)
+                self.assertEqual(failing(r.stdout), conditions, r.stdout)
 
     def test_what_many_calls_change_fails_at_the_257th_call(self):
         # Right for its first 100 calls at a size, then a "tuned" path that is not; right values
