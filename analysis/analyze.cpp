@@ -18,6 +18,7 @@
 #include "common/paths.h"
 #include "common/process.h"
 #include "common/sha256.h"
+#include "io/sweep_folder.h"
 #include "io/toml_reader.h"
 #include "io/trace.h"
 
@@ -35,6 +36,21 @@ std::vector<std::string> list_traces(const std::string& dir) {
   }
   closedir(d);
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+// "2-8, 11, 14-15" for sorted cell numbers; past eight ranges, the first eight and "...".
+std::string cell_ranges(const std::vector<size_t>& cells) {
+  std::string out;
+  int ranges = 0;
+  for (size_t i = 0; i < cells.size();) {
+    size_t j = i;
+    while (j + 1 < cells.size() && cells[j + 1] == cells[j] + 1) ++j;
+    if (++ranges > 8) return out + ", ...";
+    out += (out.empty() ? "" : ", ") + std::to_string(cells[i]) +
+           (j > i ? "-" + std::to_string(cells[j]) : "");
+    i = j + 1;
+  }
   return out;
 }
 
@@ -232,6 +248,31 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       else
         unfinished.push_back(p + " (" + name_of(c.status) + ")");
     }
+    // The grid's cells that left no trace (a sweep stopped before it started them, or a cell
+    // that ended before writing one): their seeds are missing from the verdicts, which says so.
+    const std::set<std::string> traced(paths.begin(), paths.end());
+    std::vector<size_t> waiting;
+    for (const size_t cell : listed_cells(dir)) {
+      const std::string p = cell_trace_path(dir, cell);
+      if (traced.count(p) > 0) continue;
+      const auto it = ended.find(p.substr(dir.size() + 1));
+      if (it == ended.end() || it->second == "pending")
+        waiting.push_back(cell);
+      else
+        unfinished.push_back(p + " (no trace; manifest.tsv: " + it->second + ")");
+    }
+    if (!waiting.empty())
+      unfinished.push_back(std::to_string(waiting.size()) +
+                           (waiting.size() == 1 ? " cell of " : " cells of ") + dir +
+                           " not started (" + cell_ranges(waiting) + "): `divlab sweep --out " +
+                           dir + "` runs them");
+  }
+  if (cells.empty()) {
+    std::string dirs;
+    for (const auto& d : opt.dirs) dirs += (dirs.empty() ? "'" : ", '") + d + "'";
+    const size_t more = unfinished.size() - 1;
+    throw InputError("analyze " + dirs + ": no run has finished yet; left out: " + unfinished[0] +
+                     (more > 0 ? " and " + std::to_string(more) + " more" : ""));
   }
   ReportContext ctx;
   ctx.dir = out, ctx.alpha = opt.alpha, ctx.unfinished = unfinished;

@@ -16,6 +16,7 @@
 #include "datasets/dataset.h"
 #include "experiments/config.h"
 #include "experiments/sweep.h"
+#include "io/sweep_folder.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
 #include "kernels/registry.h"

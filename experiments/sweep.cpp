@@ -30,23 +30,13 @@
 #include "experiments/crash_report.h"
 #include "experiments/grid.h"
 #include "experiments/train.h"
+#include "io/sweep_folder.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
 
 namespace divlab {
-
-std::string cell_trace_path(const std::string& dir, size_t cell) {
-  char name[32];
-  std::snprintf(name, sizeof name, "/cells/%04zu", cell);
-  return dir + name + ".h5";
-}
-
-std::string cell_log_path(const std::string& dir, size_t cell) {
-  std::string p = cell_trace_path(dir, cell);
-  return p.replace(p.size() - 3, 3, ".log");
-}
 
 namespace {
 

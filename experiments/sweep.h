@@ -40,9 +40,4 @@ SweepSummary run_sweep(const SweepOptions& opt);
 // that do not record them the CPU catalogue's answer.
 AnalyzeOptions analyze_options(const std::string& dir);
 
-// DIR/cells/NNNN.h5 for cell i.
-std::string cell_trace_path(const std::string& dir, size_t cell);
-// DIR/cells/NNNN.log: the cell's stdout and stderr.
-std::string cell_log_path(const std::string& dir, size_t cell);
-
 }  // namespace divlab

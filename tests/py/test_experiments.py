@@ -337,6 +337,32 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertIn("not finished, left out", r.stdout)
         self.assertEqual(r.returncode, 1, r.stdout)  # a crash fails the gate like a divergence
 
+    def test_cells_without_a_trace_are_named(self):
+        # cells.tsv lists the whole grid: cells a stopped sweep never started have no trace, and
+        # their seeds are missing from the verdicts, which analyze says (in ranges, with the
+        # command that runs them); a cell that ended before writing a trace is named with the
+        # manifest's word for it. (A folder where no run finished: the bad-input catalogue.)
+        d = tmpdir()
+        rng = np.random.default_rng()
+        synthetic_grid(d, ["zipf:1.1"], ["fp32_reordered", "fp64_accum"], 3, lambda g, v, s: 0, rng)
+        waiting = [9, 10, 11, 14]
+        with open(os.path.join(d, "cells.tsv"), "w") as f:
+            f.write("cell\toverrides\n")
+            for cell in list(range(9)) + waiting + [15]:
+                f.write(f"{cell}\tdata=zipf:1.1 train.seed={cell % 3} \n")
+        with open(os.path.join(d, "manifest.tsv"), "w") as f:
+            f.write("cell\tstatus\texit_code\tseconds\ttrace\tlog\tsettings\n")
+            f.write(f"15\ttimeout after 5 s\t137\t5.0\t{d}/cells/0015.h5\t-\t-\n")
+            f.write(f"14\tpending\t0\t0\t{d}/cells/0014.h5\t-\t-\n")
+        r = run("analyze", d, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"not finished, left out: 4 cells of {d} not started (9-11, 14): "
+                      f"`divlab sweep --out {d}` runs them", r.stdout)
+        self.assertIn(f"{d}/cells/0015.h5 (no trace; manifest.tsv: timeout after 5 s)", r.stdout)
+        with open(os.path.join(d, "report.md")) as f:
+            self.assertIn("4 cells of", f.read())
+        self.assertEqual({row["seeds"] for row in verdicts(d)}, {"3"})
+
     def test_references_stopped_on_nan_are_named_not_dropped(self):
         rng = np.random.default_rng()
         d = tmpdir()
