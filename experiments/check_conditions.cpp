@@ -15,7 +15,9 @@ constexpr OpShape kDose{8, 1024, 64, 4, 8192};
 // that must not, both at the ends of the table.
 constexpr OpShape kRows{3, 101, 24, 2, 211};
 constexpr OpShape kTiny{1, 1, 4, 1, 5};
-constexpr OpShape kOdd{3, 37, 72, 4, 301};  // multiples of neither 8, 32 nor 128
+// 111 rows of 78 channels in 3 heads of 26 (RoPE needs an even head width), 301 ids: no size a
+// multiple of 4, 8, 32 or 128 (a vector body without its tail, a tile of 32 rows or channels).
+constexpr OpShape kOdd{3, 37, 78, 3, 301};
 constexpr OpShape kAligned{4, 64, 128, 4, 512};
 constexpr OpShape kLarge{8, 256, 256, 4, 2048};
 // Sizes past the ones kernels are written for. A vocabulary past 2^17 (Llama 3 has 128 256 ids,
