@@ -27,7 +27,7 @@ struct OpShape {
   // its smallest prime factor, so groups of 2 and 3 heads (and NKV = 1 for one to three heads)
   // occur; derived, so shapes draw as before.
   int NKV() const;
-  std::string text() const;  // "B3 T37 C72 NH4 V301"
+  std::string text() const;  // "B3 T37 C78 NH3 V301"
 };
 
 // A shape drawn at random: rows (B x T) from 1 to a few hundred, sequence lengths, widths and
