@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "common/rng.h"
 
@@ -98,6 +99,22 @@ TestResult one_sample(const std::vector<double>& a) {
   const double m = mean(a);
   const double t = se == 0 ? (m == 0 ? 0 : m * std::numeric_limits<double>::infinity()) : m / se;
   return from_t(t, double(a.size() - 1));
+}
+
+TestResult rank_sum(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<std::pair<double, size_t>> pool;  // value, position in a then b
+  for (size_t i = 0; i < a.size(); ++i) pool.emplace_back(a[i], i);
+  for (size_t i = 0; i < b.size(); ++i) pool.emplace_back(b[i], a.size() + i);
+  std::sort(pool.begin(), pool.end());
+  std::vector<double> rank(pool.size());
+  for (size_t i = 0; i < pool.size();) {
+    size_t j = i;
+    while (j + 1 < pool.size() && pool[j + 1].first == pool[i].first) ++j;
+    for (size_t k = i; k <= j; ++k) rank[pool[k].second] = double(i + j) / 2 + 1;
+    i = j + 1;
+  }
+  return permutation(std::vector<double>(rank.begin(), rank.begin() + long(a.size())),
+                     std::vector<double>(rank.begin() + long(a.size()), rank.end()));
 }
 
 TestResult sign_test(const std::vector<double>& a) {

@@ -38,6 +38,10 @@ TestResult one_sample(const std::vector<double>& a);
 // among them (so a p-value is at least 1 / (samples + 1), never 0).
 TestResult permutation(const std::vector<double>& a, const std::vector<double>& b,
                        int64_t max_exact = 20000, int samples = 20000);
+// Wilcoxon-Mann-Whitney rank-sum test of a against b: the permutation test above on the values'
+// ranks in a and b together (ties given their mean rank), so exact over at most `max_exact`
+// splits. A value far beyond the rest counts as one rank, not as its size.
+TestResult rank_sum(const std::vector<double>& a, const std::vector<double>& b);
 // Exact sign test of a's values against zero, zeros dropped: with X ~ Binomial(nonzero, 1/2),
 // p_greater = P(X >= positives), p_less = P(X >= negatives); statistic = positives, df =
 // nonzero values. It sees only which side each value lies on, so no few values far out,

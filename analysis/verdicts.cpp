@@ -135,6 +135,19 @@ SeedSides seed_sides(const std::vector<double>& gaps) {
   return s;
 }
 
+double shift_p(const std::vector<double>& gaps, const std::vector<double>& control_gaps,
+               double alpha) {
+  const std::vector<double> moved = absolute(gaps), control_moved = absolute(control_gaps);
+  const double welch = stats::welch(moved, control_moved).p_greater;
+  // The rank-sum test's smallest p is one over the number of splits (C(n + m, n)): below alpha / 2
+  // it can reject, and the two tests share alpha; else (3 seeds beside 3 control gaps) Welch alone.
+  double splits = 1;
+  for (size_t i = 0; i < moved.size(); ++i)
+    splits = splits * double(moved.size() + control_moved.size() - i) / double(i + 1);
+  if (splits * alpha / 2 <= 1) return welch;
+  return std::min(1.0, 2 * std::min(welch, stats::rank_sum(moved, control_moved).p_greater));
+}
+
 bool lopsided_gaps(const std::vector<double>& gaps, double p_permutation, double min_gap,
                    double alpha) {
   const double mean = stats::mean(gaps);
@@ -369,7 +382,7 @@ std::vector<Verdict> compute_verdicts(std::vector<Cell> cells, double alpha) {
         v.shift = stats::root_mean_square(s.gaps);
         if (control_gaps.size() >= 2) {
           v.control_shift = stats::root_mean_square(control_gaps);
-          v.p_shift = stats::welch(absolute(s.gaps), absolute(control_gaps)).p_greater;
+          v.p_shift = shift_p(s.gaps, control_gaps, alpha);
           // A lopsided row's seeds moved one way: a direction, not noise.
           v.perturbed = !significant && !v.control && !v.lopsided && v.p_shift < alpha &&
                         v.shift >= kMinRelativeGap * std::abs(v.final_loss_ref);

@@ -91,8 +91,8 @@ struct Verdict {
   double gap_ci_low = 0, gap_ci_high = 0;  // 95 % t-interval of the mean gap over seeds
   double control_band = 0;  // the band at the last step (0 without controls): the noise floor
   // How far the variant moves a seed's final loss, either way: the root mean square of its
-  // per-seed gaps, beside the controls'; p_shift tests its |gaps| against the controls' (one-sided
-  // Welch). `perturbed`: no consistent gap, yet the seeds moved materially further than the
+  // per-seed gaps, beside the controls'; p_shift tests its |gaps| against the controls' (shift_p
+  // below). `perturbed`: no consistent gap, yet the seeds moved materially further than the
   // controls move theirs. An optimizer can absorb a kernel's bias (AdamW's per-parameter
   // normalisation) and still carry the kernel's noise into every run.
   double shift = 0, control_shift = 0, p_shift = 1;
@@ -122,6 +122,14 @@ struct Verdict {
   // plots draw.
   std::vector<double> ref_curve, variant_curve, gap_curve, band_curve, spread_curve;
 };
+
+// p_shift: whether the seeds moved further than the controls, either way: one-sided tests of the
+// |gaps| against the controls' |gaps|, Welch's t (a broad shift) and the rank-sum test (every
+// seed beyond the controls, one of them far beyond the rest, which inflates the t-test's
+// variance: docs/analysis.md), the smaller p doubled (Bonferroni: the pair keeps its level at
+// `alpha`); Welch's alone where the rank-sum test cannot reach alpha / 2 (3 seeds, 3 control gaps).
+double shift_p(const std::vector<double>& gaps, const std::vector<double>& control_gaps,
+               double alpha);
 
 // Whether the per-seed `gaps` of a row Welch's t did not call lie on one side: every gap on
 // the mean's side with the permutation test (`p_permutation`, one-sided that way) below alpha and

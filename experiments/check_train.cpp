@@ -219,10 +219,12 @@ std::string train_summary(const std::string& candidate, const std::vector<Verdic
   }
   if (groups == 0) return s + ": no verdicts (the grid's cells did not finish)\n";
   if (changed.empty()) {
+    // What the verdict tested is the mean gap; how far single runs moved is the notes' to say.
     char b[96];
-    std::snprintf(b, sizeof b, " (largest gap %+.4f)", largest ? largest->gap : 0.0);
-    s += " left training within its controls' noise floor in all " + std::to_string(groups) +
-         " groups" + b +
+    std::snprintf(b, sizeof b, "; largest gap %+.4f, p %.2g", largest ? largest->gap : 0.0,
+                  largest ? largest->p_welch : 1.0);
+    s += " moved no group's mean loss past its controls' noise floor (" + std::to_string(groups) +
+         (groups == 1 ? " group" : " groups") + b + ")" +
          (!lopsided.empty() ? ": no verdict, but the seeds moved one way (below)"
           : perturbed.empty()
               ? ": this grid shows no effect on the loss"

@@ -237,6 +237,35 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
   EXPECT_FALSE(find_verdict(verdicts, "all", "fp32_reordered").perturbed);
 }
 
+// Three seeds moved far past two controls, in no direction, one of them far beyond the other two
+// (an embedding gradient accumulated in fp16 under SGD: +0.015, +0.71, -0.024 against controls
+// within 6e-6): Welch's t on the |gaps| loses it in the variance the far seed inflates; the
+// rank-sum test sees every seed past every control.
+TEST(Verdicts, ThreeSeedsFarPastTheControlsOneFarBeyondIsPerturbed) {
+  std::mt19937_64 gen(testing::test_seed());
+  std::uniform_real_distribution<double> scale(0.8, 1.2);
+  std::normal_distribution<double> tiny(0, 3e-6);
+  const double moved[] = {0.015, 0.71, -0.024};
+  std::vector<Cell> cells;
+  for (int seed = 0; seed < 3; ++seed) {
+    const auto base = noisy_curve(gen, 200, 0.005);
+    auto shifted = [&](double by) {
+      auto loss = base;
+      for (double& x : loss) x += by;
+      return loss;
+    };
+    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
+    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(tiny(gen))));
+    cells.push_back(synthetic_cell("d", "fp64_accum", true, seed, shifted(tiny(gen))));
+    cells.push_back(
+        synthetic_cell("d", "fp16_accum", false, seed, shifted(moved[seed] * scale(gen))));
+  }
+  const Verdict v = find_verdict(compute_verdicts(cells, 0.05), "all", "fp16_accum");
+  EXPECT_EQ(v.verdict, Outcome::NoDivergence) << "seed " << testing::test_seed();
+  EXPECT_TRUE(v.perturbed) << "p_shift " << v.p_shift << ", seed " << testing::test_seed();
+  EXPECT_NEAR(v.p_shift, 2.0 / 84, 1e-12);  // every seed past all six control gaps, doubled
+}
+
 TEST(Verdicts, EverySeedOnOneSideWithOneFarBeyondIsLopsidedNotPerturbed) {
   // "lopsided" raises seven seeds' loss by 0.03-0.05 and seed 5's by 1.0 (a run that blew up):
   // Welch's t cannot call it (p ~ 0.1), the exact permutation test can (p ~ 1 / 12 870). "mixed"
@@ -293,6 +322,21 @@ TEST(Verdicts, MostSeedsOneWayAndAFewChaoticOnesEitherWayIsLopsided) {
   EXPECT_EQ(balanced.seeds_one_way, 12);
   EXPECT_DOUBLE_EQ(balanced.p_sign, 1.0);
   EXPECT_FALSE(balanced.lopsided);
+}
+
+TEST(Stats, RankSumCountsRanksNotSizes) {
+  // Every value of a above every one of b: one split in C(6, 3) = 20, whatever the sizes.
+  EXPECT_NEAR(stats::rank_sum({3, 4, 1000}, {0, 1, 2}).p_greater, 1.0 / 20, 1e-15);
+  EXPECT_NEAR(stats::rank_sum({3, 4, 5}, {0, 1, 2}).p_greater, 1.0 / 20, 1e-15);
+  EXPECT_NEAR(stats::rank_sum({3, 4, 5}, {0, 1, 2}).p_less, 1.0, 1e-15);
+  // Ties share their mean rank: {1, 2, 2, 3} ranks {1, 2.5, 2.5, 4}; a = {2, 3} sums 6.5, which
+  // 2 of the 6 splits reach.
+  EXPECT_NEAR(stats::rank_sum({2, 3}, {1, 2}).p_greater, 2.0 / 6, 1e-15);
+  EXPECT_NEAR(stats::rank_sum({1, 1}, {1, 1}).p_greater, 1.0, 1e-15);
+  // One value far beyond the rest: Welch's t loses what the ranks keep.
+  const std::vector<double> a = {0.015, 0.71, 0.024}, b = {1e-6, 2e-6, 3e-6, 4e-6, 5e-6, 6e-6};
+  EXPECT_NEAR(stats::rank_sum(a, b).p_greater, 1.0 / 84, 1e-15);
+  EXPECT_GT(stats::welch(a, b).p_greater, 0.1);
 }
 
 TEST(Stats, SignTestAndMedianMatchHandCounts) {
