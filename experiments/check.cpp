@@ -132,8 +132,13 @@ struct Checker {
   Grade required;
   bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
   mutable TokenStreams streams;
-  mutable std::optional<TraceCapture> recorded;    // --trace's calls, recorded when first needed
-  mutable std::unique_ptr<PreparedCall<KS>> load;  // the concurrent condition's GEMM, bound once
+  mutable std::optional<TraceCapture> recorded;     // --trace's calls, recorded when first needed
+  mutable std::unique_ptr<PreparedCall<KS>> load;   // the concurrent condition's GEMM, bound once
+  mutable const CheckProgress* progress = nullptr;  // run_all's, for draw()'s heartbeat
+
+  void kernel_calls_next() const {
+    if (progress && progress->ready) progress->ready();
+  }
 
   const TraceCapture& trace_calls() const {
     if (!recorded) recorded = capture_op_calls(opt.trace, op, kTraceCalls);
@@ -261,6 +266,7 @@ struct Checker {
         if (round_inputs)
           for (auto& v : inputs.back().values) round_to_bf16(v);
       }
+      kernel_calls_next();
       try {
         size_t chosen = 0;
         got = run_under_load(inputs, s, &moved, &chosen);
@@ -293,6 +299,7 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
+    if (!cond.concurrent) kernel_calls_next();
     if (cond.earlier_calls > 0) {
       // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
@@ -466,6 +473,7 @@ struct Checker {
     parse_op(op, &which);
     const auto list = check_condition_list(!opt.trace.empty());
     rep.conditions.resize(list.size());
+    this->progress = &progress;
     for (size_t i = from; i < list.size(); ++i) {
       const Condition& cond = list[i];
       if (progress.begin) progress.begin(i);

@@ -52,7 +52,7 @@ struct CheckOptions {
   // `divlab check` runs the conditions in a worker process, so that a kernel that crashes or
   // hangs gets a verdict for the condition it was in instead of taking the check down.
   bool isolated = true;
-  int time_limit = 120;  // seconds one condition may take before it is called a hang
+  int time_limit = 120;  // seconds a kernel's calls in one draw may take before they are a hang
   // Internal: the racecheck pass's run (cmd_check): only the shape conditions, one draw each.
   bool shape_conditions_only = false;
   // Internal: this process is such a worker, starting at this condition, reporting to this file.
@@ -126,6 +126,10 @@ struct ConditionInfo {
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt);
 struct CheckProgress {
   std::function<void(size_t)> begin;  // condition i starts; i == count: the verifier emulation
+  // A draw's inputs (and, but under concurrent load, its reference) are ready: the kernel's calls
+  // come next. The hang clock (--time-limit) restarts here, so drawing 16 M inputs and the fp64
+  // reference on a busy machine is not the kernel's time.
+  std::function<void()> ready;
   std::function<void(size_t, const ConditionResult&)> result;
   std::function<void(bool)> verifier;  // the benchmark verifier emulation's outcome
 };

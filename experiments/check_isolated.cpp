@@ -160,6 +160,7 @@ int run_check_worker(const CheckOptions& opt) {
     line("result " + std::to_string(i) + " " + encode(r));
   };
   progress.verifier = [&](bool ok) { line(std::string("verifier ") + (ok ? "1" : "0")); };
+  progress.ready = [&] { line("ready"); };  // any line restarts the parent's hang clock
   run_check_conditions(opt, rep, size_t(opt.worker_from), progress);
   line("done");
   close(fd);
@@ -376,6 +377,7 @@ int cmd_check(const CheckOptions& opt) {
     rp.out = train_out;
     rp.quick = grid.quick, rp.jobs = opt.jobs, rp.plots = opt.plots;
     rp.grid = rp.out + ".grid.toml";
+    const MadeFolders folders(rp.grid, "check --out");  // runs/ in a fresh checkout
     if (!write_file_atomically(rp.grid, grid.text))
       throw InputError("check --out '" + rp.out + "': cannot write '" + rp.grid + "'");
     std::printf("\n--train: the short training grid for %s (%s) with %s=%s (%s)\n", r.op.c_str(),

@@ -150,7 +150,8 @@ Command add_check_command(CLI::App& app) {
       ->capture_default_str();
   check->add_option("--draws", ck.draws, "independent draws per condition")->capture_default_str();
   check
-      ->add_option("--time-limit", ck.time_limit, "seconds a condition may run before it is a hang")
+      ->add_option("--time-limit", ck.time_limit,
+                   "seconds a draw's kernel calls may run before they are a hang")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
   check->add_flag("--in-process", o->in_process,

@@ -292,10 +292,11 @@ class Check(unittest.TestCase):
         # next token lowers the loss under both optimizers; its control stays quiet. (The token
         # ops' grid is the reproduce grid: tests/test_check_train.cpp picks it, test_experiments
         # runs it.)
+        # Without --out, in a folder with no runs/ yet (a fresh checkout): runs/ is made.
         d = tmpdir()
-        out = os.path.join(d, "t")
-        r = check("attention_forward=mask_off_by_one", "--train", "--out", out, "--jobs", "2",
-                  "--no-plots")
+        out = os.path.join(d, "runs", "check-attention_forward-mask_off_by_one")
+        r = subprocess.run([BIN, "check", "attention_forward=mask_off_by_one", "--train", "--jobs",
+                            "2", "--no-plots"], cwd=d, capture_output=True, text=True)
         self.assertEqual(r.returncode, 1, r.stderr)  # the kernel-level verdict
         self.assertIn("--train: the short training grid for attention_forward", r.stdout)
         with open(out + ".grid.toml") as f:
