@@ -199,8 +199,10 @@ TEST(Verdicts, RunsWithoutAPartnerOrThatStoppedOnNanGetNoResult) {
 // one candidate per entry of `shifts`, whose loss curve is the reference's moved by shift(seed).
 std::vector<Cell> shifted_seeds(std::mt19937_64& gen,
                                 const std::map<std::string, std::function<double(int)>>& shifts,
-                                int seeds = 8) {
-  std::normal_distribution<double> small(0, 1e-3);
+                                int seeds = 8,
+                                const std::vector<std::string>& controls = {"fp32_reordered"},
+                                double control_sd = 1e-3) {
+  std::normal_distribution<double> small(0, control_sd);
   std::vector<Cell> cells;
   for (int seed = 0; seed < seeds; ++seed) {
     const auto base = noisy_curve(gen, 200, 0.005);
@@ -210,7 +212,8 @@ std::vector<Cell> shifted_seeds(std::mt19937_64& gen,
       return loss;
     };
     cells.push_back(synthetic_cell("d", "reference", false, seed, base));
-    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(small(gen))));
+    for (const auto& control : controls)
+      cells.push_back(synthetic_cell("d", control, true, seed, shifted(small(gen))));
     for (const auto& [variant, shift] : shifts)
       cells.push_back(synthetic_cell("d", variant, false, seed, shifted(shift(seed))));
   }
@@ -244,22 +247,10 @@ TEST(Verdicts, ACandidateThatMovesEverySeedEitherWayIsPerturbedNotDiverged) {
 TEST(Verdicts, ThreeSeedsFarPastTheControlsOneFarBeyondIsPerturbed) {
   std::mt19937_64 gen(testing::test_seed());
   std::uniform_real_distribution<double> scale(0.8, 1.2);
-  std::normal_distribution<double> tiny(0, 3e-6);
   const double moved[] = {0.015, 0.71, -0.024};
-  std::vector<Cell> cells;
-  for (int seed = 0; seed < 3; ++seed) {
-    const auto base = noisy_curve(gen, 200, 0.005);
-    auto shifted = [&](double by) {
-      auto loss = base;
-      for (double& x : loss) x += by;
-      return loss;
-    };
-    cells.push_back(synthetic_cell("d", "reference", false, seed, base));
-    cells.push_back(synthetic_cell("d", "fp32_reordered", true, seed, shifted(tiny(gen))));
-    cells.push_back(synthetic_cell("d", "fp64_accum", true, seed, shifted(tiny(gen))));
-    cells.push_back(
-        synthetic_cell("d", "fp16_accum", false, seed, shifted(moved[seed] * scale(gen))));
-  }
+  const std::vector<Cell> cells =
+      shifted_seeds(gen, {{"fp16_accum", [&](int seed) { return moved[seed] * scale(gen); }}}, 3,
+                    {"fp32_reordered", "fp64_accum"}, 3e-6);
   const Verdict v = find_verdict(compute_verdicts(cells, 0.05), "all", "fp16_accum");
   EXPECT_EQ(v.verdict, Outcome::NoDivergence) << "seed " << testing::test_seed();
   EXPECT_TRUE(v.perturbed) << "p_shift " << v.p_shift << ", seed " << testing::test_seed();
