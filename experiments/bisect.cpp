@@ -12,6 +12,8 @@
 #include <set>
 
 #include "analysis/analyze.h"
+#include "analysis/report.h"
+#include "common/errors.h"
 #include "common/files.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
@@ -107,8 +109,13 @@ class Bisector {
         d.verdict = v.verdict, d.gap = v.gap, d.p = v.p_welch, d.onset = v.onset;
         d.fails = v.verdict == Outcome::Diverged || v.verdict == Outcome::LowerLoss ||
                   v.verdict == Outcome::Nan || v.verdict == Outcome::Crashed;
+        if (v.lopsided) d.moved = lopsided_words(v);
+        if (v.perturbed) d.moved = perturbed_words(v);
       }
-    std::printf("  %-64s %-14s gap %+.4f p %.3g\n", key.c_str(), name_of(d.verdict), d.gap, d.p);
+    std::printf("  %-64s %-14s gap %+.4f p %.3g%s\n", key.c_str(), name_of(d.verdict), d.gap, d.p,
+                d.moved.empty()                                    ? ""
+                : d.moved.find(": lopsided.") != std::string::npos ? " (lopsided)"
+                                                                   : " (perturbed)");
     std::fflush(stdout);
     decisions_.push_back(d);
     return cache_[key] = d;
@@ -130,6 +137,14 @@ class Bisector {
     run_grid(dir, axis_op(swapped_), arms);
     for (size_t i = 0; i < arms.size() * size_t(opt_.seeds); ++i) {
       const std::string path = cell_trace_path(dir, i);
+      // Every decision is judged against these runs: one that left no trace (killed, out of
+      // memory) ends the bisect here, by name, not as a missing file in the first decision.
+      if (access(path.c_str(), F_OK) != 0)
+        throw RunFailed("bisect: the noise floor's cell " + std::to_string(i) + " (" +
+                        (i < size_t(opt_.seeds) ? std::string("the reference")
+                                                : arms[i / size_t(opt_.seeds)].front()) +
+                        ", seed " + std::to_string(i % size_t(opt_.seeds)) +
+                        ") left no trace; its log: " + cell_log_path(dir, i));
       baseline_cells_.push_back(path.substr(path.rfind('/') + 1));
     }
   }
@@ -236,19 +251,35 @@ BisectResult run_bisect(const BisectOptions& opt) {
   return r;
 }
 
+std::string bisect_conclusion(const BisectResult& r, int seeds) {
+  char line[512];
+  if (r.culprits.empty()) {
+    const BisectDecision& all = r.decisions.front();
+    if (!all.moved.empty()) {  // no verdict, yet the seeds moved: more seeds, not innocence
+      std::snprintf(line, sizeof line,
+                    "bisect: nothing to blame at %d seeds; --seeds %d or more may settle it. %d "
+                    "runs.\n",
+                    seeds, std::max(8, 2 * seeds), r.runs);
+      return std::string("bisect: with every swapped kernel no verdict (") + name_of(all.verdict) +
+             "), but the seeds moved: " + all.moved + "\n" + line;
+    }
+    std::snprintf(line, sizeof line,
+                  "bisect: with every swapped kernel the run does not leave the control band "
+                  "(%s); nothing to blame. %d runs.\n",
+                  name_of(all.verdict), r.runs);
+    return line;
+  }
+  std::snprintf(line, sizeof line,
+                "bisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",
+                r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(),
+                name_of(r.verdict), r.onset, r.decisions.size(), r.runs);
+  return line;
+}
+
 int cmd_bisect(const BisectOptions& opt) {
   const BisectResult r = run_bisect(opt);
-  if (r.culprits.empty()) {
-    std::printf(
-        "\nbisect: with every swapped kernel the run does not leave the control band "
-        "(%s); nothing to blame. %d runs.\n",
-        name_of(r.decisions.front().verdict), r.runs);
-    return 1;
-  }
-  std::printf("\nbisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",
-              r.culprits.size() > 1 ? "s" : "", join(r.culprits, " + ").c_str(), name_of(r.verdict),
-              r.onset, r.decisions.size(), r.runs);
-  return 0;
+  std::printf("\n%s", bisect_conclusion(r, opt.seeds).c_str());
+  return r.culprits.empty() ? 1 : 0;
 }
 
 }  // namespace divlab

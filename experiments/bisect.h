@@ -30,6 +30,9 @@ struct BisectDecision {
   double gap = 0, p = 1;
   long long onset = -1;
   bool fails = false;
+  // Where there is no verdict but the seeds moved (analyze's lopsided or perturbed annotation):
+  // its sentence, so "nothing to blame" is not said of a run that more seeds may convict.
+  std::string moved;
 };
 
 struct BisectResult {
@@ -43,6 +46,9 @@ struct BisectResult {
 
 // Throws InputError for an unreadable source or one without non-reference kernels.
 BisectResult run_bisect(const BisectOptions& opt);
+// The closing lines: the culprits, or why there are none (nothing moved, or the seeds moved with
+// no verdict at `seeds`: more seeds, not innocence).
+std::string bisect_conclusion(const BisectResult& r, int seeds);
 int cmd_bisect(const BisectOptions& opt);
 
 }  // namespace divlab

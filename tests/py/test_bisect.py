@@ -103,6 +103,19 @@ class Bisect(unittest.TestCase):
                       "gelu_forward=fp64_accum", r.stdout)
         self.assertIn("nothing to blame", r.stdout)
 
+    def test_a_noise_floor_run_that_left_no_trace_ends_it_by_name(self):
+        # Every run killed before its trace is published (a fault point, as the OOM killer
+        # might): the bisect stops at the reference's first run, not at a missing file later.
+        d = tmpdir()
+        cfg = os.path.join(d, "c.toml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG)
+        r = run("bisect", cfg, "--seeds", "2", "--steps", "3", "--out", os.path.join(d, "b"),
+                "--jobs", "2", env={"DIVLAB_FAULT": "trace.before_publish"})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("bisect: the noise floor's cell 0 (the reference, seed 0) left no trace; "
+                      "its log: " + os.path.join(d, "b", "baseline", "cells", "0000.log"), r.stderr)
+
     def test_bad_input(self):
         def write(text):
             def setup(d):
