@@ -1,7 +1,10 @@
 #include "common/paths.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 namespace divlab {
@@ -23,8 +26,18 @@ std::string find_resource_dir() {
 
 std::string self_exe() {
   std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? "divlab" : exe.string();
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return "divlab";
+  const std::string deleted = " (deleted)";
+  if (exe.size() > deleted.size() &&
+      exe.compare(exe.size() - deleted.size(), deleted.size(), deleted) == 0)
+    exe.resize(exe.size() - deleted.size());
+  return exe;
+}
+
+std::string self_exe_to_start() {
+  const std::string own = "/proc/" + std::to_string(getpid()) + "/exe";
+  return access(own.c_str(), X_OK) == 0 ? own : self_exe();
 }
 
 std::string resource_dir() {

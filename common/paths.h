@@ -10,9 +10,15 @@
 namespace divlab {
 
 std::string resource_dir();
-// This process's executable (/proc/self/exe), for starting another process of divlab itself;
-// "divlab" (looked up on PATH) when it cannot be read.
+// This process's executable's path (/proc/self/exe's target, without the " (deleted)" the kernel
+// appends once a rebuild has replaced the file), for naming it (a Slurm script, the resource
+// lookup); "divlab" (looked up on PATH) when it cannot be read.
 std::string self_exe();
+// What to start another process of this divlab with: /proc/PID/exe, this very build even after a
+// rebuild replaced the file at self_exe() (a sweep's cells, a check's worker and a run's ranks
+// then run the build the command started with, never a mix, and never fail to start); valid
+// while this process lives, which every caller outlives its children by. self_exe() elsewhere.
+std::string self_exe_to_start();
 // resource_dir() + "/" + relative, e.g. resource_path("configs/reproduce.toml").
 std::string resource_path(const std::string& relative);
 

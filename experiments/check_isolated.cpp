@@ -171,7 +171,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
   CheckReport rep = new_check_report(opt);  // the seed every worker shares
   const std::vector<ConditionInfo> infos = check_conditions(opt);
   const size_t count = infos.size();
-  const std::string self = self_exe();
+  const std::string self = self_exe_to_start();
   // Unnamed files: a check killed at any moment leaves none of them behind.
   const UnnamedFile report_file("divlab-check-report"), log_file("divlab-check-log");
   const std::string &report = report_file.path(), &log = log_file.path();
@@ -293,7 +293,7 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     CheckOptions run = opt;
     if (tool.shapes_only) run.draws = 1;
     const std::vector<std::string> check = check_argv(run, seed);
-    argv.push_back(self_exe());
+    argv.push_back(self_exe_to_start());
     argv.insert(argv.end(), check.begin(), check.end());
     argv.push_back("--in-process");  // in one process: the sanitizer follows no worker
     if (tool.shapes_only) argv.push_back("--shape-conditions-only");

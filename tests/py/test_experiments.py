@@ -3,13 +3,15 @@ crash isolation, Slurm emission and bad input."""
 import csv
 import hashlib
 import os
+import shutil
 import subprocess
+import time
 import unittest
 
 import h5py
 import numpy as np
 
-from cli import SMALL, assert_rejected, run, tmpdir
+from cli import BIN, SMALL, assert_rejected, run, tmpdir
 
 # Plots need matplotlib in the interpreter analyze runs; without it (configure says so) the
 # figures are not asserted on.
@@ -530,6 +532,33 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
         for row in rows:
             if "abort_at_step=-1" in row["settings"]:
                 self.assertEqual(row["status"], "completed")
+
+    def test_cells_run_the_sweeps_build_after_a_rebuild_replaces_it(self):
+        # A rebuild while a sweep runs replaces the file the sweep was started from: its cells
+        # still start, from the sweep's own build (never a mix of two builds in one grid).
+        d = tmpdir()
+        exe = os.path.join(d, "divlab")
+        shutil.copy2(BIN, exe)
+        # 8 cells of about 0.2 s, one at a time: most start after the replacement.
+        grid = write_grid(d, GRID.replace("steps = 8", "steps = 400")
+                          .replace("[axes.train]", "[axes.model]\nn_layers = [1, 2]\n\n[axes.train]"))
+        out = os.path.join(d, "out")
+        sweep = subprocess.Popen([exe, "sweep", "--config", grid, "--out", out, "--jobs", "1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first_log = os.path.join(out, "cells", "0000.log")
+        deadline = time.time() + 60
+        while not os.path.exists(first_log) and time.time() < deadline:
+            time.sleep(0.01)
+        os.remove(exe)  # what `cmake --build` does: a new file at the path
+        with open(exe, "w") as f:
+            f.write("#!/bin/sh\nexit 3\n")
+        os.chmod(exe, 0o755)
+        stdout, stderr = sweep.communicate(timeout=300)
+        self.assertEqual(sweep.returncode, 0, stdout + stderr)
+        self.assertIn("8 completed", stdout)
+        with open(os.path.join(out, "manifest.tsv")) as f:
+            self.assertEqual({row["status"] for row in csv.DictReader(f, delimiter="\t")},
+                             {"completed"})
 
     def test_one_cell_for_job_arrays_and_slurm_emission(self):
         d = tmpdir()
