@@ -136,7 +136,9 @@ struct Checker {
   mutable std::unique_ptr<PreparedCall<KS>> load;   // the concurrent condition's GEMM, bound once
   mutable const CheckProgress* progress = nullptr;  // run_all's, for draw()'s heartbeat
 
-  void kernel_calls_next() const {
+  // Between the phases of a draw (inputs and reference ready; the kernel's calls returned): the
+  // hang clock then times the kernel's calls alone, not the fp64 work around them.
+  void restart_hang_clock() const {
     if (progress && progress->ready) progress->ready();
   }
 
@@ -266,7 +268,7 @@ struct Checker {
         if (round_inputs)
           for (auto& v : inputs.back().values) round_to_bf16(v);
       }
-      kernel_calls_next();
+      restart_hang_clock();
       try {
         size_t chosen = 0;
         got = run_under_load(inputs, s, &moved, &chosen);
@@ -299,7 +301,7 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    if (!cond.concurrent) kernel_calls_next();
+    if (!cond.concurrent) restart_hang_clock();
     if (cond.earlier_calls > 0) {
       // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
@@ -320,6 +322,7 @@ struct Checker {
         return r;
       }
     }
+    restart_hang_clock();
     // A trace's values can hold NaN too (an activation that overflowed): judged as planted ones.
     const bool nan_inputs =
         cond.values == Values::NaNs ||

@@ -126,9 +126,9 @@ struct ConditionInfo {
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt);
 struct CheckProgress {
   std::function<void(size_t)> begin;  // condition i starts; i == count: the verifier emulation
-  // A draw's inputs (and, but under concurrent load, its reference) are ready: the kernel's calls
-  // come next. The hang clock (--time-limit) restarts here, so drawing 16 M inputs and the fp64
-  // reference on a busy machine is not the kernel's time.
+  // A draw's inputs (and, but under concurrent load, its reference) are ready and the kernel's
+  // calls come next, or they have returned: the hang clock (--time-limit) restarts at each, so
+  // drawing 16 M inputs and the fp64 work on a busy machine is not counted as the kernel's time.
   std::function<void()> ready;
   std::function<void(size_t, const ConditionResult&)> result;
   std::function<void(bool)> verifier;  // the benchmark verifier emulation's outcome
