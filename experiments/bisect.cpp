@@ -110,7 +110,7 @@ class Bisector {
         d.fails = v.verdict == Outcome::Diverged || v.verdict == Outcome::LowerLoss ||
                   v.verdict == Outcome::Nan || v.verdict == Outcome::Crashed;
         if (v.lopsided) d.moved = lopsided_words(v);
-        if (v.perturbed) d.moved = perturbed_words(v);
+        if (v.perturbed) d.moved = perturbed_words(v), d.perturbs = true;
       }
     std::printf("  %-64s %-14s gap %+.4f p %.3g%s\n", key.c_str(), name_of(d.verdict), d.gap, d.p,
                 d.moved.empty()                                    ? ""
@@ -187,8 +187,8 @@ class Bisector {
   int runs_ = 0;
 };
 
-// Zeller's ddmin: the smallest subset of `c` that still fails (1-minimal).
-Subset ddmin(Subset c, Bisector& b) {
+// Zeller's ddmin: the smallest subset of `c` that still fails (1-minimal), by `fails`.
+Subset ddmin(Subset c, Bisector& b, bool (*fails)(const BisectDecision&)) {
   size_t n = 2;
   while (c.size() >= 2) {
     const size_t chunk = (c.size() + n - 1) / n;
@@ -197,7 +197,7 @@ Subset ddmin(Subset c, Bisector& b) {
       parts.emplace_back(c.begin() + long(i), c.begin() + long(std::min(c.size(), i + chunk)));
     bool reduced = false;
     for (const auto& p : parts)
-      if (b.test(p).fails) {
+      if (fails(b.test(p))) {
         c = p, n = 2, reduced = true;
         break;
       }
@@ -205,7 +205,7 @@ Subset ddmin(Subset c, Bisector& b) {
       for (const auto& p : parts) {
         Subset rest;
         std::set_difference(c.begin(), c.end(), p.begin(), p.end(), std::back_inserter(rest));
-        if (b.test(rest).fails) {
+        if (fails(b.test(rest))) {
           c = rest, n = std::max<size_t>(n - 1, 2), reduced = true;
           break;
         }
@@ -242,9 +242,14 @@ BisectResult run_bisect(const BisectOptions& opt) {
               join(r.swapped, ", ").c_str(), opt.seeds);
   const BisectDecision all = b.test(r.swapped);
   if (all.fails) {
-    r.culprits = ddmin(r.swapped, b);
+    r.culprits = ddmin(r.swapped, b, [](const BisectDecision& d) { return d.fails; });
     const BisectDecision d = b.test(r.culprits);
     r.verdict = d.verdict, r.onset = d.onset;
+  } else if (all.perturbs) {
+    // No divergence, yet every run moved far past the controls: which kernels move them is as
+    // worth naming (an optimizer that absorbs a bias still carries the noise).
+    r.culprits = ddmin(r.swapped, b, [](const BisectDecision& d) { return d.perturbs; });
+    r.verdict = b.test(r.culprits).verdict, r.perturbed = true;
   }
   r.runs = b.runs();
   r.decisions = b.decisions();
@@ -268,6 +273,11 @@ std::string bisect_conclusion(const BisectResult& r, int seeds) {
                   "(%s); nothing to blame. %d runs.\n",
                   name_of(all.verdict), r.runs);
     return line;
+  }
+  if (r.perturbed) {
+    std::snprintf(line, sizeof line, "; %zu decisions, %d runs\n", r.decisions.size(), r.runs);
+    return "bisect: no divergence, but every run moved: perturbing: " + join(r.culprits, " + ") +
+           " (far past the controls, in no consistent direction)" + line;
   }
   std::snprintf(line, sizeof line,
                 "bisect: culprit%s: %s (%s, onset at step %lld); %zu decisions, %d runs\n",

@@ -33,12 +33,16 @@ struct BisectDecision {
   // Where there is no verdict but the seeds moved (analyze's lopsided or perturbed annotation):
   // its sentence, so "nothing to blame" is not said of a run that more seeds may convict.
   std::string moved;
+  bool perturbs = false;  // analyze's perturbed: every run moved, in no consistent direction
 };
 
 struct BisectResult {
   std::vector<std::string> swapped;        // every non-reference kernel of the source
   std::vector<std::string> culprits;       // the minimal failing subset (empty: nothing diverged)
   Outcome verdict = Outcome::NoReference;  // the culprits' (diverged, lower-loss, nan, crashed)
+  // No subset diverged but every swapped kernel together perturbed the runs: culprits is then
+  // the minimal perturbing subset (its verdict no-divergence).
+  bool perturbed = false;
   long long onset = -1;
   int runs = 0;  // training runs executed
   std::vector<BisectDecision> decisions;
@@ -46,8 +50,9 @@ struct BisectResult {
 
 // Throws InputError for an unreadable source or one without non-reference kernels.
 BisectResult run_bisect(const BisectOptions& opt);
-// The closing lines: the culprits, or why there are none (nothing moved, or the seeds moved with
-// no verdict at `seeds`: more seeds, not innocence).
+// The closing lines: the culprits (or the kernels that perturb every run, where nothing diverged),
+// or why there are none (nothing moved, or the seeds moved one way with no verdict at `seeds`:
+// more seeds, not innocence).
 std::string bisect_conclusion(const BisectResult& r, int seeds);
 int cmd_bisect(const BisectOptions& opt);
 

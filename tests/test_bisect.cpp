@@ -42,6 +42,13 @@ TEST(Bisect, NamesTheCulpritsOrSaysWhyThereAreNone) {
   EXPECT_NE(moved.find("nothing to blame at 3 seeds; --seeds 8 or more may settle it. 12 runs."),
             std::string::npos)
       << moved;
+
+  // Every run moved in no consistent direction: the kernels that move them are named as such.
+  BisectResult perturbing = nothing_found("... perturbed ...");
+  perturbing.perturbed = true, perturbing.culprits = {"add=a"};
+  EXPECT_EQ(bisect_conclusion(perturbing, 8),
+            "bisect: no divergence, but every run moved: perturbing: add=a (far past the "
+            "controls, in no consistent direction); 1 decisions, 12 runs\n");
 }
 
 }  // namespace divlab
