@@ -14,10 +14,10 @@ std::string resource_dir();
 // appends once a rebuild has replaced the file), for naming it (a Slurm script, the resource
 // lookup); "divlab" (looked up on PATH) when it cannot be read.
 std::string self_exe();
-// What to start another process of this divlab with: /proc/PID/exe, this very build even after a
-// rebuild replaced the file at self_exe() (a sweep's cells, a check's worker and a run's ranks
-// then run the build the command started with, never a mix, and never fail to start); valid
-// while this process lives, which every caller outlives its children by. self_exe() elsewhere.
+// What starts another process of this very build: /proc/PID/exe, which stays this build after a
+// rebuild replaced the file at self_exe(), while this process lives (every caller outlives its
+// children). spawn_process uses it for an argv[0] of self_exe(); pass it where divlab is an
+// argument of another program (compute-sanitizer).
 std::string self_exe_to_start();
 // resource_dir() + "/" + relative, e.g. resource_path("configs/reproduce.toml").
 std::string resource_path(const std::string& relative);

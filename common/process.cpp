@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/paths.h"
+
 extern char** environ;
 
 namespace divlab {
@@ -41,6 +43,9 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
   // Everything the child needs is built here: between fork and exec only system calls are safe
   // (another thread may hold the allocator's lock at the fork).
   std::string program = argv[0];
+  // divlab starting itself starts this very build, even after a rebuild replaced the file at its
+  // path (a sweep's cells, a check's worker, a run's ranks: never two builds under one label).
+  if (program == self_exe()) program = self_exe_to_start();
   if (program.find('/') == std::string::npos) program = find_on_path(program);
   if (program.empty()) return -1;
   std::vector<std::string> args = argv, env;

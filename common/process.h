@@ -15,7 +15,8 @@ struct SpawnOptions {
   std::vector<std::string> setenv;  // "NAME=value", replacing NAME in the inherited environment
 };
 
-// Starts argv[0] (a path, or looked up on PATH when it holds no '/'); the child's pid, or -1
+// Starts argv[0] (a path, or looked up on PATH when it holds no '/'; self_exe(), divlab itself,
+// starts this very build: self_exe_to_start() in common/paths.h); the child's pid, or -1
 // when it could not be started (not found, not executable, or this process's end already
 // under way). The child gets SIGTERM from the kernel when the thread that started it ends,
 // however it ends (SIGKILL included, PR_SET_PDEATHSIG): a plot script, a sanitizer, a sweep's

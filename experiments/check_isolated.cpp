@@ -171,7 +171,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
   CheckReport rep = new_check_report(opt);  // the seed every worker shares
   const std::vector<ConditionInfo> infos = check_conditions(opt);
   const size_t count = infos.size();
-  const std::string self = self_exe_to_start();
+  const std::string self = self_exe();
   // Unnamed files: a check killed at any moment leaves none of them behind.
   const UnnamedFile report_file("divlab-check-report"), log_file("divlab-check-log");
   const std::string &report = report_file.path(), &log = log_file.path();

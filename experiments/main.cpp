@@ -1,6 +1,7 @@
 // divlab: the command-line front end. Every command reports bad input as one line on stderr
 // and exit code 2, before writing anything; the commands themselves are experiments/cli.h's.
 #include <H5Cpp.h>
+#include <sys/prctl.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -21,6 +22,8 @@
 int main(int argc, char** argv) {
   using namespace divlab;
   install_stop_handlers();  // first: a signal at any later instant is a clean stop
+  // Started from /proc/PID/exe (common/process.h), a child's name would read "exe" in ps and top.
+  prctl(PR_SET_NAME, "divlab");
   if (argc > 1) {
     const std::string command = argv[1];
     if (command == "train" || command == "sweep" || command == "reproduce" || command == "bisect")

@@ -240,7 +240,7 @@ void write_manifest(const std::string& dir, const Grid& g, const std::vector<Rec
 }
 
 pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads) {
-  std::vector<std::string> args = {self_exe_to_start(), "train", "--quiet", "--force"};
+  std::vector<std::string> args = {self_exe(), "train", "--quiet", "--force"};
   if (!g.base_config.empty()) args.insert(args.end(), {"--config", frozen_base_config(dir)});
   args.push_back("--set");
   for (const auto& o : g.cells[cell]) args.push_back(o);

@@ -618,7 +618,7 @@ namespace {
 // The command one rank of `cfg`'s run starts with: the resolved config as overrides, so that
 // every rank computes exactly this run, whichever command resolved it (train, a sweep's cell).
 std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& opt) {
-  std::vector<std::string> args = {self_exe_to_start(), "train", "--out", opt.out, "--set"};
+  std::vector<std::string> args = {self_exe(), "train", "--out", opt.out, "--set"};
   for (const auto& [key, value] : cfg.resolved) args.push_back(key + "=" + value);
   if (opt.force) args.push_back("--force");
   if (!opt.progress) args.push_back("--quiet");
@@ -732,7 +732,7 @@ TrainResult resume_training(const std::string& path, const std::vector<std::stri
   opt.out = path, opt.force = true, opt.progress = progress;
   TrainResult r;
   if (ranks_are_processes(cfg.data_parallel) && !launch) {
-    std::vector<std::string> args = {self_exe_to_start(), "train", "--resume", path};
+    std::vector<std::string> args = {self_exe(), "train", "--resume", path};
     if (!overrides.empty()) args.push_back("--set");
     args.insert(args.end(), overrides.begin(), overrides.end());
     if (!progress) args.push_back("--quiet");
