@@ -113,9 +113,9 @@ class Bisector {
         if (v.perturbed) d.moved = perturbed_words(v), d.perturbs = true;
       }
     std::printf("  %-64s %-14s gap %+.4f p %.3g%s\n", key.c_str(), name_of(d.verdict), d.gap, d.p,
-                d.moved.empty()                                    ? ""
-                : d.moved.find(": lopsided.") != std::string::npos ? " (lopsided)"
-                                                                   : " (perturbed)");
+                d.moved.empty() ? ""
+                : d.perturbs    ? " (perturbed)"
+                                : " (lopsided)");
     std::fflush(stdout);
     decisions_.push_back(d);
     return cache_[key] = d;

@@ -1,5 +1,6 @@
 #include "io/sweep_folder.h"
 
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 
@@ -22,10 +23,10 @@ std::vector<size_t> listed_cells(const std::string& dir) {
   std::string line;
   std::getline(in, line);  // header: cell, overrides
   while (std::getline(in, line)) {
-    size_t cell = 0, digits = 0;
-    for (; digits < line.size() && line[digits] >= '0' && line[digits] <= '9'; ++digits)
-      cell = cell * 10 + size_t(line[digits] - '0');
-    if (digits > 0 && digits < line.size() && line[digits] == '\t') cells.push_back(cell);
+    size_t cell = 0;
+    const char* end = line.data() + line.size();
+    const auto [after, error] = std::from_chars(line.data(), end, cell);
+    if (error == std::errc() && after != end && *after == '\t') cells.push_back(cell);
   }
   return cells;
 }
