@@ -427,9 +427,18 @@ Checked normalise(const KeySpec& s, const std::vector<std::string>& values,
 
 std::string describe_config_keys() {
   std::ostringstream out;
-  for (const auto& s : schema())
+  for (const auto& s : schema()) {
+    // A closed set's choices, unless its description already names each of them.
+    std::string choices;
+    bool all_named = true;
+    for (const auto& c : s.choices) {
+      choices += (choices.empty() ? "" : " | ") + c;
+      all_named = all_named && s.doc.find(c) != std::string::npos;
+    }
     out << "  " << s.key << " (" << type_name(s.type) << ", default "
-        << (s.fallback.empty() ? "[]" : s.fallback) << "): " << s.doc << "\n";
+        << (s.fallback.empty() ? "[]" : s.fallback) << "): " << s.doc
+        << (all_named ? "" : ": " + choices) << "\n";
+  }
   out << "  kernels.<op> (string, default reference): variant for that op (divlab kernels)\n";
   return out.str();
 }

@@ -423,6 +423,17 @@ class Commands(unittest.TestCase):
         self.assertEqual(r.returncode, 0)
         self.assertIn("reproduce", r.stdout)
 
+    def test_help_config_names_every_choice_of_a_closed_set(self):
+        r = run("train", "--help-config")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = {l.split()[0]: l for l in r.stdout.splitlines() if l.strip()}
+        for key, choices in (("train.optimizer", ("sgd", "adamw")),
+                             ("train.schedule", ("constant", "cosine")),
+                             ("backend", ("cpu", "cuda")),
+                             ("train.precision", ("fp32", "fp64", "bf16"))):
+            for choice in choices:
+                self.assertIn(choice, lines[key].split(":", 1)[1], key)
+
     def test_version(self):
         r = run("--version")
         self.assertEqual(r.returncode, 0, r.stderr)
