@@ -216,20 +216,28 @@ Command add_sweep_command(CLI::App& app) {
       ->add_option("--seed-offset", sw->seed_offset,
                    "add N to every cell's train.seed (a re-run with fresh seeds)")
       ->check(kNotNegative);
-  sweep->add_flag("--emit-slurm", sw->emit_slurm, "write a Slurm job array + analysis step");
-  // Resources of the emitted scripts (each overrides the grid's [slurm] value).
-  sweep->add_option("--slurm-time", sw->slurm.time, "--emit-slurm: #SBATCH --time");
-  sweep->add_option("--slurm-mem", sw->slurm.mem, "--emit-slurm: #SBATCH --mem");
-  sweep->add_option("--slurm-partition", sw->slurm.partition, "--emit-slurm: #SBATCH --partition");
-  sweep->add_option("--slurm-account", sw->slurm.account, "--emit-slurm: #SBATCH --account");
+  auto* emit =
+      sweep->add_flag("--emit-slurm", sw->emit_slurm, "write a Slurm job array + analysis step");
+  // Resources of the emitted scripts (each overrides the grid's [slurm] value); without
+  // --emit-slurm they would be dropped while the sweep runs here, so they are refused.
+  sweep->add_option("--slurm-time", sw->slurm.time, "--emit-slurm: #SBATCH --time")->needs(emit);
+  sweep->add_option("--slurm-mem", sw->slurm.mem, "--emit-slurm: #SBATCH --mem")->needs(emit);
+  sweep->add_option("--slurm-partition", sw->slurm.partition, "--emit-slurm: #SBATCH --partition")
+      ->needs(emit);
+  sweep->add_option("--slurm-account", sw->slurm.account, "--emit-slurm: #SBATCH --account")
+      ->needs(emit);
   sweep->add_option("--slurm-gpus", sw->slurm.gpus_per_task, "--emit-slurm: GPUs per cell")
-      ->check(kNotNegative);
+      ->check(kNotNegative)
+      ->needs(emit);
   sweep
       ->add_option("--slurm-cpus", sw->slurm.cpus_per_task,
                    "--emit-slurm: CPUs per cell (its threads; default 2)")
-      ->check(kNotNegative);
-  sweep->add_option("--slurm-setup", sw->slurm.setup,
-                    "--emit-slurm: a line run before divlab (modules, environment)");
+      ->check(kNotNegative)
+      ->needs(emit);
+  sweep
+      ->add_option("--slurm-setup", sw->slurm.setup,
+                   "--emit-slurm: a line run before divlab (modules, environment)")
+      ->needs(emit);
   return {sweep, [sw] {
             const SweepSummary r = run_sweep(*sw);
             if (!sw->emit_slurm)
