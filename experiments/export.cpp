@@ -41,8 +41,7 @@ std::string export_weights(const ExportOptions& opt) {
   const std::vector<ParamInfo> layout = param_layout(model_of(r, opt.trace));
   auto w = trace_weights(r, opt.weights, layout);
   if (!w && opt.weights == WhichWeights::Checkpoint)
-    throw InputError("trace '" + opt.trace + "': holds no checkpoint (checkpoint.every = 0, " +
-                     "or the run stopped before its first)");
+    throw InputError(no_checkpoint_message(r, opt.trace));
   const std::string which = name_of(opt.weights);
   if (!w)
     throw InputError("trace '" + opt.trace + "': holds no " + which +

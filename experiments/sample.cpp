@@ -34,7 +34,12 @@ SampledWeights weights_of(const TraceReader& r, WhichWeights which, const ModelC
             std::string(name_of(which)) + " weights (after " + std::to_string(w->step) + " steps)"};
   if (which == WhichWeights::Initial)
     throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
-  if (auto c = trace_weights(r, WhichWeights::Checkpoint, layout))
+  auto c = trace_weights(r, WhichWeights::Checkpoint, layout);
+  if (c && which == WhichWeights::Checkpoint)
+    return {std::move(c->params),
+            "the newest checkpoint (after " + std::to_string(c->step) + " steps)"};
+  if (which == WhichWeights::Checkpoint) throw InputError(no_checkpoint_message(r, path));
+  if (c)
     return {std::move(c->params), "the newest checkpoint (after " + std::to_string(c->step) +
                                       " steps; the trace keeps no final weights)"};
   throw InputError("trace '" + path + "': holds no weights to sample from (train with --set " +

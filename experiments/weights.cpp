@@ -53,4 +53,12 @@ std::optional<TraceWeights> trace_weights(const TraceReader& r, WhichWeights whi
                       which == WhichWeights::Final ? r.ints("/weights/final_step").at(0) : 0};
 }
 
+std::string no_checkpoint_message(const TraceReader& r, const std::string& path) {
+  return "trace '" + path +
+         "': holds no checkpoint (checkpoint.every = 0, or the run ended before its first; the "
+         "last step writes none" +
+         (r.exists("/weights/final_step") ? ": its weights are the final ones, --weights final)"
+                                          : ")");
+}
+
 }  // namespace divlab

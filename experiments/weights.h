@@ -43,5 +43,8 @@ struct TraceWeights {
 };
 std::optional<TraceWeights> trace_weights(const TraceReader& r, WhichWeights which,
                                           const std::vector<ParamInfo>& layout);
+// "trace 'PATH': holds no checkpoint (why, and where the last step's weights are)": a run writes
+// none at its last step, so a finished run's newest checkpoint is an earlier one, or none.
+std::string no_checkpoint_message(const TraceReader& r, const std::string& path);
 
 }  // namespace divlab

@@ -68,6 +68,25 @@ class Sample(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--prompt: 'x' is not a token id", r.stderr)
 
+    def test_checkpoint_asked_for_where_the_last_step_wrote_none(self):
+        # A run writes no checkpoint at its last step: --weights checkpoint on a run of 4 steps
+        # checkpointing every 4 is refused, and points at the final weights where they are kept.
+        for final in ("false", "true"):
+            trace = os.path.join(self.d, f"last-{final}.h5")
+            run("train", "--quiet", "--set", "model.vocab=64", "model.d_model=16",
+                "model.n_heads=2", "model.seq_len=8", "train.batch=2", "train.steps=4",
+                "checkpoint.every=4", f"trace.final_weights={final}", "--out", trace, check=True)
+            for command in (["sample", trace], ["export", trace, "--out",
+                                                os.path.join(self.d, "w.safetensors")]):
+                r = run(*command, "--weights", "checkpoint")
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("holds no checkpoint", r.stderr)
+                self.assertEqual(final == "true", "--weights final" in r.stderr, r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(self.d, "w.safetensors")))
+        r = run("sample", trace, "--weights", "final", "--tokens", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("final weights (after 4 steps)", r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
