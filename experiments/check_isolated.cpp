@@ -331,6 +331,7 @@ std::string train_output(const CheckOptions& opt, const std::string& op,
     if (!opt.out.empty()) throw InputError("check --out '" + opt.out + "': only used with --train");
     if (opt.jobs != 0)
       throw InputError("check --jobs " + std::to_string(opt.jobs) + ": only used with --train");
+    if (!opt.plots) throw InputError("check --no-plots: only used with --train");
     return "";
   }
   if (opt.jobs < 0) throw InputError("check --jobs " + std::to_string(opt.jobs) + ": must be >= 0");

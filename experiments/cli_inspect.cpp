@@ -180,6 +180,7 @@ Command add_data_command(CLI::App& app) {
             BatchDumpOptions& dump = o->dump;
             if (o->dump_step->count() == 0) {
               if (!dump.out.empty()) throw InputError("--out: only with --dump-batch");
+              if (dump.force) throw InputError("--force: only with --dump-batch");
               return cmd_data(o->spec, o->vocab, o->batch, o->seq, o->seed, o->ranks);
             }
             if (dump.out.empty()) throw InputError("--dump-batch: --out names the file to write");

@@ -207,9 +207,12 @@ Command add_sweep_command(CLI::App& app) {
                    "grid TOML file (default: the one frozen in --out by an earlier sweep)")
       ->check(kPathGiven);
   sweep->add_option("--out", sw->out, "output folder (cells/, manifest.tsv)")->required();
-  sweep->add_option("--jobs", sw->jobs, "cells at a time (0, the default: number of cores)");
-  sweep->add_option("--cell", sw->cell, "run only cell I, in this process (job arrays)")
-      ->check(kNotNegative);
+  auto* jobs =
+      sweep->add_option("--jobs", sw->jobs, "cells at a time (0, the default: number of cores)");
+  auto* cell =
+      sweep->add_option("--cell", sw->cell, "run only cell I, in this process (job arrays)")
+          ->check(kNotNegative)
+          ->excludes(jobs);
   sweep->add_option("--timeout", sw->timeout_s, "seconds per cell before it is killed");
   sweep->add_flag("--quick", sw->quick, "apply the grid's [quick] overlay");
   sweep
@@ -217,7 +220,8 @@ Command add_sweep_command(CLI::App& app) {
                    "add N to every cell's train.seed (a re-run with fresh seeds)")
       ->check(kNotNegative);
   auto* emit =
-      sweep->add_flag("--emit-slurm", sw->emit_slurm, "write a Slurm job array + analysis step");
+      sweep->add_flag("--emit-slurm", sw->emit_slurm, "write a Slurm job array + analysis step")
+          ->excludes(cell);
   // Resources of the emitted scripts (each overrides the grid's [slurm] value); without
   // --emit-slurm they would be dropped while the sweep runs here, so they are refused.
   sweep->add_option("--slurm-time", sw->slurm.time, "--emit-slurm: #SBATCH --time")->needs(emit);
