@@ -142,7 +142,14 @@ def dose_axes(ax, summary, palette):
     ax.legend(fontsize=7)
 
 
+def has_gaps(summary):
+    """Whether any row has a paired seed to draw (a grid of reference runs has none)."""
+    return any(summary["verdicts"][k].attrs["seeds"] >= 1 for k in summary["verdicts"])
+
+
 def dose_figure(summary, palette):
+    if not has_gaps(summary):
+        return None
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     dose_axes(ax, summary, palette)
     ax.set_title("gap against dose: dots are seeds, bars the 95 % interval of the mean;\n"
@@ -246,7 +253,7 @@ def story_figure(sweeps, summary, palette, max_panels=5):
     differing = sorted(k for k in all_keys
                        if len({str(g["cfg"].get(k)) for g in panels}) > 1
                        and grouped_by(k) and k not in ("train.batch", "model.seq_len"))
-    n = len(panels) + 1
+    n = len(panels) + (1 if has_gaps(summary) else 0)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
@@ -271,13 +278,14 @@ def story_figure(sweeps, summary, palette, max_panels=5):
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (nats)")
         ax.legend(fontsize=7)
-    dose_ax = axes.flat[len(panels)]
-    dose_axes(dose_ax, summary, palette)
-    dose_ax.set_title("gap against dose (dots: seeds; bars: 95 % CI)", fontsize=9)
+    if n > len(panels):
+        dose_ax = axes.flat[len(panels)]
+        dose_axes(dose_ax, summary, palette)
+        dose_ax.set_title("gap against dose (dots: seeds; bars: 95 % CI)", fontsize=9)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle("reference, candidates and controls: loss (seed mean, band +-1 s.d.) "
-                 "and the dose-response", fontsize=10)
+    fig.suptitle("reference, candidates and controls: loss (seed mean, band +-1 s.d.)"
+                 + (" and the dose-response" if n > len(panels) else ""), fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -196,6 +196,26 @@ class StoryPanels(unittest.TestCase):
         self.assertIn(f"{BUG} (6 seeds)", seeds["tokens 0ede028f6b3a"], msg)
         self.assertIn(f"{BUG} (3 seeds)", seeds["tokens b6ecf968c0c7"], msg)
 
+    def test_a_grid_of_reference_runs_is_drawn_without_a_dose_panel(self):
+        # A sweep over seeds or hyperparameters alone swaps in no kernel: no verdict rows. analyze
+        # says so and draws the loss curves; before, plots.py failed on a summary without
+        # /verdicts and the report claimed "no candidate diverged".
+        rng = np.random.default_rng()
+        d = tmpdir()
+        synthetic_grid(d, ["zipf:1.1", "markov:0.8,0.8"], [], 3, lambda g, v, s: 0, rng)
+        r = run("analyze", d)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(plots: ok)", r.stdout)
+        with open(os.path.join(d, "report.md")) as f:
+            self.assertIn("This grid swaps in no candidate kernel", f.read())
+        with h5py.File(os.path.join(d, "summary.h5"), "r") as f:
+            self.assertEqual(len(f["verdicts"]), 0)
+        figs = plots.figures(d)
+        self.assertEqual(set(figs), {"story.png"})
+        panels = [ax for ax in figs["story.png"].axes if ax.get_xlabel() == "step"]
+        self.assertEqual(len(panels), 2)
+        self.assertFalse([ax for ax in figs["story.png"].axes if "dose" in ax.get_xlabel()])
+
 
 if __name__ == "__main__":
     unittest.main()
