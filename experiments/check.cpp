@@ -51,8 +51,10 @@ const char* kCriteria =
     "exemption, so a hot embedding row cannot hide; outputs the op adds into are judged on the "
     "kernel's own contribution), within 1e-4 (fp32 grade) unless --grade bf16 or --precision "
     "bf16, finite where the reference is, every row the reference updates updated and no other, "
-    "no writes outside the outputs, and no systematic bias (|sum(|v| - |r|)| / sum|r| <= 1e-3 "
-    "over >= 4096 values). 'row err' (worst row's relative L2) is shown, not judged";
+    "no writes outside the outputs, and no systematic bias (per output, |sum(|v| - |r|)| / "
+    "sum|r| <= 1e-3 against the reference rounded to bf16 where the output holds bf16 values, "
+    "judged where >= 4096 values carry the sum). 'row err' (worst row's relative L2) is shown, "
+    "not judged";
 
 // Every op: kernels/op_cases.cpp builds inputs for each one and calls it.
 const std::vector<std::string>& checkable_ops() {

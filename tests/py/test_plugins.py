@@ -206,6 +206,21 @@ class Abi2Kernels(unittest.TestCase):
         assert_rejected(self, ["check", "swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2],
                         "is a bf16 kernel: it runs in the bf16 mode")
 
+    def test_a_gradient_rounded_toward_zero_is_a_bias_and_round_to_nearest_is_not(self):
+        # Each output's bias is its own: summed with the losses, the gradient's shrink of
+        # 2.5-3.3e-3 read as 4e-7. A bf16 output is judged against the reference rounded to
+        # bf16, so the bf16 reference's gradient (equal values at uniform logits share one
+        # rounding; a short row's sum carried by its target) is not called biased: seed 4 was,
+        # with the unrounded reference and a count of values in place of those carrying the sum.
+        bad = run("check", "cross_entropy=abi2_bf16_xent_toward_zero", "--plugins", ABI2,
+                  "--precision", "bf16")
+        self.assertEqual(bad.returncode, 1, bad.stdout + bad.stderr)
+        self.assertIn("FAIL: biased: outputs shrink by", bad.stdout)
+        self.assertNotIn("FAIL: error", bad.stdout)
+        for seed in ("4", "21"):
+            good = run("check", "cross_entropy=reference", "--precision", "bf16", "--seed", seed)
+            self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+
     def test_an_fp16_kernel_is_fp16_grade_and_underflows(self):
         # Run on fp16 copies of its activations: more than fp32 rounding (the fp32 grade fails),
         # well within the bf16 grade, except where fp16's range ends: values near 1e-10 flush
