@@ -214,6 +214,11 @@ Command add_sweep_command(CLI::App& app) {
           ->check(kNotNegative)
           ->excludes(jobs);
   sweep->add_option("--timeout", sw->timeout_s, "seconds per cell before it is killed");
+  sweep
+      ->add_option("--memory", sw->memory_gib,
+                   "GiB of host memory the running cells may hold together (default: what is "
+                   "available when the sweep starts)")
+      ->excludes(cell);
   sweep->add_flag("--quick", sw->quick, "apply the grid's [quick] overlay");
   sweep
       ->add_option("--seed-offset", sw->seed_offset,
@@ -221,7 +226,8 @@ Command add_sweep_command(CLI::App& app) {
       ->check(kNotNegative);
   auto* emit =
       sweep->add_flag("--emit-slurm", sw->emit_slurm, "write a Slurm job array + analysis step")
-          ->excludes(cell);
+          ->excludes(cell)
+          ->excludes("--memory");
   // Resources of the emitted scripts (each overrides the grid's [slurm] value); without
   // --emit-slurm they would be dropped while the sweep runs here, so they are refused.
   sweep->add_option("--slurm-time", sw->slurm.time, "--emit-slurm: #SBATCH --time")->needs(emit);

@@ -11,6 +11,7 @@
 #include "common/signals.h"
 #include "datasets/dataset.h"
 #include "experiments/config.h"
+#include "experiments/train.h"
 #include "io/toml_reader.h"
 
 namespace divlab {
@@ -246,6 +247,7 @@ Grid load_grid(const std::string& path, bool quick, uint64_t seed_offset,
       }
       resolve_kernels(cfg);  // its kernel names, against its backend (plug-ins loaded once)
       if (cfg.backend == Backend::Cuda && g.first_cuda_cell < 0) g.first_cuda_cell = int64_t(i);
+      g.host_bytes.push_back(run_host_bytes(cfg));
       check_dataset_source(cfg.data);  // a missing corpus, before any cell runs
       // Two cells that resolve to one run (a repeated axis value, 0.1 beside 1e-1, one axis
       // given twice) would count one experiment twice as two seeds' worth.

@@ -63,6 +63,7 @@ struct Grid {
   std::string id;                   // sha256 of the base config's text and every cell's overrides
   std::map<std::string, std::string> slurm;  // [slurm] key -> value text (not part of the id)
   int64_t first_cuda_cell = -1;              // the first cell with backend = "cuda", if any
+  std::vector<int64_t> host_bytes;  // per cell: the host memory its run predicts (0 on cuda)
 
   size_t size() const { return cells.size(); }
   const std::string& describe(size_t cell) const { return labels.at(cell); }

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -383,6 +384,45 @@ void check_cells_plugins(const Grid& g, const std::string& out) {
 }
 }  // namespace
 
+namespace {
+// The host memory a sweep's cells may hold together, and each cell's share of it: its run's
+// prediction (experiments/train.h) and a margin for the process itself (the binary, the
+// dataset, HDF5's caches), as check_backend_fits adds to a run's own check.
+class HostBudget {
+ public:
+  HostBudget(const Grid& g, const std::vector<size_t>& todo, double memory_gib, int jobs) {
+    constexpr int64_t kProcessMargin = int64_t(256) << 20;
+    need_.assign(g.size(), 0);
+    int64_t largest = 0;
+    for (size_t cell : todo)
+      if (g.host_bytes.at(cell) > 0)
+        largest = std::max(largest, need_[cell] = g.host_bytes[cell] + kProcessMargin);
+    const bool given = memory_gib > 0;
+    bytes_ =
+        given ? int64_t(memory_gib * double(int64_t(1) << 30)) : int64_t(available_host_memory());
+    if (bytes_ <= 0) bytes_ = std::numeric_limits<int64_t>::max();  // unknown: no budget
+    const int64_t together = largest > 0 ? std::max<int64_t>(1, bytes_ / largest) : jobs;
+    if (together < jobs) {
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    "sweep: cells need up to %.2f GiB of host memory each, %.2f GiB %s: as few "
+                    "as %lld at a time",
+                    double(largest) / double(1 << 30), double(bytes_) / double(1 << 30),
+                    given ? "given (--memory)" : "available", static_cast<long long>(together));
+      note_ = text;
+    }
+  }
+  int64_t need(size_t cell) const { return need_.at(cell); }
+  int64_t bytes() const { return bytes_; }
+  const std::string& note() const { return note_; }
+
+ private:
+  std::vector<int64_t> need_;
+  int64_t bytes_ = 0;
+  std::string note_;
+};
+}  // namespace
+
 SweepSummary run_sweep(const SweepOptions& opt) {
   accept_stop_requests();  // a signal now stops the cells in order (signals.h)
   if (opt.out.empty()) throw InputError("--out: an output folder is required");
@@ -399,6 +439,11 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     throw InputError("--cell " + std::to_string(opt.cell) + ": the grid has " +
                      std::to_string(g.size()) + " cells (0.." + std::to_string(g.size() - 1) + ")");
   if (opt.jobs < 0) throw InputError("--jobs " + std::to_string(opt.jobs) + ": must be >= 0");
+  if (!(opt.memory_gib >= 0) || !std::isfinite(opt.memory_gib)) {
+    std::ostringstream given;
+    given << opt.memory_gib;
+    throw InputError("--memory " + given.str() + ": must be a number of GiB >= 0");
+  }
   if (!(opt.timeout_s >= 0)) {
     std::ostringstream given;  // as typed (-1, not std::to_string's -1.000000)
     given << opt.timeout_s;
@@ -477,6 +522,17 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   // kExitDeviceBusy before writing anything. It goes back to the front of the queue and fewer
   // cells run at once; each cell that then ends normally lets one more start again.
   int limit = jobs;
+  // Cells sharing the host: each checks its predicted memory against what is free when it
+  // starts, before any of them has allocated, so cells started together could each fit and
+  // all together not. They start only while the running cells' predictions leave room for the
+  // next one's (--memory, or what was available at the start); one cell always may, and a cell
+  // too large for the host alone is refused by its own check.
+  const HostBudget budget(g, todo, opt.memory_gib, jobs);
+  if (opt.verbose && !budget.note().empty()) std::cout << budget.note() << std::endl;
+  int64_t in_use = 0;
+  auto fits = [&](size_t cell) {
+    return running.empty() || in_use + budget.need(cell) <= budget.bytes();
+  };
   const size_t to_run = todo.size();
   SweepProgress progress(opt.verbose, to_run);
   while (next < todo.size() || !running.empty()) {
@@ -486,7 +542,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       write_manifest(opt.out, g, rec);
       throw StopRequested(stop_signal());
     }
-    while (next < todo.size() && int(running.size()) < limit) {
+    while (next < todo.size() && int(running.size()) < limit && fits(todo[next])) {
       const size_t cell = todo[next++];
       const pid_t pid = spawn_cell(g, cell, opt.out, threads);
       if (pid < 0) {
@@ -495,6 +551,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         continue;
       }
       running.push_back({cell, pid, Clock::now()});
+      in_use += budget.need(cell);
       rec[cell].status = "running";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -521,6 +578,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
           std::cout << "cell " << run.cell << " waits: the device's memory is held by the other "
                     << running.size() - 1 << " running cell(s); " << limit << " at a time now"
                     << std::endl;
+        in_use -= budget.need(run.cell);
         running.erase(running.begin() + long(r));
         continue;
       } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
@@ -541,6 +599,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       progress.cell_ended(done, running.size() - 1, run.cell, rec[run.cell].status, age,
                           g.describe(run.cell));
       write_manifest(opt.out, g, rec);
+      in_use -= budget.need(run.cell);
       running.erase(running.begin() + long(r));
     }
   }

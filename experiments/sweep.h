@@ -23,6 +23,7 @@ struct SweepOptions {
   bool quick = false;        // apply the grid's [quick] overlay
   uint64_t seed_offset = 0;  // every cell's train.seed moved by this much (fresh seeds)
   double timeout_s = 0;      // per cell; 0: none
+  double memory_gib = 0;     // host memory the cells may hold together; 0: what is available
   bool emit_slurm = false;
   SlurmResources slurm;
   bool verbose = true;

@@ -215,9 +215,9 @@ constexpr int64_t kNcclReserveBytes = int64_t(1) << 30;
 // How long ranks 1.. wait for rank 0 to publish NCCL's id (rank 0 may still be loading a corpus).
 constexpr double kRendezvousSeconds = 600;
 
-// Refuses a run whose buffers would not fit its device, before any of them is allocated.
+// The bytes a run allocates on its device (one process's, one rank's), before any of them is.
 template <class T, class A>
-void check_run_fits(const RunConfig& cfg, bool over_nccl) {
+int64_t run_device_bytes(const RunConfig& cfg, bool over_nccl) {
   const ModelConfig& m = cfg.model;
   // On the cpu the device is the host, which also holds a checkpoint's fp64 copies while it is
   // written (weights and two moments, each beside its working-precision copy).
@@ -227,11 +227,16 @@ void check_run_fits(const RunConfig& cfg, bool over_nccl) {
                                                                   : 0;
   const int64_t checkpoint_bytes =
       cfg.backend == Backend::Cpu ? copies * param_count(m) * int64_t(8 + sizeof(T)) : 0;
-  const int64_t bytes = Transformer<T, A>::allocated_bytes(m, cfg.model_batch()) +
-                        predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes +
-                        (over_nccl ? kNcclReserveBytes : 0);
+  return Transformer<T, A>::allocated_bytes(m, cfg.model_batch()) +
+         predicted_bytes<T, A>(cfg, param_count(m)) + checkpoint_bytes +
+         (over_nccl ? kNcclReserveBytes : 0);
+}
+
+// Refuses a run whose buffers would not fit its device, before any of them is allocated.
+template <class T, class A>
+void check_run_fits(const RunConfig& cfg, bool over_nccl) {
   check_backend_fits(
-      cfg.backend, size_t(bytes),
+      cfg.backend, size_t(run_device_bytes<T, A>(cfg, over_nccl)),
       "this model at train.batch = " + std::to_string(cfg.batch) +
           (cfg.ranks > 1 ? " over train.ranks = " + std::to_string(cfg.ranks) : "") +
           (cfg.micro_batches > 1 ? " in train.micro_batches = " + std::to_string(cfg.micro_batches)
@@ -626,6 +631,16 @@ std::vector<std::string> rank_command(const RunConfig& cfg, const TrainOptions& 
   return args;
 }
 }  // namespace
+
+int64_t run_host_bytes(const RunConfig& cfg) {
+  if (cfg.backend != Backend::Cpu) return 0;
+  const int64_t processes = ranks_are_processes(cfg.data_parallel) ? cfg.ranks : 1;
+  const int64_t each =
+      cfg.precision == Precision::Fp64   ? run_device_bytes<double, double>(cfg, false)
+      : cfg.precision == Precision::Bf16 ? run_device_bytes<float, bf16>(cfg, false)
+                                         : run_device_bytes<float, float>(cfg, false);
+  return processes * each;
+}
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt) {
   const std::optional<RankLaunch> launch = launched_rank(cfg.data_parallel);

@@ -40,6 +40,10 @@ struct TrainResult {
 // SIGINT/SIGTERM end the run after the current step (status "interrupted"); a non-finite loss
 // or gradient ends it with status "nan" and the first op that produced one in the trace.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opt);
+// The host memory a cpu run allocates, predicted from its config as the run checks it before
+// allocating (every rank process's, with train.data_parallel = "processes"); 0 for a cuda run,
+// whose buffers are on its GPU.
+int64_t run_host_bytes(const RunConfig& cfg);
 
 // Whether a run's steps replay a CUDA graph (Transformer::set_graph_steps): on the cuda backend
 // with debug.cuda_graphs, every kernel graphable (VariantDoc::graphable: none draws random bits

@@ -3,6 +3,7 @@ crash isolation, Slurm emission and bad input."""
 import csv
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -450,6 +451,27 @@ class Sweep(unittest.TestCase):
         self.assertEqual(before, after)
         with open(os.path.join(out, "manifest.tsv")) as f:
             self.assertEqual(len(f.readlines()), 5)
+
+    def test_cells_share_the_host_memory_their_runs_predict(self):
+        # Cells started together each check their memory before any of them has allocated: the
+        # sweep starts one only while the running ones' predictions (plus 256 MiB a process)
+        # leave room for it. Four tiny cells need about 0.26 GiB each: 0.6 GiB runs two at a
+        # time, whatever --jobs says; the progress line after each cell ends counts the others.
+        d = tmpdir()
+        grid, out = write_grid(d), os.path.join(d, "out")
+        r = run("sweep", "--config", grid, "--out", out, "--jobs", "4", "--memory", "0.6",
+                check=True)
+        self.assertIn("GiB given (--memory): as few as 2 at a time", r.stdout)
+        self.assertIn("4 completed", r.stdout)
+        still = [int(m) for m in re.findall(r"\] (\d+) running", r.stdout)]
+        self.assertEqual(len(still), 4, r.stdout)
+        self.assertLessEqual(max(still), 1, r.stdout)
+        # Room for all four: as many at a time as --jobs asks, and no note.
+        out2 = os.path.join(d, "out2")
+        r = run("sweep", "--config", grid, "--out", out2, "--jobs", "4", "--memory", "64",
+                check=True)
+        self.assertNotIn("as few as", r.stdout)
+        self.assertIn("4 completed", r.stdout)
 
     def test_parts_are_products_of_their_own_and_seeds_can_be_moved(self):
         # Two parts over the grid's kernels and seeds: one varies the batch (a dose series), the
