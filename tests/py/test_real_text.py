@@ -1,8 +1,10 @@
 """The report's failure on real text, on a laptop: configs/reproduce.toml's Brown cell (96 BPE
 pieces, 65 536 tokens a step in 4 micro-batches, SGD, 30 steps) with the reported kernel learns
 the text more slowly than the reference on a fresh seed, while the benign control does not move.
-Measured gaps (mean of the last 3 steps) over 12 seeds: +0.07 to +0.15; the control's below 1e-6
-(docs/findings.md, "On a laptop")."""
+Measured gaps (mean of the last 3 steps): +0.07 to +0.15 over 12 seeds (docs/findings.md, "On a
+laptop"); over 48 more fresh seeds on 2026-11-30, +0.025 to +0.154 (median +0.11; one seed,
+229573088, at +0.025, the next lowest +0.055), after this test had asked for +0.03 and seed
+229573088 failed CI. The control's gap stays below 1e-6: 0.01 is four orders beyond it."""
 import csv
 import os
 import random
@@ -45,7 +47,7 @@ class RealTextOnALaptop(unittest.TestCase):
             loss[variant] = tail_loss(out)
         bug = loss["bf16_accum"] - loss["reference"]
         control = loss["fp32_reordered"] - loss["reference"]
-        self.assertGreater(bug, 0.03, f"seed {seed}: bf16_accum's gap {bug:+.4f}")
+        self.assertGreater(bug, 0.01, f"seed {seed}: bf16_accum's gap {bug:+.4f}")
         self.assertLess(abs(control), 1e-3, f"seed {seed}: the control's gap {control:+.2e}")
 
 
