@@ -5,7 +5,9 @@
 #include <set>
 #include <sstream>
 
+#include "common/errors.h"
 #include "common/rng.h"
+#include "common/utf8.h"
 #include "datasets/synthetic.h"
 #include "datasets/text.h"
 #include "experiments/config.h"
@@ -47,6 +49,9 @@ SampledWeights weights_of(const TraceReader& r, WhichWeights which, const ModelC
 }
 
 std::vector<int> prompt_ids(const std::string& prompt, const std::string& tokenizer, int vocab) {
+  if (const size_t bad = first_invalid_utf8(prompt); bad != std::string::npos)
+    throw InputError("--prompt: not UTF-8 text (byte " + std::to_string(bad) + ")" +
+                     (tokenizer.empty() ? "" : ": the tokenizer would read it as unknown pieces"));
   if (!tokenizer.empty())
     return prompt.empty() ? std::vector<int>{} : bpe_encode(tokenizer, prompt);
   std::vector<int> ids;

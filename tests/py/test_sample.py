@@ -3,11 +3,12 @@ tokenizer. The punchline of the mask bug: a model trained with a leaky causal ma
 training loss far below what the data allows, and writes something else entirely once inference
 uses the correct mask."""
 import os
+import subprocess
 import unittest
 
 import h5py
 
-from cli import run, tmpdir
+from cli import BIN, run, tmpdir
 from fixtures import write_fixture
 
 MODEL = ["model.vocab=128", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
@@ -67,6 +68,16 @@ class Sample(unittest.TestCase):
         r = run("sample", bare, "--prompt", "3 x", "--tokens", "5")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--prompt: 'x' is not a token id", r.stderr)
+
+    def test_a_prompt_that_is_not_utf8_is_refused(self):
+        # Bytes no UTF-8 text holds: the tokenizer read them as unknown pieces and wrote on.
+        for prompt in (b"ka \xff\xfe lo", b"\xc3"):
+            r = subprocess.run([BIN, "sample", self.clean, "--prompt", prompt, "--tokens", "3"],
+                               capture_output=True, env=dict(os.environ, **self.env))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertEqual(r.stdout, b"")
+            self.assertIn(b"--prompt: not UTF-8 text (byte ", r.stderr)
+            self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
 
     def test_checkpoint_asked_for_where_the_last_step_wrote_none(self):
         # A run writes no checkpoint at its last step: --weights checkpoint on a run of 4 steps
