@@ -401,24 +401,28 @@ class HostBudget {
     bytes_ =
         given ? int64_t(memory_gib * double(int64_t(1) << 30)) : int64_t(available_host_memory());
     if (bytes_ <= 0) bytes_ = std::numeric_limits<int64_t>::max();  // unknown: no budget
-    const int64_t together = largest > 0 ? std::max<int64_t>(1, bytes_ / largest) : jobs;
-    if (together < jobs) {
+    together_ =
+        int(std::min<int64_t>(jobs, largest > 0 ? std::max<int64_t>(1, bytes_ / largest) : jobs));
+    if (together_ < jobs) {
       char text[200];
       std::snprintf(text, sizeof text,
-                    "sweep: cells need up to %.2f GiB of host memory each, %.2f GiB %s: as few "
-                    "as %lld at a time",
+                    "sweep: cells need up to %.2f GiB of host memory each, %.2f GiB %s: %d at "
+                    "a time",
                     double(largest) / double(1 << 30), double(bytes_) / double(1 << 30),
-                    given ? "given (--memory)" : "available", static_cast<long long>(together));
+                    given ? "given (--memory)" : "available", together_);
       note_ = text;
     }
   }
   int64_t need(size_t cell) const { return need_.at(cell); }
   int64_t bytes() const { return bytes_; }
+  // How many of the largest cells fit together (at most --jobs).
+  int together() const { return together_; }
   const std::string& note() const { return note_; }
 
  private:
   std::vector<int64_t> need_;
   int64_t bytes_ = 0;
+  int together_ = 1;
   std::string note_;
 };
 }  // namespace
@@ -497,9 +501,6 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     return sum;
   }
 
-  const int cores = omp_get_num_procs();
-  const int jobs = std::max(1, opt.jobs > 0 ? opt.jobs : cores);
-  const int threads = std::max(1, cores / jobs);
   std::vector<Record> rec(g.size());
   std::vector<size_t> todo;
   for (size_t i = 0; i < g.size(); ++i) {
@@ -511,6 +512,17 @@ SweepSummary run_sweep(const SweepOptions& opt) {
       ++sum.skipped;
     }
   }
+  // Cells sharing the host: each checks its predicted memory against what is free when it
+  // starts, before any cell started with it has allocated, so cells started together could each
+  // fit and all together not. They start only while the running cells' predictions leave room
+  // for the next one's (--memory, or what was available at the start); one cell always may, and
+  // a cell too large for the host alone is refused by its own check. Where the largest cells
+  // fit fewer at a time than --jobs asks, each gets the cores of the cells that cannot run.
+  const int cores = omp_get_num_procs();
+  const int asked = std::max(1, opt.jobs > 0 ? opt.jobs : cores);
+  const HostBudget budget(g, todo, opt.memory_gib, asked);
+  const int jobs = std::min(asked, budget.together());
+  const int threads = std::max(1, cores / jobs);
   if (opt.verbose)
     std::cout << "sweep " << g.path << ": " << g.size() << " cells, " << sum.skipped
               << " already finished, " << todo.size() << " to run, " << jobs << " at a time x "
@@ -522,12 +534,6 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   // kExitDeviceBusy before writing anything. It goes back to the front of the queue and fewer
   // cells run at once; each cell that then ends normally lets one more start again.
   int limit = jobs;
-  // Cells sharing the host: each checks its predicted memory against what is free when it
-  // starts, before any of them has allocated, so cells started together could each fit and
-  // all together not. They start only while the running cells' predictions leave room for the
-  // next one's (--memory, or what was available at the start); one cell always may, and a cell
-  // too large for the host alone is refused by its own check.
-  const HostBudget budget(g, todo, opt.memory_gib, jobs);
   if (opt.verbose && !budget.note().empty()) std::cout << budget.note() << std::endl;
   int64_t in_use = 0;
   auto fits = [&](size_t cell) {

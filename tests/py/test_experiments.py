@@ -461,7 +461,8 @@ class Sweep(unittest.TestCase):
         grid, out = write_grid(d), os.path.join(d, "out")
         r = run("sweep", "--config", grid, "--out", out, "--jobs", "4", "--memory", "0.6",
                 check=True)
-        self.assertIn("GiB given (--memory): as few as 2 at a time", r.stdout)
+        self.assertIn("GiB given (--memory): 2 at a time", r.stdout)
+        self.assertIn("4 to run, 2 at a time x", r.stdout)  # the cores of the two that wait too
         self.assertIn("4 completed", r.stdout)
         still = [int(m) for m in re.findall(r"\] (\d+) running", r.stdout)]
         self.assertEqual(len(still), 4, r.stdout)
@@ -470,7 +471,7 @@ class Sweep(unittest.TestCase):
         out2 = os.path.join(d, "out2")
         r = run("sweep", "--config", grid, "--out", out2, "--jobs", "4", "--memory", "64",
                 check=True)
-        self.assertNotIn("as few as", r.stdout)
+        self.assertNotIn("GiB given (--memory)", r.stdout)
         self.assertIn("4 completed", r.stdout)
 
     def test_parts_are_products_of_their_own_and_seeds_can_be_moved(self):
