@@ -4,12 +4,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "common/errors.h"
+#include "common/files.h"
 #include "common/host.h"
 #include "common/version.h"
 #include "io/trace.h"
@@ -143,7 +144,7 @@ std::string lopsided_words(const Verdict& v) {
          "both folders) settle it.";
 }
 
-void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) {
+void write_summary(const std::string& path, const std::vector<Verdict>& verdicts) try {
   TraceWriter w(path, true);
   using K = TraceWriter::Kind;
   // The group is there even without rows (a grid of reference runs): readers need no special case.
@@ -193,7 +194,10 @@ void write_summary(const std::string& path, const std::vector<Verdict>& verdicts
       if (!data->empty()) w.write_array(g + "/" + name, *data);
     }
   }
-  w.publish();  // written whole, then renamed into place
+  w.publish();                      // written whole, then renamed into place
+} catch (const TraceWriteError&) {  // the writer has removed its partial file
+  throw InputError("analyze: file '" + path +
+                   "': cannot be written (disk full, or the folder unwritable)");
 }
 
 void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
@@ -250,7 +254,7 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
         {"nan_runs", [](const Verdict& v) { return join(v.nan_runs, "; "); }},
         {"no_verdict_reason", [](const Verdict& v) { return v.no_verdict_reason; }}};
     columns.insert(columns.end(), results.begin(), results.end());
-    std::ofstream csv(dir + "/verdicts.csv");
+    std::ostringstream csv;
     for (size_t i = 0; i < columns.size(); ++i)
       csv << (i ? "," : "") << csv_escape(columns[i].first);
     csv << "\n";
@@ -259,19 +263,21 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
         csv << (i ? "," : "") << csv_escape(columns[i].second(v));
       csv << "\n";
     }
+    write_output_file(dir + "/verdicts.csv", csv.str(), "analyze: file");
   }
   // seeds.csv: every paired seed's gap against the dose it received (the per-seed scatter).
   {
-    std::ofstream csv(dir + "/seeds.csv");
+    std::ostringstream csv;
     csv << "group,variant,control,seed,dose,gap,tokens_per_step\n";
     for (const auto& v : verdicts)
       for (size_t i = 0; i < v.seed_gaps.size(); ++i)
         csv << csv_escape(v.group) << "," << csv_escape(v.variant) << "," << v.control << ","
             << v.seed_ids[i] << "," << v.seed_doses[i] << "," << v.seed_gaps[i] << ","
             << v.tokens_per_step << "\n";
+    write_output_file(dir + "/seeds.csv", csv.str(), "analyze: file");
   }
   {
-    std::ofstream csv(dir + "/dose_response.csv");
+    std::ostringstream csv;
     csv << "series,variant,control,tokens_per_step,dose,dose_min,dose_max,seeds,gap,gap_ci_low,"
            "gap_ci_high,control_band,p_welch,verdict,quiet_up_to,diverged_from\n";
     for (const auto& r : responses)
@@ -281,13 +287,14 @@ void write_tables(const std::string& dir, const std::vector<Verdict>& verdicts,
             << p.seeds << "," << p.gap << "," << p.ci_low << "," << p.ci_high << "," << p.band
             << "," << p.p_welch << "," << p.verdict << "," << r.quiet_up_to << ","
             << r.diverged_from << "\n";
+    write_output_file(dir + "/dose_response.csv", csv.str(), "analyze: file");
   }
   write_summary(dir + "/summary.h5", verdicts);
 }
 
 void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts,
                   const std::vector<DoseResponse>& responses) {
-  std::ofstream md(ctx.dir + "/report.md");
+  std::ostringstream md;
   std::string written_by;
   for (const auto& p : ctx.provenance) written_by += (written_by.empty() ? "" : ", ") + p;
   md << "# divlab analysis: " << ctx.dir << "\n\n"
@@ -342,17 +349,20 @@ void write_report(const ReportContext& ctx, const std::vector<Verdict>& verdicts
     for (const auto& u : ctx.unfinished) md << "- " << u << "\n";
   }
   md << "\n## Plots\n\n";
+  auto drawn = [&](const std::string& png) {
+    return access((ctx.dir + "/" + png).c_str(), F_OK) == 0;
+  };
   if (ctx.plots != "ok") {
     md << "Not drawn: " << ctx.plots << "\n";
-    return;
+  } else {
+    if (drawn("dose.png")) md << "![gap against dose, per seed](dose.png)\n\n";
+    if (drawn("shadow.png")) md << "![shadow error by token-frequency bucket](shadow.png)\n\n";
+    for (size_t i = 0; i < verdicts.size(); ++i)
+      if (drawn("verdict-" + std::to_string(i) + ".png"))
+        md << "![" << verdicts[i].group << " " << verdicts[i].variant << "](verdict-" << i
+           << ".png)\n";
   }
-  md << "![gap against dose, per seed](dose.png)\n\n";
-  if (access((ctx.dir + "/shadow.png").c_str(), F_OK) == 0)
-    md << "![shadow error by token-frequency bucket](shadow.png)\n\n";
-  for (size_t i = 0; i < verdicts.size(); ++i)
-    if (access((ctx.dir + "/verdict-" + std::to_string(i) + ".png").c_str(), F_OK) == 0)
-      md << "![" << verdicts[i].group << " " << verdicts[i].variant << "](verdict-" << i
-         << ".png)\n";
+  write_output_file(ctx.dir + "/report.md", md.str(), "analyze: file");
 }
 
 void print_verdicts(const ReportContext& ctx, const std::vector<Verdict>& verdicts,

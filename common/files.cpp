@@ -119,6 +119,13 @@ bool write_file_atomically(const std::string& path, const std::string& bytes) {
   return true;
 }
 
+void write_output_file(const std::string& path, const std::string& bytes, const std::string& what) {
+  if (!write_file_atomically(path, bytes))
+    throw InputError(what + " '" + path +
+                     "': cannot be written (disk full, or the folder "
+                     "unwritable)");
+}
+
 UnnamedFile::UnnamedFile(const char* what) {
   // Without MFD_CLOEXEC: a child started from here opens it by path() after its exec.
   fd_ = memfd_create(what, 0);

@@ -29,6 +29,9 @@ void require_input_file(const std::string& path, const std::string& what,
 // writers never share one) and renames it over `path`: readers see the old file or the new one,
 // never a part. False, with nothing left behind, if the write fails.
 bool write_file_atomically(const std::string& path, const std::string& bytes);
+// write_file_atomically, or InputError "WHAT 'PATH': cannot be written (disk full, or the folder
+// unwritable)": an output a command cannot write ends it, rather than leave a part of the file.
+void write_output_file(const std::string& path, const std::string& bytes, const std::string& what);
 
 // Where an output at `path` may be written: its folder, or the nearest folder above it that
 // exists, under which the missing ones can be made. Throws InputError "WHAT 'PATH': ..." naming

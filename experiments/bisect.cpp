@@ -67,7 +67,7 @@ class Bisector {
       if (k == "checkpoint.every") v = "0";
       if (k == "train.steps" && opt.steps > 0) v = std::to_string(opt.steps);
     }
-    std::ofstream(opt.out + "/base.toml") << base.to_toml();
+    write_output_file(opt.out + "/base.toml", base.to_toml(), "bisect: file");
     // Benign controls of the swapped ops: the noise floor of every decision.
     with_backend_catalogue(cfg.backend, cfg.precision, [&](const auto& cat) {
       for (const auto& kv : cfg.kernels) {
@@ -167,11 +167,10 @@ class Bisector {
     std::string values, seeds;
     for (const auto& a : arms) values += (values.empty() ? "" : ", ") + arm(a);
     for (int i = 0; i < opt_.seeds; ++i) seeds += (i ? ", " : "") + std::to_string(i);
-    {
-      std::ofstream g(dir + ".grid.toml");
-      g << "config = \"base.toml\"\n\n[axes.kernels]\n"
-        << axis << " = [" << values << "]\n\n[axes.train]\nseed = [" << seeds << "]\n";
-    }
+    write_output_file(dir + ".grid.toml",
+                      "config = \"base.toml\"\n\n[axes.kernels]\n" + axis + " = [" + values +
+                          "]\n\n[axes.train]\nseed = [" + seeds + "]\n",
+                      "bisect: file");
     SweepOptions sw;
     sw.grid = dir + ".grid.toml", sw.out = dir, sw.jobs = opt_.jobs, sw.verbose = false;
     const SweepSummary sum = run_sweep(sw);

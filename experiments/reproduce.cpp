@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 
 #include "analysis/analyze.h"
 #include "analysis/dose.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/paths.h"
 #include "experiments/sample.h"
 #include "experiments/sweep.h"
@@ -189,8 +189,11 @@ std::vector<Verdict> run_reproduce(const ReproduceOptions& in) {
         "docs/analysis.md)\n");
   const auto responses = dose_responses(verdicts);
   if (!responses.empty()) std::printf("\n%s", dose_table(responses).c_str());
-  if (const std::string samples = model_samples(verdicts); !samples.empty())
-    std::ofstream(opt.out + "/report.md", std::ios::app) << samples;
+  if (const std::string samples = model_samples(verdicts); !samples.empty()) {
+    std::string report;
+    read_file(opt.out + "/report.md", report);
+    write_output_file(opt.out + "/report.md", report + samples, "reproduce: file");
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%s/report.md has the method, every number and the plots (%.0f s)\n",
               opt.out.c_str(), secs);

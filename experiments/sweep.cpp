@@ -70,8 +70,7 @@ std::string read_all(const std::string& path) {
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
-  if (!write_file_atomically(path, text))
-    throw InputError("sweep: cannot write '" + path + "' (disk full, or the folder unwritable)");
+  write_output_file(path, text, "sweep: file");
 }
 
 // How a trace finished (completed with every step it was asked for, or stopped on NaN: a

@@ -116,6 +116,15 @@ TraceWriter::~TraceWriter() {
   if (!published_) {  // an error before the trace was readable: leave nothing behind
     try {
       impl_->series.clear();
+      // After a failed write (space the file-size limit or a full disk would not give), HDF5
+      // 1.10 crashed closing the file (SIGSEGV in H5F__close; a summary.h5 under a full disk),
+      // with its descriptor pointed at /dev/null too. The file is discarded anyway: its handle
+      // is left open, for the error to end the command with its one line.
+      if (write_failed_) {
+        static_cast<void>(impl_.release());  // NOLINT(bugprone-unused-return-value)
+        unlink(partial_path_.c_str());
+        return;
+      }
       impl_->file.close();
     } catch (...) {
     }

@@ -4,6 +4,7 @@ import csv
 import hashlib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import time
@@ -430,6 +431,30 @@ def write_grid(d, text=GRID, name="grid.toml"):
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+class AnalysisOutputs(unittest.TestCase):
+    def test_an_output_that_cannot_be_written_ends_analyze_and_leaves_no_part_of_it(self):
+        # A file-size limit stands in for a full disk. Written in place, a table was cut short
+        # without a word (a verdicts.csv with fewer rows reads as a complete one); summary.h5's
+        # writer crashed (SIGSEGV in HDF5's close of the failed file), leaving its partial file.
+        rng = np.random.default_rng()
+        d = tmpdir()
+        synthetic_grid(d, ["zipf:1.1", "markov:0.8,0.8"], ["bf16_accum", "fp32_reordered"], 3,
+                       lambda g, v, s: 0, rng)
+        for limit, failing in ((300, "verdicts.csv"), (64 << 10, "summary.h5")):
+            r = subprocess.run([BIN, "analyze", d, "--no-plots"], capture_output=True, text=True,
+                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                     (limit, limit)))
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(f"{failing}': cannot be written (disk full", r.stderr)
+            left = os.listdir(d)
+            self.assertNotIn(failing, left)
+            self.assertFalse([f for f in left if ".tmp." in f or f.endswith(".partial")], left)
+        r = run("analyze", d, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(verdicts(d)), 4)
 
 
 class Sweep(unittest.TestCase):
