@@ -397,8 +397,9 @@ class HostBudget {
       if (g.host_bytes.at(cell) > 0)
         largest = std::max(largest, need_[cell] = g.host_bytes[cell] + kProcessMargin);
     const bool given = memory_gib > 0;
-    bytes_ =
-        given ? int64_t(memory_gib * double(int64_t(1) << 30)) : int64_t(available_host_memory());
+    // (Past 2^62 bytes every budget is the same: none.)
+    bytes_ = given ? int64_t(std::min(memory_gib * double(int64_t(1) << 30), 0x1p62))
+                   : int64_t(available_host_memory());
     if (bytes_ <= 0) bytes_ = std::numeric_limits<int64_t>::max();  // unknown: no budget
     together_ =
         int(std::min<int64_t>(jobs, largest > 0 ? std::max<int64_t>(1, bytes_ / largest) : jobs));
