@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -31,19 +32,23 @@ struct SampledWeights {
 SampledWeights weights_of(const TraceReader& r, WhichWeights which, const ModelConfig& m,
                           const std::string& path) {
   const auto layout = param_layout(m);
-  if (auto w = trace_weights(r, which, layout); w && which != WhichWeights::Checkpoint)
+  auto newest_checkpoint = [&](const char* note) -> std::optional<SampledWeights> {
+    auto c = trace_weights(r, WhichWeights::Checkpoint, layout);
+    if (!c) return std::nullopt;
+    return SampledWeights{
+        std::move(c->params),
+        "the newest checkpoint (after " + std::to_string(c->step) + " steps" + note + ")"};
+  };
+  if (which == WhichWeights::Checkpoint) {
+    if (auto c = newest_checkpoint("")) return std::move(*c);
+    throw InputError(no_checkpoint_message(r, path));
+  }
+  if (auto w = trace_weights(r, which, layout))
     return {std::move(w->params),
             std::string(name_of(which)) + " weights (after " + std::to_string(w->step) + " steps)"};
   if (which == WhichWeights::Initial)
     throw InputError("trace '" + path + "': holds no initial weights (trace.initial_weights)");
-  auto c = trace_weights(r, WhichWeights::Checkpoint, layout);
-  if (c && which == WhichWeights::Checkpoint)
-    return {std::move(c->params),
-            "the newest checkpoint (after " + std::to_string(c->step) + " steps)"};
-  if (which == WhichWeights::Checkpoint) throw InputError(no_checkpoint_message(r, path));
-  if (c)
-    return {std::move(c->params), "the newest checkpoint (after " + std::to_string(c->step) +
-                                      " steps; the trace keeps no final weights)"};
+  if (auto c = newest_checkpoint("; the trace keeps no final weights")) return std::move(*c);
   throw InputError("trace '" + path + "': holds no weights to sample from (train with --set " +
                    "trace.final_weights=true, or checkpoint.every > 0)");
 }

@@ -385,17 +385,15 @@ void check_cells_plugins(const Grid& g, const std::string& out) {
 
 namespace {
 // The host memory a sweep's cells may hold together, and each cell's share of it: its run's
-// prediction (experiments/train.h) and a margin for the process itself (the binary, the
-// dataset, HDF5's caches), as check_backend_fits adds to a run's own check.
+// prediction (experiments/train.h) and the process's own margin, as its run's check counts them.
 class HostBudget {
  public:
   HostBudget(const Grid& g, const std::vector<size_t>& todo, double memory_gib, int jobs) {
-    constexpr int64_t kProcessMargin = int64_t(256) << 20;
     need_.assign(g.size(), 0);
     int64_t largest = 0;
     for (size_t cell : todo)
       if (g.host_bytes.at(cell) > 0)
-        largest = std::max(largest, need_[cell] = g.host_bytes[cell] + kProcessMargin);
+        largest = std::max(largest, need_[cell] = g.host_bytes[cell] + int64_t(kHostProcessMargin));
     const bool given = memory_gib > 0;
     // (Past 2^62 bytes every budget is the same: none.)
     bytes_ = given ? int64_t(std::min(memory_gib * double(int64_t(1) << 30), 0x1p62))
@@ -515,9 +513,9 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   // Cells sharing the host: each checks its predicted memory against what is free when it
   // starts, before any cell started with it has allocated, so cells started together could each
   // fit and all together not. They start only while the running cells' predictions leave room
-  // for the next one's (--memory, or what was available at the start); one cell always may, and
-  // a cell too large for the host alone is refused by its own check. Where the largest cells
-  // fit fewer at a time than --jobs asks, each gets the cores of the cells that cannot run.
+  // for the next one's (HostBudget); one cell always may, and a cell too large for the host
+  // alone is refused by its own check. Where the largest cells fit fewer at a time than --jobs
+  // asks, each gets the cores of the cells that cannot run.
   const int cores = omp_get_num_procs();
   const int asked = std::max(1, opt.jobs > 0 ? opt.jobs : cores);
   const HostBudget budget(g, todo, opt.memory_gib, asked);

@@ -184,8 +184,7 @@ size_t available_host_memory() {
 void check_backend_fits(Backend backend, size_t bytes, const std::string& what) {
   if (backend == Backend::Cpu) {
     const size_t available = available_host_memory();
-    const size_t margin = size_t(256) << 20;  // the dataset, thread stacks, HDF5's caches
-    if (available > 0 && bytes + margin > available) {
+    if (available > 0 && bytes + kHostProcessMargin > available) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s needs %.2f GiB of memory; %.2f GiB available",
                     what.c_str(), double(bytes) / (1 << 30), double(available) / (1 << 30));

@@ -97,5 +97,8 @@ void check_backend_fits(Backend backend, size_t bytes, const std::string& what);
 // Bytes of host memory this process can still take: MemAvailable, lowered to what is left
 // under a cgroup (v2 or v1) memory limit. 0 if neither can be read.
 size_t available_host_memory();
+// A cpu run's host memory beyond its predicted buffers (the dataset, thread stacks, HDF5's
+// caches): check_backend_fits asks for it on top, and a sweep counts it for each cell.
+constexpr size_t kHostProcessMargin = size_t(256) << 20;
 
 }  // namespace divlab
