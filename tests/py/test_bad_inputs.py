@@ -8,6 +8,9 @@ a case's name, e.g.
   DIVLAB_BIN=build/cpu/divlab DIVLAB_BAD_INPUT_CASE="a table defined twice" \
     python3 -m unittest test_bad_inputs   (in tests/py)"""
 import os
+import shutil
+import stat
+import subprocess
 import tomllib
 import unittest
 
@@ -41,6 +44,12 @@ def setup_for(case):
                 f.write(FIXTURE_GRID)
             run("sweep", "--config", grid, "--out", os.path.join(d, name), "--jobs", "2",
                 check=True)
+        for name in case.get("quick_grid", []):
+            grid = os.path.join(d, "fixture-quick-grid.toml")
+            with open(grid, "w") as f:
+                f.write(FIXTURE_GRID + "[quick.set.train]\nsteps = 2\n")
+            run("sweep", "--config", grid, "--out", os.path.join(d, name), "--quick", "--jobs",
+                "2", check=True)
         for name, text in case.get("files", {}).items():
             path = os.path.join(d, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -53,6 +62,9 @@ def setup_for(case):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(bytes.fromhex(hex_bytes))
+        for name in case.get("readonly", []):
+            os.mkdir(os.path.join(d, name))
+            os.chmod(os.path.join(d, name), stat.S_IRUSR | stat.S_IXUSR)
         for name in case.get("fifo", []):
             os.mkfifo(os.path.join(d, name))
         for name, target in case.get("symlink", {}).items():
@@ -75,6 +87,20 @@ def setup_for(case):
 def load_cases():
     with open(CASES, "rb") as f:
         return tomllib.load(f)["case"]
+
+
+def has_gpu():
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi"], capture_output=True).returncode == 0
+
+
+def skip_reason(case):
+    """Why a case cannot be judged here, or None."""
+    if case.get("readonly") and os.geteuid() == 0:
+        return "root can write anywhere"
+    if case.get("no_gpu") and has_gpu():
+        return "a GPU is present: the command runs here"
+    return None
 
 
 def selected(cases):
@@ -100,6 +126,8 @@ class BadInputCatalogue(unittest.TestCase):
             self.skipTest("no case selected")
         for case in cases:
             with self.subTest(case["name"]):
+                if skip_reason(case):
+                    self.skipTest(skip_reason(case))
                 args = case["args"]
                 for k, v in SUBST.items():
                     args = [a.replace(k, v) for a in args]

@@ -2,7 +2,6 @@
 import os
 import resource
 import signal
-import stat
 import subprocess
 import time
 import tomllib
@@ -14,132 +13,7 @@ import numpy as np
 import glob
 import re
 
-from cli import BIN, ROOT, SMALL, assert_rejected, run, tmpdir
-
-
-class BadInput(unittest.TestCase):
-    """Each case: exit code 2, one line on stderr naming the culprit, nothing written."""
-
-    def check(self, args, needle, setup=None):
-        assert_rejected(self, args, needle, setup)
-
-    def write(self, name, text):
-        def setup(d):
-            with open(os.path.join(d, name), "w") as f:
-                f.write(text)
-        return setup
-
-    def test_unknown_key_in_file(self):
-        self.check(["train", "--config", "{d}/c.toml", "--out", "{d}/r.h5"], "'model.d_modle'",
-                   self.write("c.toml", "[model]\nd_modle = 64\n"))
-
-    def test_wrong_type(self):
-        self.check(["train", "--set", "train.batch=eight", "--out", "{d}/r.h5"], "'train.batch'")
-
-    def test_heads_do_not_divide_width(self):
-        self.check(["train", "--set", "model.d_model=100", "model.n_heads=3", "--out", "{d}/r.h5"],
-                   "not divisible")
-
-    def test_zero_size(self):
-        self.check(["train", "--set", "model.n_layers=0", "--out", "{d}/r.h5"], "'model.n_layers'")
-
-    def test_negative_size(self):
-        self.check(["train", "--set", "model.vocab=-5", "--out", "{d}/r.h5"], "'model.vocab'")
-
-    def test_negative_learning_rate(self):
-        self.check(["train", "--set", "train.lr=-0.1", "--out", "{d}/r.h5"], "'train.lr'")
-
-    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
-                     "a GPU is present: backend = cuda runs here")
-    def test_cuda_backend_without_a_gpu(self):
-        # A CPU-only build says it has no CUDA backend; a cuda build without a GPU says so.
-        self.check(["train", "--set", *SMALL, "backend=cuda", "--out", "{d}/r.h5"],
-                   'backend = "cuda"')
-
-    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
-                     "a GPU is present: the GPU reproduction runs here")
-    def test_gpu_reproduction_without_a_gpu(self):
-        # Refused up front, nothing created (before, 75 cells each failed the same way).
-        self.check(["reproduce", "--backend", "cuda", "--out", "{d}/r"], "reproduce --backend cuda")
-
-    @unittest.skipIf(subprocess.run("nvidia-smi", shell=True, capture_output=True).returncode == 0,
-                     "a GPU is present: a grid of cuda cells runs here")
-    def test_a_grid_of_cuda_cells_without_a_gpu(self):
-        # Refused naming the first such cell, nothing created (before, every cell failed alike);
-        # --emit-slurm still writes the job array, which runs on a GPU machine.
-        grid = "[set]\nbackend = \"cuda\"\n[axes.train]\nseed = [0, 1]\n"
-        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"],
-                   'cell 0 (train.seed=0): backend = "cuda"', self.write("g.toml", grid))
-        d = tmpdir()
-        with open(os.path.join(d, "g.toml"), "w") as f:
-            f.write(grid)
-        r = run("sweep", "--config", os.path.join(d, "g.toml"), "--out", os.path.join(d, "out"),
-                "--emit-slurm")
-        self.assertEqual(r.returncode, 0, r.stderr)
-
-    def test_a_grid_past_the_cell_limit_is_refused_before_it_is_expanded(self):
-        # 400 x 300 values: 120 000 cells, past the 100 000 a grid may have. Checking each
-        # cell's config would take minutes and gigabytes before this refusal.
-        grid = ("[axes.train]\nseed = [" + ", ".join(map(str, range(400))) + "]\n"
-                "[axes.model]\nvocab = [" + ", ".join(map(str, range(2, 302))) + "]\n")
-        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out", "--emit-slurm"],
-                   "more than 100000 cells (axes of 400 x 300 values)", self.write("g.toml", grid))
-
-    def test_fp64_precision_on_the_gpu(self):
-        self.check(["train", "--set", *SMALL, "backend=cuda", "train.precision=fp64", "--out",
-                    "{d}/r.h5"], 'train.precision = "fp64" runs on backend = "cpu" only')
-
-    def test_unreadable_config(self):
-        self.check(["train", "--config", "{d}/missing.toml", "--out", "{d}/r.h5"], "missing.toml")
-
-    def test_malformed_toml(self):
-        self.check(["train", "--config", "{d}/c.toml", "--out", "{d}/r.h5"], "c.toml",
-                   self.write("c.toml", "[model\nvocab = 3\n"))
-
-    def test_output_directory_unwritable(self):
-        if os.geteuid() == 0:
-            self.skipTest("root can write anywhere")
-        def setup(d):
-            os.mkdir(os.path.join(d, "ro"))
-            os.chmod(os.path.join(d, "ro"), stat.S_IRUSR | stat.S_IXUSR)
-        self.check(["train", "--set", *SMALL, "--out", "{d}/ro/r.h5"], "ro", setup)
-
-    def test_output_parent_is_a_file(self):
-        self.check(["train", "--set", *SMALL, "--out", "{d}/f.txt/r.h5"], "f.txt",
-                   self.write("f.txt", "x"))
-
-    def test_existing_output_without_force(self):
-        self.check(["train", "--set", *SMALL, "--out", "{d}/r.h5"], "--force",
-                   self.write("r.h5", "precious"))
-
-    def test_unknown_kernel_variant_lists_valid_ones(self):
-        self.check(["train", "--set", "kernels.rmsnorm_forward=fast", "--out", "{d}/r.h5"],
-                   "valid: reference")
-
-    def test_unknown_dataset(self):
-        self.check(["train", "--set", *SMALL, "data=wikipedia", "--out", "{d}/r.h5"], "wikipedia")
-
-    def test_zipf_exponent_not_positive(self):
-        self.check(["train", "--set", *SMALL, "data=zipf:0", "--out", "{d}/r.h5"], "zipf:0")
-
-    def test_set_without_equals(self):
-        self.check(["train", "--set", "train.lr", "--out", "{d}/r.h5"], "train.lr")
-
-    def test_negative_checkpoint_interval(self):
-        self.check(["train", "--set", "checkpoint.every=-1", "--out", "{d}/r.h5"],
-                   "'checkpoint.every'")
-
-    def test_data_command_vocab_too_small(self):
-        self.check(["data", "--dataset", "uniform", "--vocab", "1"], "--vocab 1")
-
-    def test_data_command_zero_batch(self):
-        self.check(["data", "--dataset", "uniform", "--batch", "0"], "--batch 0")
-
-    def test_data_command_zero_seq(self):
-        self.check(["data", "--dataset", "uniform", "--seq", "0"], "--seq 0")
-
-    def test_unknown_flag(self):
-        self.check(["train", "--bogus", "--out", "{d}/r.h5"], "--bogus")
+from cli import BIN, ROOT, SMALL, run, tmpdir
 
 
 class OutputFolders(unittest.TestCase):

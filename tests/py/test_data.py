@@ -1,7 +1,6 @@
 """Datasets from the command line: divlab data, the tokenizer cache, text traces, bad corpora."""
 import os
 import re
-import tomllib
 import unittest
 
 import h5py

@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import BIN, SMALL, assert_rejected, run, tmpdir
+from cli import BIN, run, tmpdir
 
 # Plots need matplotlib in the interpreter analyze runs; without it (configure says so) the
 # figures are not asserted on.
@@ -674,81 +674,6 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
                              "embed_rmsnorm_backward=fp32_reordered")
 
 
-class ExperimentBadInput(unittest.TestCase):
-    def check(self, args, needle, setup=None):
-        assert_rejected(self, args, needle, setup)
-
-    def test_grid_without_axes(self):
-        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "no [axes]",
-                   lambda d: write_grid(d, "[set.train]\nsteps = 3\n", "g.toml"))
-
-    def test_grid_with_unknown_key(self):
-        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "train.sead",
-                   lambda d: write_grid(d, "[axes.train]\nsead = [1, 2]\n", "g.toml"))
-
-    def test_grid_with_unknown_section(self):
-        self.check(["sweep", "--config", "{d}/g.toml", "--out", "{d}/out"], "unknown key",
-                   lambda d: write_grid(d, "[axis.train]\nseed = [1, 2]\n", "g.toml"))
-
-    def test_output_folder_of_another_grid(self):
-        def setup(d):
-            write_grid(d)
-            run("sweep", "--config", os.path.join(d, "grid.toml"), "--out",
-                os.path.join(d, "out"), check=True)
-            write_grid(d, GRID.replace("seed = [0, 1]", "seed = [5, 6]"), "other.toml")
-        self.check(["sweep", "--config", "{d}/other.toml", "--out", "{d}/out"], "another grid",
-                   setup)
-
-    def test_a_folder_swept_with_quick_says_so(self):
-        # check --train sweeps with --quick: continuing its folder without it is another grid.
-        def setup(d):
-            write_grid(d, GRID + "[quick.set.train]\nsteps = 4\n")
-            run("sweep", "--config", os.path.join(d, "grid.toml"), "--out",
-                os.path.join(d, "out"), "--quick", check=True)
-        self.check(["sweep", "--out", "{d}/out"],
-                   "another grid (grid.id differs); it was swept with --quick: run the same "
-                   "command with it", setup)
-
-    def test_cell_out_of_range(self):
-        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--cell", "9"],
-                   "--cell 9", lambda d: write_grid(d))
-
-    def test_negative_jobs(self):
-        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--jobs", "-1"],
-                   "--jobs -1", lambda d: write_grid(d))
-
-    def test_negative_timeout(self):
-        self.check(["sweep", "--config", "{d}/grid.toml", "--out", "{d}/out", "--timeout", "-5"],
-                   "--timeout", lambda d: write_grid(d))
-
-    def test_analyze_folder_without_traces(self):
-        self.check(["analyze", "{d}"], "no traces")
-
-    def test_analyze_missing_folder(self):
-        self.check(["analyze", "{d}/nothing"], "no such folder")
-
-    def test_analyze_corrupt_trace(self):
-        def setup(d):
-            os.makedirs(os.path.join(d, "cells"))
-            with open(os.path.join(d, "cells", "0000.h5"), "wb") as f:
-                f.write(b"\x89HDF\r\n\x1a\n" + b"\x00" * 40)  # an HDF5 signature, then nothing
-        self.check(["analyze", "{d}"], "0000.h5", setup)
-
-    def test_analyze_truncated_trace(self):
-        def setup(d):
-            os.makedirs(os.path.join(d, "cells"))
-            run("train", "--set", *SMALL, "--out", os.path.join(d, "cells", "0000.h5"),
-                check=True)
-            path = os.path.join(d, "cells", "0000.h5")
-            with open(path, "r+b") as f:
-                f.truncate(os.path.getsize(path) // 2)
-        self.check(["analyze", "{d}"], "0000.h5", setup)
-
-
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ReproduceQuick(unittest.TestCase):
     def test_end_to_end(self):
         # The reported failure in about a minute: bf16_accum diverges under SGD on the skewed
@@ -789,3 +714,7 @@ class ReproduceQuick(unittest.TestCase):
             report = f.read()
         self.assertIn("## What the models write", report)
         self.assertIn("| reference | bf16_accum |", report)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -12,7 +12,7 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import SMALL, run, tmpdir
+from cli import run, tmpdir
 
 SETTINGS = ["model.vocab=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
             "model.seq_len=16", "train.batch=4", "data=zipf:1.2"]

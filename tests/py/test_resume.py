@@ -10,7 +10,7 @@ import unittest
 import h5py
 import numpy as np
 
-from cli import BIN, SMALL, assert_rejected, digest, run, tmpdir
+from cli import BIN, SMALL, digest, run, tmpdir
 
 RUN = [*SMALL, "train.steps=400", "checkpoint.every=9", "eval.every=50", "trace.flush_steps=1",
        "model.seq_len=32", "train.batch=8"]
@@ -175,32 +175,6 @@ class KillWindows(unittest.TestCase):
         r = run("train", "--resume", out, check=True)
         self.assertIn("starting over from step 0", r.stderr)
         self.assert_like_full_run(out)
-
-
-class ResumeBadInput(unittest.TestCase):
-    def check(self, args, needle, setup=None):
-        assert_rejected(self, args, needle, setup)
-
-    def make(self, *sets, check=True):
-        return lambda d: run("train", "--set", *SMALL, *sets, "--out", os.path.join(d, "r.h5"),
-                             check=check)
-
-    def test_missing_trace(self):
-        self.check(["train", "--resume", "{d}/none.h5"], "none.h5")
-
-    def test_finished_run(self):
-        self.check(["train", "--resume", "{d}/r.h5"], "nothing left to run",
-                   self.make("checkpoint.every=5"))
-
-    def test_corrupt_trace(self):
-        def setup(d):
-            with open(os.path.join(d, "r.h5"), "wb") as f:
-                f.write(b"\x89HDF\r\n\x1a\n" + os.urandom(512))
-        self.check(["train", "--resume", "{d}/r.h5"], "r.h5", setup)
-
-    def test_resume_with_config_or_out(self):
-        self.check(["train", "--resume", "{d}/r.h5", "--out", "{d}/x.h5"], "drop --config and --out",
-                   self.make("checkpoint.every=5"))
 
 
 if __name__ == "__main__":
