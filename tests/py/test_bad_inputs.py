@@ -56,7 +56,7 @@ def setup_for(case):
             for k, v in SUBST.items():
                 text = text.replace(k, v)
             with open(path, "w") as f:
-                f.write(text)
+                f.write(text * case.get("repeat", {}).get(name, 1))
         for name, hex_bytes in case.get("bytes", {}).items():  # what text cannot hold
             path = os.path.join(d, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
