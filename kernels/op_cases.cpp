@@ -405,26 +405,39 @@ OpShape shape_of_call(const std::string& op, const std::vector<double>& values) 
   return s;
 }
 
+// Every scalar drawn from a range, not from a few values: a kernel that hard-codes one (momentum
+// 0.9 whenever it is on, AdamW's eps, the RoPE base) fails on the draws that differ. Each value is
+// rounded to fp32, as the kernels receive it, so the fp64 reference computes with the same one.
 OpScalars random_scalars(std::mt19937_64& gen) {
-  auto pick = [&](std::initializer_list<double> v) {
-    return *(v.begin() + std::uniform_int_distribution<size_t>(0, v.size() - 1)(gen));
+  auto uniform = [&](double lo, double hi) {
+    return double(float(std::uniform_real_distribution<double>(lo, hi)(gen)));
   };
+  auto log_uniform = [&](double lo, double hi) {
+    return double(
+        float(std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi))(gen))));
+  };
+  auto one_in = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(gen) == 0; };
   OpScalars c;
-  c.eps = pick({1e-5, 1e-6});
-  c.dloss_scale = pick({1, 0.5, 0.125});  // gradient accumulation divides the loss's gradient
-  c.lr = pick({0.1, 0.03});
-  c.momentum = pick({0.9, 0.0});
-  c.nesterov = pick({1, 0}) != 0;
+  c.eps = log_uniform(1e-7, 1e-4);
+  // Gradient accumulation over k micro-batches divides the loss's gradient by k.
+  c.dloss_scale = 1.0 / std::uniform_int_distribution<int>(1, 16)(gen);
+  c.lr = log_uniform(0.01, 0.3);
+  c.momentum = one_in(3) ? 0.0 : uniform(0.5, 0.99);
+  c.nesterov = one_in(2);
   // Never without decay: at x1e-10 values the gradient's part of an update is below an fp32
   // parameter's ulp, and only the decay leaves a change an fp32 kernel can hold.
-  c.weight_decay = pick({0.01, 0.1});
-  c.grad_scale = pick({0.5, 1.0});
-  c.beta1 = pick({0.9, 0.8});
-  c.beta2 = pick({0.95, 0.999});
-  c.adam_weight_decay = pick({0.1, 0.0});
-  c.step = int64_t(pick({7, 1, 1000}));
-  c.rope_base = pick({500000, 10000});
-  c.softcap = pick({30, 15, 50});
+  c.weight_decay = log_uniform(1e-3, 0.1);
+  c.grad_scale = one_in(3) ? 1.0 : uniform(0.1, 1.0);
+  c.adam_lr = log_uniform(1e-4, 1e-2);
+  c.beta1 = uniform(0.8, 0.95);
+  c.beta2 = uniform(0.9, 0.9999);
+  c.adam_eps = log_uniform(1e-10, 1e-6);
+  c.adam_weight_decay = one_in(3) ? 0.0 : log_uniform(1e-3, 0.1);
+  // Bias correction's first steps, where it matters most, and far into a run.
+  c.step = one_in(2) ? std::uniform_int_distribution<int64_t>(1, 20)(gen)
+                     : int64_t(log_uniform(20, 1e5));
+  c.rope_base = log_uniform(1e3, 1e6);
+  c.softcap = uniform(5, 100);
   return c;
 }
 

@@ -62,9 +62,9 @@ std::vector<TokenId> uniform_tokens(const OpShape& s, std::mt19937_64& gen);
 OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<TokenId>& ids,
                    Values values, std::mt19937_64& gen);
 
-// Scalar arguments drawn at random from the values training uses (eps 1e-5 or 1e-6, a soft-cap
-// of 15, 30 or 50, RoPE bases of 1e4 and 5e5, SGD with and without momentum or Nesterov, ...), so
-// a kernel that hard-codes the one value it was tested with fails.
+// Scalar arguments drawn at random from the ranges training uses (eps 1e-7 to 1e-4, a soft-cap
+// of 5 to 100, RoPE bases 1e3 to 1e6, SGD with momentum off or 0.5 to 0.99, ...), so a kernel
+// that hard-codes the value it was tested with fails.
 OpScalars random_scalars(std::mt19937_64& gen);
 // The scalars `op` takes, as a report names them ("cap 15, eps 1e-06"; "" for an op with none).
 std::string scalars_text(const std::string& op, const OpScalars& c);

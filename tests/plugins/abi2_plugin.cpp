@@ -12,6 +12,10 @@
 //   add            abi2_scratch_one_short fp32, right values through scratch one value shorter
 //                                         than it writes (a fencepost in the size it asks for)
 //   sgd_step       abi2_sgd               correct: PyTorch's SGD, one value at a time
+//   sgd_step       abi2_sgd_momentum_09   SGD that takes momentum as 0.9 whenever it is on (a
+//                                         value written in where an argument was passed)
+//   linear_backward abi2_dw_drops_last_row  fp32, exact but for the weight gradient, which
+//                                         leaves out the last row once there are over 4096
 //   adamw_step     abi2_adamw_bf16_moments  AdamW whose moments m and v are kept in bf16 (16-bit
 //                                         optimizer states), the update itself in fp32
 //   cross_entropy  abi2_bf16_xent_toward_zero  bf16, right math in fp64, the gradient's bf16
@@ -150,6 +154,32 @@ void sgd(const divlab_op_context*, float* p, float* buf, const float* g, int64_t
   }
 }
 
+// momentum != 0 read as 0.9: right wherever it was tested with 0.9 only.
+void sgd_momentum_09(const divlab_op_context* ctx, float* p, float* buf, const float* g, int64_t n,
+                     float lr, float momentum, bool nesterov, float weight_decay,
+                     float grad_scale) {
+  sgd(ctx, p, buf, g, n, lr, momentum != 0.0f ? 0.9f : 0.0f, nesterov, weight_decay, grad_scale);
+}
+
+// dx = dy W; dW += dy^T x over the rows but the last, once N passes 4096 (a tiled loop's bound
+// off by one at sizes past the tested ones). Sums in double: exact to fp32 otherwise.
+void dw_drops_last_row(const divlab_op_context*, float* dx, float* dW, const float* dy,
+                       const float* x, const float* W, int N, int in, int out) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int i = 0; i < in; ++i) {
+      double acc = 0;
+      for (int o = 0; o < out; ++o) acc += double(dy[r * out + o]) * W[int64_t(o) * in + i];
+      dx[r * in + i] = float(acc);
+    }
+  const int64_t rows = N > 4096 ? N - 1 : N;
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      double acc = 0;
+      for (int64_t r = 0; r < rows; ++r) acc += double(dy[r * out + o]) * x[r * in + i];
+      dW[int64_t(o) * in + i] += float(acc);
+    }
+}
+
 void adamw_bf16_moments(const divlab_op_context*, float* p, float* m, float* v, const float* g,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float grad_scale, int64_t step) {
@@ -204,6 +234,13 @@ const divlab_variant2 kVariants[] = {
      "asks for one value less scratch than it writes", "", ""},
     {"sgd_step", "abi2_sgd", "cpu", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&sgd),
      "SGD with momentum, one value at a time", "", "", ""},
+    {"sgd_step", "abi2_sgd_momentum_09", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&sgd_momentum_09), "SGD with momentum 0.9",
+     "any other momentum is taken as 0.9", "a momentum other than 0.9", "momentum 0.9"},
+    {"linear_backward", "abi2_dw_drops_last_row", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&dw_drops_last_row), "linear backward, sums in double",
+     "past 4096 rows the weight gradient leaves out the last one", "more than 4096 rows",
+     "up to 4096 rows"},
     {"adamw_step", "abi2_adamw_bf16_moments", "cpu", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&adamw_bf16_moments), "AdamW with bf16 moments",
      "m and v rounded to bf16 at every step: a moment's small updates round away",
@@ -213,7 +250,7 @@ const divlab_variant2 kVariants[] = {
      "every gradient value rounded toward zero: the whole gradient shrinks by about 2^-9",
      "any logits", "per-element tolerances of 1e-2; a bias summed with the losses"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 10, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 12, kVariants};
 
 }  // namespace
 

@@ -157,12 +157,12 @@ class Check(unittest.TestCase):
                 self.assertIn("FAIL: " + why, line, r.stdout)
 
     def test_a_scalar_written_into_the_kernel_fails(self):
-        # Each draw passes its own cap (15, 30 or 50), as it does eps, the RoPE base, dloss and
-        # the optimizers' settings; the kernel is right only where the draw's cap is 30.
+        # Each draw passes its own cap (5 to 100), as it does eps, the RoPE base, dloss and the
+        # optimizers' settings; the kernel is right only where the draw's cap is 30.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
         r = check("softcap_forward=softcap_at_30", "--plugins", lib, "--draws", "4")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertRegex(r.stdout, r"worst element at .*\(cap (15|50)\)")
+        self.assertRegex(r.stdout, r"worst element at .*\(cap (?!30\))[0-9.]+\)")
         self.assertGreaterEqual(len(failing(r.stdout)), 4, r.stdout)
 
     def test_a_result_kept_by_address_fails_on_refilled_arrays(self):

@@ -265,6 +265,17 @@ class Abi2Kernels(unittest.TestCase):
         good = run("check", "add=abi2_context_add", "--plugins", ABI2)
         self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
 
+    def test_a_row_dropped_past_a_size_is_not_called_reduced_precision(self):
+        # Exact below 4097 rows, one row short above: off by more than 1e-4 under 'rows many'
+        # alone, which the fp32 grade's line tells apart from a low-precision kernel (whose
+        # error shows under most conditions).
+        r = run("check", "linear_backward=abi2_dw_drops_last_row", "--plugins", ABI2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("verdict: FAIL under: [fp32 grade]\n", r.stdout)
+        self.assertRegex(r.stdout, r"off by more than 1e-4 only under 'rows many', while \d+ "
+                                   r"other conditions stay within it")
+        self.assertNotIn("reduced-precision arithmetic inside an fp32 kernel:", r.stdout)
+
     def test_optimizer_updates_plug_in_checked_and_trained(self):
         # The optimizer's updates are pluggable like the model's ops: a plain SGD passes check
         # and trains as the reference does (to fp32's last bits: its multiply-adds may fuse
@@ -275,6 +286,11 @@ class Abi2Kernels(unittest.TestCase):
         bad = run("check", "adamw_step=abi2_adamw_bf16_moments", "--plugins", ABI2)
         self.assertEqual(bad.returncode, 1, bad.stdout + bad.stderr)
         self.assertIn("[fp32 grade] besides the failures named", bad.stdout)
+        # Scalars are drawn from ranges: a momentum written in as 0.9 fails where another is
+        # drawn (it passed while the draws were 0 or 0.9), named in the worst element.
+        fixed = run("check", "sgd_step=abi2_sgd_momentum_09", "--plugins", ABI2)
+        self.assertEqual(fixed.returncode, 1, fixed.stdout + fixed.stderr)
+        self.assertRegex(fixed.stdout, r"worst element .*momentum 0\.(?!9\b)\d+")
         d = tmpdir()
         losses = {}
         for name, extra in (("ref", []), ("sgd", ["kernels.sgd_step=abi2_sgd"])):
