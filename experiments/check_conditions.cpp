@@ -36,6 +36,10 @@ constexpr OpShape kManyRows{35, 2003, 8, 1, 16};  // 70 105 rows
 // 8192), in 33 heads of 128 channels, the head width of the llama family (GPT-2's is 64, where
 // every other condition's heads stop).
 constexpr OpShape kWideRows{2, 9, 4224, 33, 97};
+// Heads twice the llama family's width: 256 channels a head (Gemma 2's, the model whose logits
+// the soft-cap is from), past a head kept in 128 registers or a tile written for head sizes of 64
+// and 128 (cuDNN's fused attention stops at 128: divlab's GPU reference then takes its GEMMs).
+constexpr OpShape kWideHeads{2, 67, 512, 2, 97};
 // More values in one array than any other condition's (4.19 M: 4094 rows of 1024, and logits of
 // 1024 ids; the others stop near 560 000): a kernel with a path of its own for large tensors (a
 // grid-stride loop, a split reduction, a vectorised or lossy fast path chosen past 2^20 values)
@@ -198,6 +202,12 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                     Op::sum_squares, Op::sgd_step,        Op::adamw_step};
   past_grid.not_for = "the op is not one flat array ('arrays large' is its largest)";
   list.push_back(past_grid);
+  Condition wide_heads = c("heads wide (256)", kWideHeads);
+  wide_heads.draws = 0, wide_heads.shrink = true;
+  wide_heads.only = {Op::attention_forward, Op::attention_backward, Op::rope_forward,
+                     Op::rope_backward,     Op::gqa_forward,        Op::gqa_backward};
+  wide_heads.not_for = "the op does not see heads";
+  list.push_back(wide_heads);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

@@ -206,6 +206,16 @@ void attention_forward_causal(float* out, float* att, const float* qkv, int B, i
     }
   }
 }
+// The same forward written for heads of at most 128 channels (a head's accumulators in a fixed
+// array): channels past the 128th are never written.
+void attention_forward_heads_to_128(float* out, float* att, const float* qkv, int B, int T, int C,
+                                    int NH) {
+  std::vector<float> all(size_t(B) * T * C);
+  attention_forward_causal<false>(all.data(), att, qkv, B, T, C, NH);
+  const int hd = C / NH;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (int(i % size_t(C)) % hd < 128) out[i] = all[i];
+}
 void attention_backward_causal(float* dqkv, const float* dout, const float* qkv, const float* att,
                                int B, int T, int C, int NH) {
   const int hd = C / NH;
@@ -521,6 +531,16 @@ TEST(CheckHoles, AStrictlyCausalAttentionIsNotSaidToHideNaNs) {
   const CheckReport r = check("attention_forward=drops_nan");
   EXPECT_EQ(r.failing, std::vector<std::string>{"values NaN"}) << format_check(r);
   EXPECT_TRUE(fails_under(r, "values NaN", "NaN hidden")) << format_check(r);
+}
+
+// Every other condition's heads stop at 128 channels: a kernel written for those alone passes
+// them all, and fails at Gemma 2's 256.
+TEST(CheckHoles, AHeadWrittenFor128ChannelsFailsAtHeadsOf256) {
+  Registered fwd(mutable_cpu_catalogue().attention_forward, "heads_to_128",
+                 attention_forward_heads_to_128);
+  const CheckReport r = check("attention_forward=heads_to_128");
+  EXPECT_EQ(r.failing, std::vector<std::string>{"heads wide (256)"}) << format_check(r);
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {

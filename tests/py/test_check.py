@@ -180,7 +180,8 @@ class Check(unittest.TestCase):
         # chunk, one with a body of 16 values and no tail: right at every size the other
         # conditions draw, wrong at a vocabulary past 2^17 ids (Llama 3 has 128 256), a sequence
         # past 2048 positions, 65 536 rows, one id at 65 536 positions, rows of 4224 channels in
-        # heads of 128, 4 M values in one array (and 16 M), or 16 M values no multiple of 16.
+        # heads of 128 (and of 256), 4 M values in one array (and 16 M), or 16 M values no
+        # multiple of 16.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
         for target, conditions in [
                 ("embedding_forward=u16_ids", ["vocabulary wide"]),
@@ -189,7 +190,7 @@ class Check(unittest.TestCase):
                 ("rmsnorm_forward=rows_u16", ["rows many"]),
                 ("embed_rmsnorm_backward=u16_row_counts", ["row hot (2^16+)"]),
                 ("rmsnorm_forward=row_buffer_4096", ["channels wide"]),
-                ("attention_forward=head_tile_64", ["channels wide"]),
+                ("attention_forward=head_tile_64", ["channels wide", "heads wide (256)"]),
                 ("gelu_forward=chunks_of_2_20", ["arrays large (4 M)", "arrays past 2^24"]),
                 ("add=vector_body_without_tail", ["arrays past 2^24"])]:
             with self.subTest(target):
