@@ -138,10 +138,13 @@ struct Checker {
   mutable std::unique_ptr<PreparedCall<KS>> load;   // the concurrent condition's GEMM, bound once
   mutable const CheckProgress* progress = nullptr;  // run_all's, for draw()'s heartbeat
 
-  // Between the phases of a draw (inputs and reference ready; the kernel's calls returned): the
-  // hang clock then times the kernel's calls alone, not the fp64 work around them.
-  void restart_hang_clock() const {
-    if (progress && progress->ready) progress->ready();
+  // Around the kernel's calls of a draw: the hang clock times them alone, not the fp64 work
+  // around them.
+  void kernel_calls_begin() const {
+    if (progress && progress->kernel_calls) progress->kernel_calls();
+  }
+  void kernel_calls_end() const {
+    if (progress && progress->own_work) progress->own_work();
   }
 
   const TraceCapture& trace_calls() const {
@@ -270,10 +273,11 @@ struct Checker {
         if (round_inputs)
           for (auto& v : inputs.back().values) round_to_bf16(v);
       }
-      restart_hang_clock();
+      kernel_calls_begin();
       try {
         size_t chosen = 0;
         got = run_under_load(inputs, s, &moved, &chosen);
+        kernel_calls_end();
         x = std::move(inputs[chosen]);
       } catch (const std::exception& e) {
         r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
@@ -303,7 +307,7 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    if (!cond.concurrent) restart_hang_clock();
+    if (!cond.concurrent) kernel_calls_begin();
     if (cond.earlier_calls > 0) {
       // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
@@ -324,7 +328,7 @@ struct Checker {
         return r;
       }
     }
-    restart_hang_clock();
+    kernel_calls_end();
     // A trace's values can hold NaN too (an activation that overflowed): judged as planted ones.
     const bool nan_inputs =
         cond.values == Values::NaNs ||
@@ -366,11 +370,13 @@ struct Checker {
       r.worst += " (" + scalars + ")";
     if (cond.repeat) {
       OpRun again;
+      kernel_calls_begin();
       try {
         again = call_op(op, variant, x, s);
       } catch (const std::exception& e) {
         r.note = std::string("threw on the repeat: ") + e.what();
       }
+      kernel_calls_end();
       r.deterministic = bitwise_equal(got, again);
       if (!r.deterministic && r.note.empty()) r.note = "not bitwise repeatable";
     }

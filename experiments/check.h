@@ -126,10 +126,11 @@ struct ConditionInfo {
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt);
 struct CheckProgress {
   std::function<void(size_t)> begin;  // condition i starts; i == count: the verifier emulation
-  // A draw's inputs (and, but under concurrent load, its reference) are ready and the kernel's
-  // calls come next, or they have returned: the hang clock (--time-limit) restarts at each, so
-  // drawing 16 M inputs and the fp64 work on a busy machine is not counted as the kernel's time.
-  std::function<void()> ready;
+  // The kernel's calls of a draw come next (its inputs and, but under concurrent load, its
+  // reference are ready): --time-limit times them. Then they have returned: divlab's own work
+  // follows (judging, the next draw's inputs and fp64 reference), which on a busy machine can
+  // take longer than a kernel is given at 16 M values, so it is bounded apart (kOwnWorkLimit).
+  std::function<void()> kernel_calls, own_work;
   std::function<void(size_t, const ConditionResult&)> result;
   std::function<void(bool)> verifier;  // the benchmark verifier emulation's outcome
 };

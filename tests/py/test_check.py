@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
@@ -138,6 +139,21 @@ class Check(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")
         self.assertEqual(failing(r.stdout), ["shape large"], r.stdout)
+
+    def test_divlab_s_own_work_is_not_the_kernel_s_time(self):
+        # --time-limit times a draw's kernel calls; the fp64 work between them (AdamW's reference
+        # over 16.8 M values, its rounding allowances, the next draw) is bounded apart. With the
+        # cores busy it took past 1 s, and a correct kernel was called hung ("arrays past 2^24").
+        load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(os.cpu_count() or 2)]
+        try:
+            r = check("adamw_step=reference", "--time-limit", "1")
+        finally:
+            for p in load:
+                p.kill()
+                p.wait()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotIn("hang", r.stdout)
 
     def test_reading_an_output_or_writing_an_input_fails_everywhere(self):
         # Training hands a kernel last step's values in its outputs and needs its inputs after
