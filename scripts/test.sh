@@ -10,8 +10,8 @@
 # the sanitizer build is -O1 with line tables only and a unity build (5.9 min; 10 at -O2 -g
 # file by file), coverage instrumentation sits only where the fuzz targets' inputs go, and
 # clang-tidy reads sources in batches (scripts/lint.sh). A clean clone with an empty ccache took
-# 28 min 8 s on 2 cores (2026-11-28; a fresh machine adds ~80 s of apt and npm; CI's own machine
-# took 2 208 s the day before, without the sanitizer cuts: docs/performance.md).
+# 13 min 46 s on 2 cores on 2026-11-30 and 35 min 42 s on a slow day of the same VM (2026-11-29;
+# a fresh machine adds ~80 s of apt and npm: docs/performance.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each phase's wall time, so that a slow CI run shows where its minutes went.
