@@ -153,6 +153,7 @@ Command add_data_command(CLI::App& app) {
     uint64_t seed = 0;
     BatchDumpOptions dump;
     CLI::Option* dump_step = nullptr;
+    CLI::Option* ranks_given = nullptr;
   };
   const auto o = std::make_shared<Options>();
   auto* data = app.add_subcommand("data", "token-frequency statistics of a dataset");
@@ -163,10 +164,10 @@ Command add_data_command(CLI::App& app) {
       ->capture_default_str();
   data->add_option("--batch", o->batch, "sequences per step")->capture_default_str();
   data->add_option("--seq", o->seq, "tokens per sequence")->capture_default_str();
-  data->add_option("--ranks", o->ranks,
-                   "data-parallel ranks (train.ranks) sharing each batch: also the dose one "
-                   "rank's kernel call sees")
-      ->capture_default_str();
+  o->ranks_given = data->add_option("--ranks", o->ranks,
+                                    "data-parallel ranks (train.ranks) sharing each batch: also "
+                                    "the dose one rank's kernel call sees")
+                       ->capture_default_str();
   data->add_option("--seed", o->seed, "seed for the batches sampled")
       ->capture_default_str()
       ->check(kNotNegative);
@@ -184,6 +185,10 @@ Command add_data_command(CLI::App& app) {
               return cmd_data(o->spec, o->vocab, o->batch, o->seq, o->seed, o->ranks);
             }
             if (dump.out.empty()) throw InputError("--dump-batch: --out names the file to write");
+            if (o->ranks_given->count() > 0)
+              throw InputError(
+                  "--ranks: not with --dump-batch, which writes the whole step's "
+                  "batch (rank r of R takes its rows r B/R to (r + 1) B/R - 1)");
             dump.dataset = o->spec, dump.vocab = o->vocab, dump.batch = o->batch;
             dump.seq = o->seq, dump.seed = o->seed;
             if (o->vocab < 2)
