@@ -123,13 +123,13 @@ bool decode(const std::string& line, ConditionResult* r) {
 
 // The command line of this check's conditions (another process of the same executable).
 std::vector<std::string> check_argv(const CheckOptions& opt, uint64_t seed) {
-  std::vector<std::string> argv = {"check",         opt.target,
-                                   "--backend",     name_of(opt.backend),
-                                   "--precision",   name_of(opt.precision),
-                                   "--grade",       name_of(opt.grade),
-                                   "--draws",       std::to_string(opt.draws),
-                                   "--seed",        std::to_string(seed),
-                                   "--no-sanitizer"};
+  std::vector<std::string> argv = {"check",       opt.target,
+                                   "--backend",   name_of(opt.backend),
+                                   "--precision", name_of(opt.precision),
+                                   "--grade",     name_of(opt.grade),
+                                   "--draws",     std::to_string(opt.draws),
+                                   "--seed",      std::to_string(seed)};
+  if (opt.backend == Backend::Cuda) argv.push_back("--no-sanitizer");
   for (const auto& p : opt.plugins) argv.insert(argv.end(), {"--plugins", p});
   if (!opt.trace.empty()) argv.insert(argv.end(), {"--trace", opt.trace});
   return argv;

@@ -172,6 +172,10 @@ Command add_check_command(CLI::App& app) {
             ck.plots = !o->no_plots;
             ck.sanitizer = !o->no_sanitizer;
             ck.backend = option_choice<Backend>("--backend", o->backend);
+            if (o->no_sanitizer && ck.backend != Backend::Cuda)
+              throw InputError(
+                  "--no-sanitizer: only with --backend cuda (a CPU check runs no "
+                  "compute-sanitizer pass)");
             // Candidates are judged against the fp64 reference, so they run fp32 or bf16 only.
             if (o->precision != "fp32" && o->precision != "bf16")
               throw InputError("--precision '" + o->precision + "': expected fp32 or bf16" +
