@@ -211,12 +211,20 @@ class TwinPhysics(unittest.TestCase):
         ours, twin = f["losses"][:], self.twin_losses(f, steps)
         self.check_losses(ours, twin, "AdamW")
         # Adam's update is invariant to a row's gradient scale, so the rows the bug shrinks move
-        # as the reference's do: measured at most 1.3e-4 apart over 30 steps (8 seeds).
+        # almost as the reference's do. Measured over 41 seeds, the worst step's relative gap:
+        # median 8.7e-5, 90th percentile 1.6e-4, and a tail to 1.5e-3 (seed 757282462 at step
+        # 28, a small consistent drop); the same seeds under SGD move by 0.45 to 4.0 at their
+        # worst step. Masked: at every step within 1e-2 and within a thirtieth of SGD's.
+        sgd = self.dump(SGD + [BUG], steps)["losses"][:] / self.dump(SGD, steps)["losses"][:]
+        sgd_worst = float(np.abs(sgd - 1).max())
+        self.assertGreater(sgd_worst, 0.1, f"seed {self.seed}: the bug under SGD")
         for s in range(steps):
             for name, bug in (("divlab", ours[s]), ("twin", twin[s])):
-                self.assertLess(abs(bug - reference[s]) / reference[s], 1e-3,
+                gap = abs(bug - reference[s]) / reference[s]
+                self.assertLess(gap, min(1e-2, sgd_worst / 30),
                                 f"seed {self.seed} AdamW step {s}: {name}'s buggy run "
-                                f"{bug} vs the reference {reference[s]}")
+                                f"{bug} vs the reference {reference[s]} (SGD's worst gap "
+                                f"{sgd_worst:.3f})")
 
 
 if __name__ == "__main__":
