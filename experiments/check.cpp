@@ -307,13 +307,13 @@ struct Checker {
       }
       ref = call_op(op, reference, x, s);
     }
-    if (!cond.concurrent) kernel_calls_begin();
     if (cond.earlier_calls > 0) {
       // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
       first.scalars = x.scalars;
       if (round_inputs)
         for (auto& v : first.values) round_to_bf16(v);
+      kernel_calls_begin();
       try {
         got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s, &growth);
       } catch (const std::exception& e) {
@@ -321,6 +321,7 @@ struct Checker {
         return r;
       }
     } else if (!cond.concurrent) {
+      kernel_calls_begin();
       try {
         got = call_op(op, variant, x, s);
       } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
@@ -328,7 +329,7 @@ struct Checker {
         return r;
       }
     }
-    kernel_calls_end();
+    kernel_calls_end();  // (after the concurrent condition, a second mark: its calls ended above)
     // A trace's values can hold NaN too (an activation that overflowed): judged as planted ones.
     const bool nan_inputs =
         cond.values == Values::NaNs ||
@@ -647,6 +648,10 @@ namespace {
 // stay fp32-exact, is a part of the result lost or added where those conditions' sizes or values
 // reach (a dropped last row past some size, a sum cut short), whatever its size.
 std::string fp32_grade_diagnosis(const CheckReport& r) {
+  if (r.failing.size() > 1)
+    return "besides the failures named, outputs off by more than 1e-4 but within 1e-2 (the table's "
+           "'bf16-grade' rows): reduced-precision arithmetic inside an fp32 kernel, or the same "
+           "fault at a smaller size; --grade bf16 forgives only this";
   std::vector<std::string> coarse;
   int exact = 0;
   for (const ConditionResult& c : r.conditions) {
@@ -656,10 +661,6 @@ std::string fp32_grade_diagnosis(const CheckReport& r) {
     else
       ++exact;
   }
-  if (r.failing.size() > 1)
-    return "besides the failures named, outputs off by more than 1e-4 but within 1e-2 (the table's "
-           "'bf16-grade' rows): reduced-precision arithmetic inside an fp32 kernel, or the same "
-           "fault at a smaller size; --grade bf16 forgives only this";
   if (!coarse.empty() && coarse.size() <= 2 && exact >= 4 * int(coarse.size())) {
     std::string where = coarse[0] + (coarse.size() > 1 ? " and " + coarse[1] : "");
     return "some output is off by more than 1e-4 only under " + where + ", while " +

@@ -72,6 +72,13 @@ std::vector<Condition> check_condition_list(bool with_trace) {
     k.name = std::move(name), k.shape = s;
     return k;
   };
+  // A size past the ones kernels are written for: one draw, shrunk when it fails, for the ops
+  // that have that dimension.
+  auto past = [&c](std::string name, OpShape s, std::vector<Op> ops, const char* not_for) {
+    Condition k = c(std::move(name), s);
+    k.draws = 0, k.shrink = true, k.only = std::move(ops), k.not_for = not_for;
+    return k;
+  };
   std::vector<Condition> list;
   for (const auto& [name, tokens] :
        std::vector<std::pair<std::string, std::string>>{{"tokens uniform", "uniform"},
@@ -119,24 +126,18 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   load.concurrent = true, load.device_only = "streams";
   list.push_back(load);
   // Appended after the older conditions, so that a seed still replays their draws.
-  Condition wide = c("vocabulary wide", kWideVocabulary);
-  wide.draws = 0, wide.shrink = true;
-  wide.only = {Op::embedding_forward,     Op::linear_forward,  Op::linear_backward,
-               Op::cross_entropy,         Op::softcap_forward, Op::softcap_backward,
-               Op::embed_rmsnorm_backward};
-  wide.not_for = "the op has no vocabulary dimension";
-  list.push_back(wide);
-  Condition long_sequence = c("sequence long", kLongSequence);
-  long_sequence.draws = 0, long_sequence.shrink = true;
-  long_sequence.only = {Op::embedding_forward, Op::attention_forward, Op::attention_backward,
-                        Op::rope_forward,      Op::rope_backward,     Op::embed_rmsnorm_backward};
-  long_sequence.not_for = "the op sees positions only as rows";
-  list.push_back(long_sequence);
-  Condition many_rows = c("rows many", kManyRows);
-  many_rows.draws = 0, many_rows.shrink = true;
-  many_rows.only = every_op_but({Op::attention_forward, Op::attention_backward});
-  many_rows.not_for = "attention's T^2 scores at 2003 positions (see 'sequence long')";
-  list.push_back(many_rows);
+  list.push_back(
+      past("vocabulary wide", kWideVocabulary,
+           {Op::embedding_forward, Op::linear_forward, Op::linear_backward, Op::cross_entropy,
+            Op::softcap_forward, Op::softcap_backward, Op::embed_rmsnorm_backward},
+           "the op has no vocabulary dimension"));
+  list.push_back(past("sequence long", kLongSequence,
+                      {Op::embedding_forward, Op::attention_forward, Op::attention_backward,
+                       Op::rope_forward, Op::rope_backward, Op::embed_rmsnorm_backward},
+                      "the op sees positions only as rows"));
+  list.push_back(past("rows many", kManyRows,
+                      every_op_but({Op::attention_forward, Op::attention_backward}),
+                      "attention's T^2 scores at 2003 positions (see 'sequence long')"));
   // One id at 67 914 or more of 70 105 positions: a row taking more contributions than 16 bits
   // count (a real-text step of 262 144 tokens gives "the" about 16 000; a 16-bit segment length or
   // count in a sorted scatter wraps past 65 535 and drops the rest).
@@ -165,15 +166,13 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   misaligned.only = ops_on_packed_tensors();
   misaligned.not_for = "training gives the op's arrays buffers of their own (aligned)";
   list.push_back(misaligned);
-  Condition wide_rows = c("channels wide", kWideRows);
-  wide_rows.draws = 0, wide_rows.shrink = true;
-  wide_rows.only = {Op::embedding_forward,  Op::rmsnorm_forward,     Op::rmsnorm_backward,
-                    Op::linear_forward,     Op::linear_backward,     Op::attention_forward,
-                    Op::attention_backward, Op::rope_forward,        Op::rope_backward,
-                    Op::gqa_forward,        Op::gqa_backward,        Op::swiglu_forward,
-                    Op::swiglu_backward,    Op::add_rmsnorm_forward, Op::embed_rmsnorm_backward};
-  wide_rows.not_for = "the op sees its values as one flat vector, or rows of the vocabulary";
-  list.push_back(wide_rows);
+  list.push_back(
+      past("channels wide", kWideRows,
+           {Op::embedding_forward, Op::rmsnorm_forward, Op::rmsnorm_backward, Op::linear_forward,
+            Op::linear_backward, Op::attention_forward, Op::attention_backward, Op::rope_forward,
+            Op::rope_backward, Op::gqa_forward, Op::gqa_backward, Op::swiglu_forward,
+            Op::swiglu_backward, Op::add_rmsnorm_forward, Op::embed_rmsnorm_backward},
+           "the op sees its values as one flat vector, or rows of the vocabulary"));
   // Evaluation calls the cross-entropy for its losses alone (no dlogits): a path of its own in a
   // fused kernel, which every other condition leaves untried (one that writes the gradient
   // anyway crashes in a run's first evaluation; one whose loss-only path differs reports
@@ -202,12 +201,10 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                     Op::sum_squares, Op::sgd_step,        Op::adamw_step};
   past_grid.not_for = "the op is not one flat array ('arrays large' is its largest)";
   list.push_back(past_grid);
-  Condition wide_heads = c("heads wide (256)", kWideHeads);
-  wide_heads.draws = 0, wide_heads.shrink = true;
-  wide_heads.only = {Op::attention_forward, Op::attention_backward, Op::rope_forward,
-                     Op::rope_backward,     Op::gqa_forward,        Op::gqa_backward};
-  wide_heads.not_for = "the op does not see heads";
-  list.push_back(wide_heads);
+  list.push_back(past("heads wide (256)", kWideHeads,
+                      {Op::attention_forward, Op::attention_backward, Op::rope_forward,
+                       Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
+                      "the op does not see heads"));
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

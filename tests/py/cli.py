@@ -1,6 +1,7 @@
 """Helpers for tests that drive the divlab binary as a user would."""
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -57,6 +58,14 @@ def snapshot(directory):
             else:  # a named pipe would block a reader: its existence is what counts
                 out[p] = "special"
     return out
+
+
+def gpus():
+    """How many GPUs nvidia-smi lists here (0 without the tool or a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in r.stdout.splitlines()) if r.returncode == 0 else 0
 
 
 def assert_rejected(tc, args, needle, setup=None, env=None):

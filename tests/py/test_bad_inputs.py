@@ -8,13 +8,11 @@ a case's name, e.g.
   DIVLAB_BIN=build/cpu/divlab DIVLAB_BAD_INPUT_CASE="a table defined twice" \
     python3 -m unittest test_bad_inputs   (in tests/py)"""
 import os
-import shutil
 import stat
-import subprocess
 import tomllib
 import unittest
 
-from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run
+from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, gpus, run
 
 CASES = os.path.join(ROOT, "tests", "bad_inputs", "cases.toml")
 SUBST = {"{plugin_bad_abi}": os.environ.get("DIVLAB_BROKEN_ABI_PLUGIN", "/missing"),
@@ -89,16 +87,11 @@ def load_cases():
         return tomllib.load(f)["case"]
 
 
-def has_gpu():
-    return shutil.which("nvidia-smi") is not None and subprocess.run(
-        ["nvidia-smi"], capture_output=True).returncode == 0
-
-
 def skip_reason(case):
     """Why a case cannot be judged here, or None."""
     if case.get("readonly") and os.geteuid() == 0:
         return "root can write anywhere"
-    if case.get("no_gpu") and has_gpu():
+    if case.get("no_gpu") and gpus() > 0:
         return "a GPU is present: the command runs here"
     return None
 

@@ -144,8 +144,9 @@ class Check(unittest.TestCase):
         # --time-limit times a draw's kernel calls; the fp64 work between them (AdamW's reference
         # over 16.8 M values, its rounding allowances, the next draw) is bounded apart. With the
         # cores busy it took past 1 s, and a correct kernel was called hung ("arrays past 2^24").
-        load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(os.cpu_count() or 2)]
+        # Each busy loop ends with the test's process, should that be killed first.
+        spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+        load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 2)]
         try:
             r = check("adamw_step=reference", "--time-limit", "1")
         finally:

@@ -4,7 +4,6 @@ timing, resume, NaN attribution, stop signals, a dead rank, mpirun and torchrun)
 more ranks than GPUs refused; and, in the cuda build without a GPU, --emit-slurm asking for a GPU
 per rank. Skipped where fewer than two GPUs or no cuda build are present."""
 import os
-import shutil
 import subprocess
 import tempfile
 import unittest
@@ -15,19 +14,12 @@ import ranks_cases
 BIN = os.environ["DIVLAB_BIN"]
 
 
-def gpus():
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return sum(line.startswith("GPU ") for line in r.stdout.splitlines()) if r.returncode == 0 else 0
-
-
 def cuda_build():
     r = subprocess.run([BIN, "kernels", "--backend", "cuda", "--op", "add"], capture_output=True)
     return r.returncode == 0
 
 
-@unittest.skipUnless(gpus() >= 2 and cuda_build(),
+@unittest.skipUnless(cli.gpus() >= 2 and cuda_build(),
                      "needs two GPUs and the cuda build of divlab with NCCL")
 class NcclRanks(ranks_cases.RanksAsProcesses, unittest.TestCase):
     MODEL = ["backend=cuda", "train.precision=fp32", *ranks_cases.SMALL]
