@@ -205,6 +205,16 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                       {Op::attention_forward, Op::attention_backward, Op::rope_forward,
                        Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
                       "the op does not see heads"));
+  // A softmax is the same for a row moved by any constant, and a row of logits need not sit near
+  // 0 (a model's logits drift together as it trains, and as it diverges). Every other
+  // condition's rows have their largest value near their spread, so a running max started at 0
+  // instead of -inf, or one max for the whole batch, passes them; here exp of a row far below
+  // that max underflows to 0: an infinite loss, NaN gradients.
+  Condition shifted = c("rows offset (1e2-1e3)", kAligned);
+  shifted.values = Values::Shifted, shifted.shrink = true;
+  shifted.only = {Op::cross_entropy};
+  shifted.not_for = "only the cross-entropy's math is the same for rows moved by a constant";
+  list.push_back(shifted);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

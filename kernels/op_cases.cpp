@@ -70,6 +70,12 @@ std::vector<double> activation(size_t n, int64_t row, Values values, std::mt1993
     for (int k = 0; k < 2 && !v.empty(); ++k) v[size_t(gen() % v.size())] = std::nan("");
   if (values == Values::ZeroRows)
     std::fill(v.begin(), v.begin() + std::min<int64_t>(int64_t(v.size()), 3 * row), 0.0);
+  if (values == Values::Shifted && row > 0)
+    for (size_t i = 0; i < v.size(); i += size_t(row)) {
+      const double by = std::uniform_real_distribution<double>(1e2, 1e3)(gen);
+      const double shift = gen() % 2 ? by : -by;
+      for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] += shift;
+    }
   if (values == Values::Outliers && row > 0) {
     // One channel in 32 (at least one), the same in every row: LLM activations' outlier
     // features, or the few ids a trained head gives high logits.

@@ -250,6 +250,22 @@ void attention_backward_causal(float* dqkv, const float* dout, const float* qkv,
   }
 }
 
+// A cross-entropy whose running max starts at 0, not -inf: right wherever a row's largest logit
+// is above -88, where exp of the row's values stays in fp32's range.
+void cross_entropy_max_from_zero(float* losses, float* dlogits, const float* logits,
+                                 const TokenId* targets, int N, int V, float dloss) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* z = logits + n * V;
+    float mx = 0, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, z[v]);
+    for (int v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    losses[n] = mx + std::log(sum) - z[targets[n]];
+    if (!dlogits) continue;
+    for (int v = 0; v < V; ++v) dlogits[n * V + v] = std::exp(z[v] - mx) / sum * dloss;
+    dlogits[n * V + targets[n]] -= dloss;
+  }
+}
+
 // A short run on Zipfian tokens whose trace keeps its final weights.
 std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
   std::string out = testing::temp_dir(tag) + "/run.h5";
@@ -531,6 +547,17 @@ TEST(CheckHoles, AStrictlyCausalAttentionIsNotSaidToHideNaNs) {
   const CheckReport r = check("attention_forward=drops_nan");
   EXPECT_EQ(r.failing, std::vector<std::string>{"values NaN"}) << format_check(r);
   EXPECT_TRUE(fails_under(r, "values NaN", "NaN hidden")) << format_check(r);
+}
+
+// Every other condition's rows of logits have their largest value near their spread: a running
+// max that starts at 0 passes them all, and fails where a row sits far below 0.
+TEST(CheckHoles, ARunningMaxFromZeroFailsOnRowsFarBelowIt) {
+  Registered ce(mutable_cpu_catalogue().cross_entropy, "max_from_zero",
+                cross_entropy_max_from_zero);
+  const CheckReport r = check("cross_entropy=max_from_zero");
+  EXPECT_EQ(r.failing, std::vector<std::string>{"rows offset (1e2-1e3)"}) << format_check(r);
+  EXPECT_TRUE(fails_under(r, "rows offset (1e2-1e3)", "non-finite output")) << format_check(r);
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
 }
 
 // Every other condition's heads stop at 128 channels: a kernel written for those alone passes
