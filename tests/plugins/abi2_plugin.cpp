@@ -20,8 +20,12 @@
 //                                         optimizer states), the update itself in fp32
 //   cross_entropy  abi2_bf16_xent_toward_zero  bf16, right math in fp64, the gradient's bf16
 //                                         values rounded toward zero (a shrink of 2^-9 on average)
+//   rope_forward   abi2_rope_table_in_scratch  fp32, exact, its cos/sin table built when the
+//                                         sequence length, head width or base changes and kept
+//                                         in scratch for the next call (which may find it gone)
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -211,6 +215,41 @@ void xent_toward_zero(const divlab_op_context*, float* losses, divlab_bf16* dlog
   }
 }
 
+// The table of a call's (T, HD, base), kept in scratch region 0 between calls: right for as long
+// as the region keeps what this kernel last wrote there, which the ABI does not promise.
+struct TableKey {
+  int T = -1, HD = -1;
+  float base = -1;
+} table_key;
+void rope_table_in_scratch(const divlab_op_context* ctx, float* y, const float* x, int B, int T,
+                           int NH, int NKV, int HD, float base) {
+  const int half = HD / 2;
+  auto* table = static_cast<double*>(
+      ctx->workspace(ctx, 0, sizeof(double) * 2 * size_t(T) * size_t(std::max(half, 1))));
+  if (!table) return;
+  if (T != table_key.T || HD != table_key.HD || base != table_key.base) {
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < half; ++i) {
+        const double angle = t * std::pow(double(base), -2.0 * i / HD);
+        table[2 * (size_t(t) * half + i)] = std::cos(angle);
+        table[2 * (size_t(t) * half + i) + 1] = std::sin(angle);
+      }
+    table_key = {T, HD, base};
+  }
+  const int64_t W = (int64_t(NH) + 2 * NKV) * HD, rotated = int64_t(NH) + NKV;
+  for (int64_t n = 0; n < int64_t(B) * T; ++n) {
+    const double* row = table + 2 * size_t(n % T) * half;
+    std::memcpy(y + n * W, x + n * W, sizeof(float) * size_t(W));
+    for (int64_t h = 0; h < rotated; ++h)
+      for (int i = 0; i < half; ++i) {
+        const float c = float(row[2 * i]), s = float(row[2 * i + 1]);
+        const float a = x[n * W + h * HD + i], d = x[n * W + h * HD + i + half];
+        y[n * W + h * HD + i] = a * c - d * s;
+        y[n * W + h * HD + i + half] = d * c + a * s;
+      }
+  }
+}
+
 const divlab_variant2 kVariants[] = {
     {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
@@ -249,8 +288,12 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&xent_toward_zero), "bf16 cross-entropy, gradient truncated",
      "every gradient value rounded toward zero: the whole gradient shrinks by about 2^-9",
      "any logits", "per-element tolerances of 1e-2; a bias summed with the losses"},
+    {"rope_forward", "abi2_rope_table_in_scratch", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&rope_table_in_scratch), "RoPE from a table kept in scratch",
+     "the table is read from scratch a later call may find new or another kernel's",
+     "a call that finds its scratch region new", "calls that keep one region to themselves"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 12, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 13, kVariants};
 
 }  // namespace
 

@@ -265,16 +265,28 @@ class Abi2Kernels(unittest.TestCase):
         good = run("check", "add=abi2_context_add", "--plugins", ABI2)
         self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
 
+    def failing_check(self, target, condition):
+        # check on one of the library's variants, which must fail under `condition` alone.
+        r = run("check", target, "--plugins", ABI2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("verdict: FAIL under: [%s]\n" % condition, r.stdout)
+        return r
+
     def test_a_row_dropped_past_a_size_is_not_called_reduced_precision(self):
         # Exact below 4097 rows, one row short above: off by more than 1e-4 under 'rows many'
         # alone, which the fp32 grade's line tells apart from a low-precision kernel (whose
         # error shows under most conditions).
-        r = run("check", "linear_backward=abi2_dw_drops_last_row", "--plugins", ABI2)
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-        self.assertIn("verdict: FAIL under: [fp32 grade]\n", r.stdout)
+        r = self.failing_check("linear_backward=abi2_dw_drops_last_row", "fp32 grade")
         self.assertRegex(r.stdout, r"off by more than 1e-4 only under 'rows many', while \d+ "
                                    r"other conditions stay within it")
         self.assertNotIn("reduced-precision arithmetic inside an fp32 kernel:", r.stdout)
+
+    def test_a_result_kept_in_scratch_between_calls_fails_the_repeat(self):
+        # A RoPE exact on every first call, its table kept in scratch for the next call with the
+        # same length, width and base: the repeat, in a region of its own, reads NaN there.
+        r = self.failing_check("rope_forward=abi2_rope_table_in_scratch", "repeat (bitwise)")
+        self.assertRegex(r.stdout, r"repeat \(bitwise\) .* FAIL: the same call again, on the "
+                                   r"same inputs and in fresh scratch: non-finite output")
 
     def test_optimizer_updates_plug_in_checked_and_trained(self):
         # The optimizer's updates are pluggable like the model's ops: a plain SGD passes check
