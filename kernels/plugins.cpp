@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -264,13 +265,18 @@ std::string probe_in_child(const std::string& path) {
   return "";
 }
 
-// The file a path names, when it names one by location (dlopen searches the library path for a
-// bare name, so that is left as it is).
+// A plug-in is a file, as every path divlab takes: a name without a '/' is one in the current
+// folder. dlopen would search the library path for it instead (the binary's RUNPATH, the system's
+// folders), so a library beside the user could fail to load, or another of its name load.
+std::string file_of(const std::string& path) {
+  return path.find('/') == std::string::npos ? "./" + path : path;
+}
+
+// The file a path names, resolved (two spellings of one library are one library).
 std::string identity_of(const std::string& path) {
-  if (path.find('/') == std::string::npos) return path;
   std::error_code ec;
-  const auto canonical = std::filesystem::canonical(path, ec);
-  return ec ? path : canonical.string();
+  const auto canonical = std::filesystem::canonical(file_of(path), ec);
+  return ec ? file_of(path) : canonical.string();
 }
 
 std::string file_sha256(const std::string& path) {
@@ -323,12 +329,14 @@ void load_one(const std::string& path) {
   auto fail = [&](const std::string& why) { throw PluginError("plug-in '" + path + "': " + why); };
   if (path.empty()) fail("an empty path (dlopen would return divlab itself)");
   // Opening a named pipe blocks until a writer comes (the probe would wait out its 30 s).
+  const std::string file = file_of(path);
   struct stat st {};
-  if (path.find('/') != std::string::npos && stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+  if (stat(file.c_str(), &st) != 0 && errno == ENOENT) fail("cannot load: no such file");
+  if (stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     fail(special_file_kind(st.st_mode) + ", not a library");
-  if (const std::string why = probe_in_child(path); !why.empty()) fail(why);
+  if (const std::string why = probe_in_child(file); !why.empty()) fail(why);
   dlerror();
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail(std::string("cannot load: ") + dlerror());
   Loaded l{path, identity, file_sha256(identity), 0, handle, {}, {}};
   try {

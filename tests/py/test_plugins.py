@@ -10,6 +10,7 @@ import unittest
 
 import h5py
 
+import cli
 from cli import ROOT, SMALL, SMALL_GRID_SET, assert_rejected, run, tmpdir
 
 PLUGIN = os.environ["DIVLAB_EXAMPLE_PLUGIN"]
@@ -49,6 +50,24 @@ class Plugins(unittest.TestCase):
         r = run("kernels", "--op", "embed_rmsnorm_backward", "--plugins", PLUGIN, check=True)
         self.assertIn("example_bf16_rows", r.stdout)
         self.assertIn("[plug-in]", r.stdout)
+
+    def test_a_bare_name_is_a_file_in_the_current_folder(self):
+        # As every path divlab takes, not a name for dlopen's search of the library path (which,
+        # from another folder, finds none, or a system library of that name).
+        d = tmpdir()
+        shutil.copy(PLUGIN, os.path.join(d, "libmine.so"))
+        r = subprocess.run([cli.BIN, "kernels", "--op", "embed_rmsnorm_backward", "--plugins",
+                            "libmine.so", "--plugins", "./libmine.so"], cwd=d,
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("example_bf16_rows"), 1, r.stdout)  # one library
+        elsewhere = tmpdir()
+        for name in ("libmine.so", "libm.so.6"):
+            r = subprocess.run([cli.BIN, "kernels", "--plugins", name], cwd=elsewhere,
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertEqual(r.stderr, "divlab: --plugins: plug-in '%s': cannot load: no such "
+                             "file\n" % name)
 
     def test_train_and_shadow_with_a_plugin_variant(self):
         d = tmpdir()
