@@ -36,6 +36,17 @@ class Install(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return r.stdout.split("resources (configs, plots, data): ")[1].strip()
 
+    def test_no_library_search_starts_in_the_current_folder(self):
+        # An empty or relative RUNPATH entry makes the loader look in the current folder for
+        # divlab's libraries (CMake pads the build tree's with one by default).
+        for binary in (os.path.join(BUILD, "divlab"), os.path.join(self.prefix, "bin", "divlab")):
+            dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True,
+                                     check=True).stdout
+            for line in dynamic.splitlines():
+                if "RPATH" in line or "RUNPATH" in line:
+                    for entry in line.split("[", 1)[1].rsplit("]", 1)[0].split(":"):
+                        self.assertTrue(entry.startswith(("/", "$ORIGIN")), binary + ": " + line)
+
     def test_layout(self):
         share = os.path.join(self.prefix, "share", "divlab")
         for path in ("configs/reproduce.toml", "configs/reproduce-gpu.toml", "analysis/plots.py"):
