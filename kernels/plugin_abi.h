@@ -34,6 +34,10 @@
  * the function types below, A is the declared dtype and every other array is float.
  *   device "cpu":  host pointers; the kernel may use any number of threads.
  *   device "cuda": device pointers; launch on ctx->stream and do not synchronise the device.
+ * A kernel returns with the calling thread's floating-point control (rounding direction,
+ * flush-to-zero, exception traps) as it found it: divlab checks after every call, restores it
+ * and fails the call (check's conditions, a run) where it changed. On cuda, an error the
+ * kernel's launch leaves pending is read right after the call and fails it the same way.
  * A variant that computes the op's math and differs from the reference only by rounding (another
  * summation order, wider accumulation) can declare itself a benign control (DIVLAB_CONTROL):
  * analyses then use it in the noise floor against which candidates are judged. */

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/common/lowp.h"
+#include "kernels/float_control.h"
 #include "kernels/ops.h"
 #include "kernels/plugin_abi.h"
 
@@ -32,6 +33,21 @@ template <>
 struct AbiArg<const fp16*> : AbiPointer<const fp16*, const divlab_fp16*> {};
 static_assert(sizeof(bf16) == sizeof(divlab_bf16) && sizeof(fp16) == sizeof(divlab_fp16));
 
+// After a plug-in kernel that runs on the GPU: an error its launch or queued work left (an
+// invalid launch configuration, past 1024 threads a block, say) is the kernel's, reported here
+// (std::runtime_error) instead of left pending for whoever asks next, which would blame one of
+// divlab's kernels or nobody, and a run would go on with outputs never written. With debug sync
+// (debug.sync_kernels) the call's stream is waited for first. A no-op without CUDA.
+void check_device_plugin_call(const OpContext& ctx);
+
+// Calls a plug-in kernel as the ABI asks: the thread's floating-point control kept, and on the
+// GPU (kDevice) its errors taken as its own.
+template <bool kDevice, class F>
+void call_plugin(const OpContext& ctx, F&& call) {
+  call_keeping_float_control(call);
+  if constexpr (kDevice) check_device_plugin_call(ctx);
+}
+
 // An op's ABI 1 function type: the internal one without its context (embedding_forward also
 // without V, which ABI 2 added), and the shim that calls such an embedding_forward.
 template <Op op, class Fn>
@@ -41,9 +57,22 @@ struct Abi1 {
 template <class Fn>
 struct Abi1<Op::embedding_forward, Fn> {
   using Function = void (*)(float*, const TokenId*, const float*, const float*, int, int, int);
+  template <bool kDevice>
   static void call(const OpContext& ctx, float* x, const TokenId* tokens, const float* wte,
                    const float* wpe, int B, int T, int C, int /*V*/) {
-    reinterpret_cast<Function>(ctx.state)(x, tokens, wte, wpe, B, T, C);
+    call_plugin<kDevice>(
+        ctx, [&] { reinterpret_cast<Function>(ctx.state)(x, tokens, wte, wpe, B, T, C); });
+  }
+};
+// The shim that calls any other op's ABI 1 kernel (bound as the Kernel's state).
+template <class Fn>
+struct Abi1Call;
+template <class... Args>
+struct Abi1Call<void (*)(const OpContext&, Args...)> {
+  template <bool kDevice>
+  static void call(const OpContext& ctx, Args... args) {
+    // Function pointers round-trip through void* on every platform divlab builds on (POSIX).
+    call_plugin<kDevice>(ctx, [&] { reinterpret_cast<void (*)(Args...)>(ctx.state)(args...); });
   }
 };
 
@@ -59,6 +88,7 @@ struct Abi2;
 template <class... Args>
 struct Abi2<void (*)(const OpContext&, Args...)> {
   using Function = void (*)(const divlab_op_context*, typename AbiArg<Args>::type...);
+  template <bool kDevice>
   static void call(const OpContext& ctx, Args... args) {
     divlab_op_context c{};
     c.size = sizeof c;
@@ -67,7 +97,8 @@ struct Abi2<void (*)(const OpContext&, Args...)> {
     c.workspace = &plugin_workspace;
     c.divlab_private = ctx.plugin_workspace ? ctx.plugin_workspace : ctx.workspace;
     // Function pointers round-trip through void* on every platform divlab builds on (POSIX).
-    reinterpret_cast<Function>(ctx.state)(&c, AbiArg<Args>::of(args)...);
+    call_plugin<kDevice>(
+        ctx, [&] { reinterpret_cast<Function>(ctx.state)(&c, AbiArg<Args>::of(args)...); });
   }
 };
 

@@ -27,6 +27,9 @@
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
 #include "kernels/fp16_activations.h"
+#ifdef DIVLAB_HAVE_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 #include "kernels/plugin_calls.h"
 #include "kernels/registry.h"
 
@@ -127,15 +130,25 @@ void add_native(Cat& cat, const Declared& v) {
   cat.for_each_op([&](auto& ops, auto) {
     if (ops.op != v.op) return;
     using Fn = typename std::decay_t<decltype(ops)>::Function;
+    const bool gpu = v.device == "cuda";
+    void* fn = reinterpret_cast<void*>(v.fn);
     if (v.abi == 1 && v.op == "embedding_forward") {
-      if constexpr (std::is_same_v<Fn, OpSignatures<float>::EmbeddingForward>)
+      if constexpr (std::is_same_v<Fn, OpSignatures<float>::EmbeddingForward>) {
+        using Shim = Abi1<Op::embedding_forward, Fn>;
         ops.add(v.name,
-                Kernel<Fn>(&Abi1<Op::embedding_forward, Fn>::call, reinterpret_cast<void*>(v.fn)),
+                Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
                 v.doc);
+      }
     } else if (v.abi == 1) {
-      ops.add(v.name, reinterpret_cast<typename Kernel<Fn>::ContextFree>(v.fn), v.doc);
+      using Shim = Abi1Call<Fn>;
+      ops.add(v.name,
+              Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
+              v.doc);
     } else {
-      ops.add(v.name, Kernel<Fn>(&Abi2<Fn>::call, reinterpret_cast<void*>(v.fn)), v.doc);
+      using Shim = Abi2<Fn>;
+      ops.add(v.name,
+              Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
+              v.doc);
     }
   });
 }
@@ -370,6 +383,19 @@ void load_one(const std::string& path) {
   loaded().push_back(std::move(l));
 }
 }  // namespace
+
+void check_device_plugin_call(const OpContext& ctx) {
+#ifdef DIVLAB_HAVE_CUDA
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && cuda::debug_sync(ctx)) e = cudaStreamSynchronize(cuda::stream_of(ctx));
+  if (e != cudaSuccess)
+    throw cuda::CudaError(std::string("a CUDA plug-in kernel left an error: ") +
+                          cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                          "), from a launch it made or the work it queued");
+#else
+  (void)ctx;
+#endif
+}
 
 void* plugin_workspace(const divlab_op_context* ctx, int region, size_t bytes) {
   if (!ctx || !ctx->divlab_private || region < 0 || region >= kPluginWorkspaceRegions)

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -289,6 +290,41 @@ TEST(Plugins, OptimizerUpdatesPlugInInBothModes) {
   };
   in_mode(f32);
   in_mode(b16);
+}
+
+// A kernel that returns with the thread rounding toward zero: the call throws, naming the
+// change, and the thread rounds to nearest again, in both modes (the bf16 one through its
+// adapter).
+TEST(Plugins, AKernelLeavingTheRoundingChangedThrowsAndItIsRestored) {
+  Unload guard;
+  load_plugins({DIVLAB_ABI2_PLUGIN});
+  std::vector<float> a(33, 1.0f), y(a.size());
+  const std::vector<bf16> b(a.size(), to_bf16(1.0f / 3));
+  const auto expect_restored = [&](const auto& call, const char* mode) {
+    ASSERT_EQ(std::fegetround(), FE_TONEAREST);
+    try {
+      call();
+      ADD_FAILURE() << mode << ": no throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("floating-point control changed (rounding toward zero"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(std::fegetround(), FE_TONEAREST) << mode;
+  };
+  const std::map<std::string, std::string> pick{{"add", "abi2_add_rounding_toward_zero"}};
+  expect_restored(
+      [&] {
+        cpu_catalogue<float>().select(pick).add(test_context(), y.data(), a.data(), a.data(),
+                                                int64_t(a.size()));
+      },
+      "fp32");
+  expect_restored(
+      [&] {
+        cpu_bf16_catalogue().select(pick).add(test_context(), y.data(), a.data(), b.data(),
+                                              int64_t(a.size()));
+      },
+      "bf16");
 }
 
 TEST(Plugins, Abi1LibrariesStillLoad) {

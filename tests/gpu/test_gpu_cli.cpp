@@ -403,6 +403,40 @@ TEST(GpuCheck, AGridCappedAt65535BlocksFailsOnlyPast2To24Values) {
   }
 }
 
+// A kernel of one thread a channel launches nothing past 1024 channels and leaves the launch's
+// error pending: check names the error under "channels wide" alone (not as unwritten outputs),
+// and a run stops at the call, naming the op and variant, instead of training on with its
+// outputs never written (it completed, at the entropy of uniform guessing, before).
+TEST(GpuCheck, ALaunchThatFailsIsTheKernelsErrorInCheckAndInARun) {
+  REQUIRE_GPU();
+  const CheckReport r = run_check(racy_plugin_check("rmsnorm_forward=thread_per_channel"));
+  EXPECT_EQ(r.failing, std::vector<std::string>{"channels wide"}) << format_check(r);
+  // (CUDA 13 calls a block past 1024 threads cudaErrorInvalidValue; others, InvalidConfiguration.)
+  const std::string error = "a CUDA plug-in kernel left an error: cudaErrorInvalid";
+  EXPECT_NE(format_check(r).find(error), std::string::npos) << format_check(r);
+  const std::string dir = temp_dir("gpu_plugin_launch"), out = dir + "/run.h5";
+  const RunConfig cfg =
+      load_config("", {"backend=cuda", "train.precision=fp32",
+                       std::string("plugins=[") + DIVLAB_RACY_CUDA_PLUGIN + "]", "data=zipf:1.1",
+                       "model.vocab=512", "model.d_model=1152", "model.n_heads=8",
+                       "model.n_layers=1", "model.seq_len=32", "train.batch=4", "train.steps=3",
+                       "kernels.rmsnorm_forward=thread_per_channel"});
+  TrainOptions opt;
+  opt.out = out, opt.progress = false;
+  try {
+    train(cfg, opt);
+    ADD_FAILURE() << "the run went on";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("in op rmsnorm_forward (variant thread_per_channel"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find(error), std::string::npos) << what;
+  }
+  EXPECT_EQ(TraceReader(out).string_attr("/", "status"), "failed");
+  unlink(out.c_str());
+  rmdir(dir.c_str());
+}
+
 // A kernel that allocates device scratch at every call and never releases it gives the right
 // values at every condition; the 257th call sees the device's memory grow (128 KiB a call at the
 // aligned shape). The built-in reference does not grow it.

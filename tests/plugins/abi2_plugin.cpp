@@ -20,12 +20,15 @@
 //                                         optimizer states), the update itself in fp32
 //   cross_entropy  abi2_bf16_xent_toward_zero  bf16, right math in fp64, the gradient's bf16
 //                                         values rounded toward zero (a shrink of 2^-9 on average)
+//   add            abi2_add_rounding_toward_zero  fp32, sets the thread's rounding toward zero for
+//                                         its loop and returns without setting it back
 //   rope_forward   abi2_rope_table_in_scratch  fp32, exact, its cos/sin table built when the
 //                                         sequence length, head width or base changes and kept
 //                                         in scratch for the next call (which may find it gone)
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 
@@ -215,6 +218,13 @@ void xent_toward_zero(const divlab_op_context*, float* losses, divlab_bf16* dlog
   }
 }
 
+// Right to within its rounding, and every op after it in the process rounds toward zero too.
+void add_rounding_toward_zero(const divlab_op_context*, float* y, const float* a, const float* b,
+                              int64_t n) {
+  std::fesetround(FE_TOWARDZERO);
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
 // The table of a call's (T, HD, base), kept in scratch region 0 between calls: right for as long
 // as the region keeps what this kernel last wrote there, which the ABI does not promise.
 struct TableKey {
@@ -292,8 +302,11 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&rope_table_in_scratch), "RoPE from a table kept in scratch",
      "the table is read from scratch a later call may find new or another kernel's",
      "a call that finds its scratch region new", "calls that keep one region to themselves"},
+    {"add", "abi2_add_rounding_toward_zero", "cpu", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&add_rounding_toward_zero), "an add rounding toward zero",
+     "leaves the thread rounding toward zero", "every op called after it", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 13, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 14, kVariants};
 
 }  // namespace
 

@@ -15,6 +15,9 @@
 // And one fault no small call shows: `add` on a grid capped at 65 535 blocks of 256 threads with
 // no grid-stride loop, exact up to 2^24 values and leaving the rest unwritten past them; check's
 // "arrays past 2^24" must fail it, alone.
+// And one launch that fails past the sizes tested: `rmsnorm_forward` one thread a channel, a
+// block a row, so past 1024 channels the launch is invalid and nothing is written; the error is
+// left pending. check names it under "channels wide" alone, and a run stops at the call.
 // (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
 
@@ -122,6 +125,32 @@ void rmsnorm_forward_missing_barrier(const divlab_op_context* ctx, float* y, flo
                                                                                    eps);
 }
 
+__global__ void rmsnorm_thread_per_channel(float* y, float* rstd, const float* x, const float* w,
+                                           int C, float eps) {
+  __shared__ float warp_sums[32];
+  const float* row = x + int64_t(blockIdx.x) * C;
+  const bool mine = int(threadIdx.x) < C;  // the block is C rounded up to whole warps
+  const float v = mine ? row[threadIdx.x] : 0.0f;
+  float ss = v * v;
+  for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0;
+  for (unsigned k = 0; k < (blockDim.x + 31) / 32; ++k) total += warp_sums[k];
+  const float r = 1.0f / sqrtf(total / float(C) + eps);
+  if (mine) y[int64_t(blockIdx.x) * C + threadIdx.x] = v * r * w[threadIdx.x];
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+// One block a row, one thread a channel (in whole warps).
+void rmsnorm_forward_thread_per_channel(const divlab_op_context* ctx, float* y, float* rstd,
+                                        const float* x, const float* w, int N, int C, float eps) {
+  if (N == 0) return;
+  const int threads = (C + 31) / 32 * 32;
+  rmsnorm_thread_per_channel<<<N, threads, 0, static_cast<cudaStream_t>(ctx->stream)>>>(y, rstd, x,
+                                                                                        w, C, eps);
+}
+
 const divlab_variant2 kVariants[] = {
     {"add", "racy_staging", "cuda", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&add_staged),
      "y = a + b through a staging buffer in static device memory",
@@ -154,8 +183,13 @@ const divlab_variant2 kVariants[] = {
      "no grid-stride loop: values past 2^24 (65 535 x 256) are never written",
      "arrays past 16.8 M values (GPT-2 small's MLP activations, its parameters)",
      "every smaller array"},
+    {"rmsnorm_forward", "thread_per_channel", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&rmsnorm_forward_thread_per_channel),
+     "one thread a channel, one block a row",
+     "past 1024 channels the launch fails and the outputs are never written",
+     "rows wider than 1024 (Llama 2 7B's 4096)", "GPT-2's 768"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 6, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 7, kVariants};
 
 }  // namespace
 

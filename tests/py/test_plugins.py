@@ -307,6 +307,22 @@ class Abi2Kernels(unittest.TestCase):
         self.assertRegex(r.stdout, r"repeat \(bitwise\) .* FAIL: the same call again, on the "
                                    r"same inputs and in fresh scratch: non-finite output")
 
+    def test_a_kernel_that_leaves_the_rounding_changed_fails_check_and_stops_a_run(self):
+        # Its own sums are within fp32's grade; every op after it would round toward zero.
+        changed = ("a plug-in kernel returned with the thread's floating-point control changed "
+                   "(rounding toward zero")
+        r = run("check", "add=abi2_add_rounding_toward_zero", "--plugins", ABI2)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"shape aligned .* FAIL: the kernel threw: " + re.escape(changed))
+        out = os.path.join(tmpdir(), "r.h5")
+        r = run("train", "--set", *SMALL, "kernels.add=abi2_add_rounding_toward_zero", "--plugins",
+                ABI2, "--out", out)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("train failed in op add (variant abi2_add_rounding_toward_zero, plug-in %s) "
+                      "at step 0: %s" % (ABI2, changed), r.stderr)
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "failed")
+
     def test_optimizer_updates_plug_in_checked_and_trained(self):
         # The optimizer's updates are pluggable like the model's ops: a plain SGD passes check
         # and trains as the reference does (to fp32's last bits: its multiply-adds may fuse
