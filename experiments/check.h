@@ -88,10 +88,11 @@ struct ConditionResult {
   // gives NaN or inf (a kernel that drops NaNs hides a blown-up step), and the first of them.
   int64_t nans_hidden = 0;
   std::string nan_example;
-  std::string worst;     // the worst element: "output 0 (position 3, col 7): 1.2 vs 1.25"
-  int draws = 0;         // draws run
-  std::string smallest;  // a failing draw shrunk: the smallest shape that still fails, and how
-  bool crashed = false;  // the worker died or hung in this condition (why says how)
+  std::string worst;      // the worst element: "output 0 (position 3, col 7): 1.2 vs 1.25"
+  std::string worst_row;  // the row of row_error: "output 0 (position 3; its largest 1.2e-03)"
+  int draws = 0;          // draws run
+  std::string smallest;   // a failing draw shrunk: the smallest shape that still fails, and how
+  bool crashed = false;   // the worker died or hung in this condition (why says how)
   bool failed = false;
   std::string why;  // what failed
 };

@@ -215,6 +215,22 @@ std::vector<Condition> check_condition_list(bool with_trace) {
   shifted.only = {Op::cross_entropy};
   shifted.not_for = "only the cross-entropy's math is the same for rows moved by a constant";
   list.push_back(shifted);
+  // Rows of one tensor six decades apart, as trained activations have them (a first position's
+  // "massive activations", 100-1000x the others'). Every other condition scales a whole tensor
+  // at once, so a kernel with one scale, step or threshold for the whole tensor (16-bit fixed
+  // point with a per-tensor scale, a per-tensor amax, a threshold relative to the largest value)
+  // passes them, and loses its small rows here while the output's largest error stays small
+  // next to its largest value: every row is judged against its own size. The ops whose rows
+  // keep their size (not the softmaxes and soft-caps, whose saturated rows cancel to nothing in
+  // fp32: there every kernel is far from fp64 row by row).
+  Condition scaled = c("rows scaled 1e-3..1e3", kAligned);
+  scaled.values = Values::RowScales, scaled.shrink = true, scaled.judge_rows = true;
+  scaled.only = every_op_but({Op::embedding_forward, Op::attention_forward, Op::attention_backward,
+                              Op::cross_entropy, Op::softcap_forward, Op::softcap_backward});
+  scaled.not_for =
+      "the op's rows do not keep their size: a softmax or soft-cap saturates (or no activation "
+      "input)";
+  list.push_back(scaled);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

@@ -33,6 +33,9 @@ struct Condition {
   bool shapes_only = false;  // plain normal values at a shape: what check's racecheck pass runs
   bool misaligned = false;   // every array one value past a 16-byte boundary (OpInputs)
   bool loss_only = false;    // cross_entropy without dlogits, as evaluation calls it (OpScalars)
+  // Every row's own error judged too (ConditionResult::row_error against the same bar), not only
+  // the output's largest error against its largest value.
+  bool judge_rows = false;
   // The GPU's side it tests ("streams"); set, it is skipped on the host backend.
   const char* device_only = nullptr;
   // The most host memory a check of any op took at this condition (measured, the process's peak;

@@ -145,8 +145,12 @@ void measure(ConditionResult& r, const OpRun& got, const OpRun& ref,
         abs_v += std::abs(v), abs_r += std::abs(stored), sq_r += stored * stored;
       }
       const double rel = r2 > 0 ? std::sqrt(d2 / r2) : (d2 > 0 ? INFINITY : 0.0);
-      if (!(rel <= r.row_error))
+      if (!(rel <= r.row_error)) {
         r.row_error = std::isnan(rel) ? INFINITY : std::max(r.row_error, rel);
+        r.worst_row = "output " + std::to_string(o) + " (" + row_label(spec.key) + " " +
+                      std::to_string(row) + ", its largest value " + format_e(row_ref) +
+                      ", the output's " + format_e(max_ref) + ")";
+      }
       // Rows: a scatter that skips an id, or writes one it should not, fails by name. Only where
       // the op adds rows in (a gradient by id or position): a forward's row of zeros is a wrong
       // value (an overflow, a padding id skipped), which the error and worst element name.

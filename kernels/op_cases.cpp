@@ -76,6 +76,11 @@ std::vector<double> activation(size_t n, int64_t row, Values values, std::mt1993
       const double shift = gen() % 2 ? by : -by;
       for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] += shift;
     }
+  if (values == Values::RowScales && row > 0)
+    for (size_t i = 0; i < v.size(); i += size_t(row)) {
+      const double scale = std::pow(10.0, std::uniform_real_distribution<double>(-3, 3)(gen));
+      for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] *= scale;
+    }
   if (values == Values::Outliers && row > 0) {
     // One channel in 32 (at least one), the same in every row: LLM activations' outlier
     // features, or the few ids a trained head gives high logits.

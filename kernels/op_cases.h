@@ -49,7 +49,8 @@ enum class Values {
   ZeroRows,  // the first rows all zero
   Outliers,  // a few channels x 30 on top of N(0, 1), as in trained activations and logits
   NaNs,      // N(0, 1) with two values NaN, as a step that blew up leaves its activations
-  Shifted    // N(0, 1), each row moved by its own 1e2 to 1e3, up or down (logits far from 0)
+  Shifted,   // N(0, 1), each row moved by its own 1e2 to 1e3, up or down (logits far from 0)
+  RowScales  // N(0, 1), each row times its own 10^u, u uniform in [-3, 3]
 };
 
 // Uniform token ids for `s`.

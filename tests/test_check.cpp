@@ -266,6 +266,23 @@ void cross_entropy_max_from_zero(float* losses, float* dlogits, const float* log
   }
 }
 
+// y = x W^T with x held in 24-bit fixed point, one step for the whole tensor (its largest |x| /
+// 2^23), sums in double: within fp32's grade wherever the rows are of one size.
+void linear_forward_tensor_fixed_point(float* y, const float* x, const float* W, int N, int in,
+                                       int out) {
+  double largest = 0;
+  for (int64_t i = 0; i < int64_t(N) * in; ++i) largest = std::max(largest, double(std::abs(x[i])));
+  const double step = largest > 0 ? largest / (1 << 23) : 1.0;
+  std::vector<double> held(size_t(N) * size_t(in));
+  for (size_t i = 0; i < held.size(); ++i) held[i] = std::nearbyint(x[i] / step) * step;
+  for (int64_t n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o) {
+      double acc = 0;
+      for (int k = 0; k < in; ++k) acc += held[size_t(n * in + k)] * W[int64_t(o) * in + k];
+      y[n * out + o] = float(acc);
+    }
+}
+
 // A short run on Zipfian tokens whose trace keeps its final weights.
 std::string traced_run(const std::string& tag, const std::string& ranks = "1") {
   std::string out = testing::temp_dir(tag) + "/run.h5";
@@ -557,6 +574,17 @@ TEST(CheckHoles, ARunningMaxFromZeroFailsOnRowsFarBelowIt) {
   const CheckReport r = check("cross_entropy=max_from_zero");
   EXPECT_EQ(r.failing, std::vector<std::string>{"rows offset (1e2-1e3)"}) << format_check(r);
   EXPECT_TRUE(fails_under(r, "rows offset (1e2-1e3)", "non-finite output")) << format_check(r);
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+}
+
+// Every other condition scales a whole tensor at once: a kernel with one fixed-point step for the
+// whole tensor passes them at fp32's grade and loses the rows six decades below the largest.
+TEST(CheckHoles, OneFixedPointStepForATensorFailsOnRowsOfMixedScale) {
+  Registered fixed(mutable_cpu_catalogue().linear_forward, "tensor_fixed_point",
+                   linear_forward_tensor_fixed_point);
+  const CheckReport r = check("linear_forward=tensor_fixed_point");
+  EXPECT_EQ(r.failing, std::vector<std::string>{"rows scaled 1e-3..1e3"}) << format_check(r);
+  EXPECT_TRUE(fails_under(r, "rows scaled 1e-3..1e3", "row error")) << format_check(r);
   EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
 }
 
