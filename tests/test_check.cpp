@@ -43,6 +43,16 @@ bool fails_under(const CheckReport& r, const std::string& condition, const std::
   return false;
 }
 
+// A kernel wrong only past what every other condition tries: `condition` alone fails (with
+// `why` in its reason), and the benchmark's verifier, emulated, passes it.
+void expect_fails_alone(const std::string& target, const std::string& condition,
+                        const std::string& why) {
+  const CheckReport r = check(target);
+  EXPECT_EQ(r.failing, std::vector<std::string>{condition}) << format_check(r);
+  EXPECT_TRUE(fails_under(r, condition, why)) << format_check(r);
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+}
+
 std::string passing_fixed_shapes(const CheckReport& r) {
   std::string bad;
   for (const auto& c : r.conditions)
@@ -571,10 +581,7 @@ TEST(CheckHoles, AStrictlyCausalAttentionIsNotSaidToHideNaNs) {
 TEST(CheckHoles, ARunningMaxFromZeroFailsOnRowsFarBelowIt) {
   Registered ce(mutable_cpu_catalogue().cross_entropy, "max_from_zero",
                 cross_entropy_max_from_zero);
-  const CheckReport r = check("cross_entropy=max_from_zero");
-  EXPECT_EQ(r.failing, std::vector<std::string>{"rows offset (1e2-1e3)"}) << format_check(r);
-  EXPECT_TRUE(fails_under(r, "rows offset (1e2-1e3)", "non-finite output")) << format_check(r);
-  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+  expect_fails_alone("cross_entropy=max_from_zero", "rows offset (1e2-1e3)", "non-finite output");
 }
 
 // Every other condition scales a whole tensor at once: a kernel with one fixed-point step for the
@@ -582,10 +589,7 @@ TEST(CheckHoles, ARunningMaxFromZeroFailsOnRowsFarBelowIt) {
 TEST(CheckHoles, OneFixedPointStepForATensorFailsOnRowsOfMixedScale) {
   Registered fixed(mutable_cpu_catalogue().linear_forward, "tensor_fixed_point",
                    linear_forward_tensor_fixed_point);
-  const CheckReport r = check("linear_forward=tensor_fixed_point");
-  EXPECT_EQ(r.failing, std::vector<std::string>{"rows scaled 1e-3..1e3"}) << format_check(r);
-  EXPECT_TRUE(fails_under(r, "rows scaled 1e-3..1e3", "row error")) << format_check(r);
-  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+  expect_fails_alone("linear_forward=tensor_fixed_point", "rows scaled 1e-3..1e3", "row error");
 }
 
 // Every other condition's heads stop at 128 channels: a kernel written for those alone passes
@@ -593,9 +597,7 @@ TEST(CheckHoles, OneFixedPointStepForATensorFailsOnRowsOfMixedScale) {
 TEST(CheckHoles, AHeadWrittenFor128ChannelsFailsAtHeadsOf256) {
   Registered fwd(mutable_cpu_catalogue().attention_forward, "heads_to_128",
                  attention_forward_heads_to_128);
-  const CheckReport r = check("attention_forward=heads_to_128");
-  EXPECT_EQ(r.failing, std::vector<std::string>{"heads wide (256)"}) << format_check(r);
-  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+  expect_fails_alone("attention_forward=heads_to_128", "heads wide (256)", "");
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {
