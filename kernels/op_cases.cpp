@@ -61,6 +61,14 @@ std::vector<double> normal(size_t n, std::mt19937_64& gen, double mean = 0.0) {
   return v;
 }
 
+// Each row of `row` values times its own 10^u, u uniform in [-3, 3] (Values::RowScales).
+void scale_rows(std::vector<double>& v, int64_t row, std::mt19937_64& gen) {
+  for (size_t i = 0; i < v.size(); i += size_t(row)) {
+    const double scale = std::pow(10.0, std::uniform_real_distribution<double>(-3, 3)(gen));
+    for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] *= scale;
+  }
+}
+
 // An activation of `n` values in rows of `row`, under the value condition.
 std::vector<double> activation(size_t n, int64_t row, Values values, std::mt19937_64& gen) {
   std::vector<double> v = normal(n, gen);
@@ -76,11 +84,7 @@ std::vector<double> activation(size_t n, int64_t row, Values values, std::mt1993
       const double shift = gen() % 2 ? by : -by;
       for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] += shift;
     }
-  if (values == Values::RowScales && row > 0)
-    for (size_t i = 0; i < v.size(); i += size_t(row)) {
-      const double scale = std::pow(10.0, std::uniform_real_distribution<double>(-3, 3)(gen));
-      for (size_t k = i; k < std::min(v.size(), i + size_t(row)); ++k) v[k] *= scale;
-    }
+  if (values == Values::RowScales && row > 0) scale_rows(v, row, gen);
   if (values == Values::Outliers && row > 0) {
     // One channel in 32 (at least one), the same in every row: LLM activations' outlier
     // features, or the few ids a trained head gives high logits.
@@ -271,9 +275,12 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
       // coherently.
       const std::vector<double> mean = normal(size_t(C), gen);
       auto grad = [&] {
-        std::vector<double> g = act(NC, C);
+        // (Rows of mixed scale: each row with its mean, scaled whole.)
+        const bool rows = values == Values::RowScales;
+        std::vector<double> g = rows ? activation(NC, C, Values::Normal, gen) : act(NC, C);
         const double scale = values == Values::Tiny ? 1e-10 : values == Values::Large ? 1e3 : 1.0;
         for (size_t i = 0; i < NC; ++i) g[i] += scale * mean[i % size_t(C)];
+        if (rows) scale_rows(g, C, gen);
         return g;
       };
       auto x0 = act(NC, C);
