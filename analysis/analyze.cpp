@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -67,6 +68,30 @@ std::string plugins_build(const std::string& identity) {
   return sha256_hex(joined).substr(0, 12);
 }
 
+// A trace's losses as a run writes them, or the trace is refused (InputError): one per step
+// recorded, as many as a completed run's train.steps, and finite unless the run stopped on a NaN
+// (such a run's status is "nan"). A trace edited or damaged by hand would otherwise give its group
+// a gap of NaN and the verdict "no-divergence".
+void check_losses(const std::string& path, const Cell& c, int64_t steps_recorded) {
+  const auto where = [&](const std::string& what) {
+    return InputError("trace '" + path + "': /metrics/loss " + what);
+  };
+  const int64_t n = int64_t(c.loss.size());
+  if (steps_recorded >= 0 && n != steps_recorded)
+    throw where("has " + std::to_string(n) + " values where /metrics/step has " +
+                std::to_string(steps_recorded));
+  const auto steps = c.config.find("train.steps");
+  if (c.status == RunStatus::Completed && steps != c.config.end() &&
+      std::to_string(n) != steps->second)
+    throw where("has " + std::to_string(n) + " values where the completed run's train.steps is " +
+                steps->second);
+  if (c.status != RunStatus::Nan)
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(c.loss[size_t(i)]))
+        throw where("is not finite at step " + std::to_string(i) + " in a run whose status is '" +
+                    std::string(name_of(c.status)) + "' (a run that meets a NaN stops as 'nan')");
+}
+
 Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   Cell c;
   c.path = path;
@@ -106,6 +131,7 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   }
   if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
   c.loss = r.floats("/metrics/loss");
+  check_losses(path, c, r.exists("/metrics/step") ? int64_t(r.ints("/metrics/step").size()) : -1);
   if (r.exists("/eval/val_loss")) c.val_loss = r.floats("/eval/val_loss");
   if (r.exists("/metrics/max_row_contributions")) {
     for (int64_t v : r.ints("/metrics/max_row_contributions")) c.max_row.push_back(double(v));

@@ -31,6 +31,12 @@ seed = [0, 1, 2]
 """
 
 
+def edited(d, name):
+    """A trace of the fixture opened for editing (h5py: imported only by the cases that edit)."""
+    import h5py
+    return h5py.File(os.path.join(d, name), "r+")
+
+
 def setup_for(case):
     def setup(d):
         for name in case.get("trace", []):
@@ -76,9 +82,16 @@ def setup_for(case):
                 f.seek(offset)
                 f.write(bytes((i * 97 + 13) % 256 for i in range(4096)))
         for name, word in case.get("status", {}).items():  # a trace another tool rewrote
-            import h5py
-            with h5py.File(os.path.join(d, name), "r+") as f:
+            with edited(d, name) as f:
                 f.attrs["status"] = word
+        for name, step in case.get("loss_nan_at", {}).items():  # a loss edited by hand
+            with edited(d, name) as f:
+                f["metrics/loss"][step] = float("nan")
+        for name, kept in case.get("loss_kept", {}).items():  # a loss array cut short
+            with edited(d, name) as f:
+                loss = f["metrics/loss"][:kept]
+                del f["metrics/loss"]
+                f["metrics/loss"] = loss
     return setup
 
 
