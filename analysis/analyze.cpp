@@ -68,18 +68,24 @@ std::string plugins_build(const std::string& identity) {
   return sha256_hex(joined).substr(0, 12);
 }
 
-// A trace's losses as a run writes them, or the trace is refused (InputError): one per step
-// recorded, as many as a completed run's train.steps, and finite unless the run stopped on a NaN
-// (such a run's status is "nan"). A trace edited or damaged by hand would otherwise give its group
-// a gap of NaN and the verdict "no-divergence".
-void check_losses(const std::string& path, const Cell& c, int64_t steps_recorded) {
+// A trace's losses as a run writes them, or the trace is refused (InputError): one for every
+// step /metrics/step records, as many as a completed run's train.steps, and finite unless the run
+// stopped on a NaN (such a run's status is "nan"). A trace edited or damaged by hand would
+// otherwise give its group a gap of NaN and the verdict "no-divergence". /metrics/step is written
+// last at every flush (experiments/run_trace.cpp): a writer killed mid-flush leaves the other
+// series a step longer, and that step, never committed, is dropped here.
+void check_losses(const std::string& path, Cell& c, int64_t steps_recorded) {
   const auto where = [&](const std::string& what) {
     return InputError("trace '" + path + "': /metrics/loss " + what);
   };
+  if (steps_recorded >= 0) {
+    if (int64_t(c.loss.size()) < steps_recorded)
+      throw where("has " + std::to_string(c.loss.size()) + " values where /metrics/step has " +
+                  std::to_string(steps_recorded));
+    c.loss.resize(size_t(steps_recorded));
+    if (int64_t(c.max_row.size()) > steps_recorded) c.max_row.resize(size_t(steps_recorded));
+  }
   const int64_t n = int64_t(c.loss.size());
-  if (steps_recorded >= 0 && n != steps_recorded)
-    throw where("has " + std::to_string(n) + " values where /metrics/step has " +
-                std::to_string(steps_recorded));
   const auto steps = c.config.find("train.steps");
   if (c.status == RunStatus::Completed && steps != c.config.end() &&
       std::to_string(n) != steps->second)
@@ -131,11 +137,11 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   }
   if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
   c.loss = r.floats("/metrics/loss");
-  check_losses(path, c, r.exists("/metrics/step") ? int64_t(r.ints("/metrics/step").size()) : -1);
   if (r.exists("/eval/val_loss")) c.val_loss = r.floats("/eval/val_loss");
   if (r.exists("/metrics/max_row_contributions")) {
     for (int64_t v : r.ints("/metrics/max_row_contributions")) c.max_row.push_back(double(v));
   }
+  check_losses(path, c, r.exists("/metrics/step") ? int64_t(r.ints("/metrics/step").size()) : -1);
   c.seed = std::stoll(c.config.count("train.seed") ? c.config["train.seed"] : "0");
   // Roles as the run recorded them (its own catalogue, plug-ins and GPU-only variants
   // included); older traces ask the caller.
