@@ -123,8 +123,14 @@ class BadInputCatalogue(unittest.TestCase):
         self.assertGreaterEqual(len(cases), 200)
         names = [c["name"] for c in cases]
         self.assertEqual(len(names), len(set(names)), "case names must be unique")
+        # What setup_for and test_every_case read: a misspelled key would be ignored, and its
+        # case would test another input than it says.
+        known = {"name", "args", "needle", "env", "no_gpu", "trace", "grid", "quick_grid", "files",
+                 "repeat", "bytes", "readonly", "fifo", "symlink", "truncate", "corrupt",
+                 "status", "loss_nan_at", "loss_kept"}
         for c in cases:
             self.assertRegex(c["name"], r"^[a-z]+: ", "a case's name starts with its class")
+            self.assertFalse(set(c) - known, c["name"])
 
     def test_every_case(self):
         cases = selected(load_cases())
