@@ -18,10 +18,8 @@ constexpr int64_t kNarrowChunk = 1 << 14;  // values per conversion task
 template <Op op, class Fn16, class Ops>
 void add(Ops& to, const std::string& name, void (*fn)(void), VariantDoc doc,
          const Fp16Conversions& conv) {
-  const bool gpu = std::string(conv.memory->device) == "cuda";
-  const Kernel<Fn16> inner(
-      gpu ? &Abi2<Fn16>::template call<true> : &Abi2<Fn16>::template call<false>,
-      reinterpret_cast<void*>(fn));
+  const Kernel<Fn16> inner =
+      plugin_kernel<Abi2<Fn16>, Fn16>(std::string(conv.memory->device) == "cuda", fn);
   auto [kernel, owner] = adapt_storage<op, typename Ops::Function, Fn16>(inner, conv, nullptr);
   to.add(name, kernel, std::move(doc), std::move(owner));
 }

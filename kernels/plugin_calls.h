@@ -102,6 +102,15 @@ struct Abi2<void (*)(const OpContext&, Args...)> {
   }
 };
 
+// A plug-in function bound to its shim (Abi1<...>, Abi1Call<Fn> or Abi2<Fn>), the shim's GPU
+// form for a kernel that runs on the device.
+template <class Shim, class Fn>
+Kernel<Fn> plugin_kernel(bool on_device, void (*fn)(void)) {
+  // Function pointers round-trip through void* on every platform divlab builds on (POSIX).
+  return Kernel<Fn>(on_device ? &Shim::template call<true> : &Shim::template call<false>,
+                    reinterpret_cast<void*>(fn));
+}
+
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define DIVLAB_TIE_ABI(name, Signature)                                                         \
   static_assert(                                                                                \

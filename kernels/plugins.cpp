@@ -131,24 +131,13 @@ void add_native(Cat& cat, const Declared& v) {
     if (ops.op != v.op) return;
     using Fn = typename std::decay_t<decltype(ops)>::Function;
     const bool gpu = v.device == "cuda";
-    void* fn = reinterpret_cast<void*>(v.fn);
     if (v.abi == 1 && v.op == "embedding_forward") {
-      if constexpr (std::is_same_v<Fn, OpSignatures<float>::EmbeddingForward>) {
-        using Shim = Abi1<Op::embedding_forward, Fn>;
-        ops.add(v.name,
-                Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
-                v.doc);
-      }
+      if constexpr (std::is_same_v<Fn, OpSignatures<float>::EmbeddingForward>)
+        ops.add(v.name, plugin_kernel<Abi1<Op::embedding_forward, Fn>, Fn>(gpu, v.fn), v.doc);
     } else if (v.abi == 1) {
-      using Shim = Abi1Call<Fn>;
-      ops.add(v.name,
-              Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
-              v.doc);
+      ops.add(v.name, plugin_kernel<Abi1Call<Fn>, Fn>(gpu, v.fn), v.doc);
     } else {
-      using Shim = Abi2<Fn>;
-      ops.add(v.name,
-              Kernel<Fn>(gpu ? &Shim::template call<true> : &Shim::template call<false>, fn),
-              v.doc);
+      ops.add(v.name, plugin_kernel<Abi2<Fn>, Fn>(gpu, v.fn), v.doc);
     }
   });
 }
@@ -344,9 +333,9 @@ void load_one(const std::string& path) {
   // Opening a named pipe blocks until a writer comes (the probe would wait out its 30 s).
   const std::string file = file_of(path);
   struct stat st {};
-  if (stat(file.c_str(), &st) != 0 && errno == ENOENT) fail("cannot load: no such file");
-  if (stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    fail(special_file_kind(st.st_mode) + ", not a library");
+  const bool found = stat(file.c_str(), &st) == 0;
+  if (!found && errno == ENOENT) fail("cannot load: no such file");
+  if (found && !S_ISREG(st.st_mode)) fail(special_file_kind(st.st_mode) + ", not a library");
   if (const std::string why = probe_in_child(file); !why.empty()) fail(why);
   dlerror();
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
