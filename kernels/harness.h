@@ -219,6 +219,23 @@ class BoundIds {
   Buffer<TokenId> ids_, pristine_;
 };
 
+// An output whose guard before or after it changed, as a call's stray writes.
+inline void note_output_guards(size_t o, bool before, bool after, std::vector<std::string>* lines) {
+  if (before) lines->push_back("output " + std::to_string(o) + ": write before its start");
+  if (after) lines->push_back("output " + std::to_string(o) + ": write past its end");
+}
+// Every array the call only reads (each input, the token ids) that changed, as its stray writes.
+template <class Array>
+void note_input_changes(const std::vector<Array>& in, const BoundIds& ids,
+                        std::vector<std::string>* lines) {
+  for (size_t i = 0; i < in.size(); ++i)
+    if (const std::string where = in[i].change(); !where.empty())
+      lines->push_back("input " + std::to_string(i) + ": " + where +
+                       "; an op's inputs are read-only");
+  if (const std::string where = ids.change(); !where.empty())
+    lines->push_back("token ids: " + where + "; an op's inputs are read-only");
+}
+
 // One op call's arrays in a backend's memory, each with guards: the inputs, the outputs, the ids.
 struct BoundCall {
   std::vector<BoundArray> in, out;
@@ -256,18 +273,10 @@ struct BoundCall {
         continue;
       }
       BoundArray::Result got = out[o].read();
-      if (got.before_changed)
-        r.stray_writes.push_back("output " + std::to_string(o) + ": write before its start");
-      if (got.after_changed)
-        r.stray_writes.push_back("output " + std::to_string(o) + ": write past its end");
+      note_output_guards(o, got.before_changed, got.after_changed, &r.stray_writes);
       r.outputs.push_back(std::move(got.values));
     }
-    for (size_t i = 0; i < in.size(); ++i)
-      if (const std::string where = in[i].change(); !where.empty())
-        r.stray_writes.push_back("input " + std::to_string(i) + ": " + where +
-                                 "; an op's inputs are read-only");
-    if (const std::string where = ids.change(); !where.empty())
-      r.stray_writes.push_back("token ids: " + where + "; an op's inputs are read-only");
+    note_input_changes(in, ids, &r.stray_writes);
     return r;
   }
 };

@@ -86,6 +86,20 @@ template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written = nullptr);
 
+// Runs `op` of `k` once at `s` with every array that grows with the rows repeated `copies` times
+// (B x copies sequences of `x`'s values; kernels/tiled_arrays.h), so that arrays past any size
+// the host could hold in doubles need only the base call's fp64 reference, `expect`. Returns
+// the copy whose outputs lie furthest from `expect` (its index in `chosen`), an output summed
+// over the rows (a weight's gradient) as the base call's share of the sum, and every write
+// outside the arrays.
+template <class KS>
+OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
+                    int copies, const OpRun& expect, int* chosen = nullptr);
+// The bytes of k's memory that call takes (with an adapter's copies of its arrays, at most).
+template <class KS>
+size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
+                        int copies);
+
 // Runs `op` of `k` `earlier` times on `first`, then on `x`, all in the same arrays (refilled in
 // place, as training's buffers are every step): a kernel that keeps anything by address from one
 // call to the next (a weight prepared once per pointer) computes with stale values, and one that
