@@ -224,6 +224,34 @@ struct Checker {
     return furthest;
   }
 
+  // The tiled condition's call into `got` (false, with `r` saying why, where it did not run or
+  // the kernel threw). Its memory is asked of the device before anything is allocated.
+  bool run_tiled(const Condition& cond, const OpInputs& x, const OpShape& s, const OpRun& ref,
+                 OpRun& got, ConditionResult& r) const {
+    OpShape all = s;
+    all.B *= cond.copies;
+    r.shape = all.text();
+    try {
+      check_backend_fits(opt.backend, tiled_call_bytes(op, variant, x, s, cond.copies),
+                         "'" + cond.name + "'");
+    } catch (const BackendError& e) {
+      r.ran = false, r.note = std::string(e.what()) + ": not run";
+      return false;
+    }
+    kernel_calls_begin();
+    try {
+      int copy = 0;
+      got = call_op_tiled(op, variant, x, s, cond.copies, ref, &copy);
+      r.note = std::to_string(s.tokens()) + " rows of fresh values repeated " +
+               std::to_string(cond.copies) + " times; copy " + std::to_string(copy) +
+               " judged, the furthest from the reference";
+    } catch (const std::exception& e) {
+      r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+      return false;
+    }
+    return true;
+  }
+
   // A draw's shape: the condition's, or the first thing its generator draws.
   static OpShape draw_shape(const Condition& cond, std::mt19937_64& gen) {
     return cond.random_shapes ? random_shape(gen) : cond.shape;
@@ -321,6 +349,8 @@ struct Checker {
         r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
         return r;
       }
+    } else if (cond.copies > 0) {
+      if (!run_tiled(cond, x, s, ref, got, r)) return r;
     } else if (!cond.concurrent) {
       kernel_calls_begin();
       try {

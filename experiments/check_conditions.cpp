@@ -57,6 +57,13 @@ constexpr OpShape kManyValues{2, 2047, 1024, 8, 1024};
 // the array): 1.4-3.3 s and 0.7-1.6 GB of host memory more a check on an H200 machine (the
 // inputs' normal draws take most of it), 0.5-3.9 s and 0.7-1.7 GB more on a 2-core CPU.
 constexpr OpShape kPastGrid{2, 8201, 1023, 1, 1023};
+// Logits past 2^32 values (4 295 961 600: 85 400 rows of GPT-2's 50 304 ids), as 61 rows of fresh
+// values repeated 1400 times: an index or a count kept in 32 bits (int: past 2^31; unsigned:
+// past 2^32) wraps in the last rows, which a step of GPT-2's vocabulary reaches at 42 700 tokens
+// (signed) and 85 400 (unsigned), inside the lab's doses (65 536 to 262 144 tokens a step; 4 M
+// in micro-batches of 262 144). Only the logits' ops have arrays that large in training.
+constexpr OpShape kTiledLogits{1, 61, 32, 1, 50304};
+constexpr int kTiledLogitsCopies = 1400;
 
 std::vector<Op> every_op_but(std::initializer_list<Op> skipped) {
   std::vector<Op> ops;
@@ -231,6 +238,13 @@ std::vector<Condition> check_condition_list(bool with_trace) {
       "the op's rows do not keep their size: a softmax or soft-cap saturates (or no activation "
       "input)";
   list.push_back(scaled);
+  Condition wide = c("logits past 2^32", kTiledLogits);
+  wide.copies = kTiledLogitsCopies, wide.draws = 0;
+  wide.device_only = "memory for 4.3 G values";
+  wide.only = {Op::cross_entropy, Op::softcap_forward, Op::softcap_backward, Op::linear_forward,
+               Op::linear_backward};
+  wide.not_for = "the op has no array the size of a step's logits";
+  list.push_back(wide);
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

@@ -43,6 +43,9 @@ struct Condition {
   // kernel's crash.
   size_t host_bytes = 0;
   int draws = 1;  // x CheckOptions::draws; 0: one draw (the costly shapes)
+  // The shape's rows repeated this many times in one call (call_op_tiled): arrays past what the
+  // host holds as doubles, judged copy by copy against the shape's fp64 reference. 0: not tiled.
+  int copies = 0;
 
   bool applies_to(Op op) const {
     return only.empty() || std::find(only.begin(), only.end(), op) != only.end();

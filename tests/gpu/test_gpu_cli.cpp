@@ -403,6 +403,26 @@ TEST(GpuCheck, AGridCappedAt65535BlocksFailsOnlyPast2To24Values) {
   }
 }
 
+// A cross-entropy whose rows start at an unsigned 32-bit offset is exact on every array up to 2^32
+// values; past them its last rows read (and overwrite) the first rows' logits: "logits past
+// 2^32" fails it alone. The references of the ops with logits-sized arrays pass that condition.
+TEST(GpuCheck, A32BitOffsetFailsOnlyOnLogitsPast2To32Values) {
+  REQUIRE_GPU();
+  CheckOptions opt = racy_plugin_check("cross_entropy=offset32");
+  const CheckReport wraps = run_check(opt);
+  EXPECT_EQ(wraps.failing, std::vector<std::string>{"logits past 2^32"}) << format_check(wraps);
+  for (const char* target : {"cross_entropy=reference", "linear_backward=reference"}) {
+    opt.target = target;
+    const CheckReport ok = run_check(opt);
+    const auto past =
+        std::find_if(ok.conditions.begin(), ok.conditions.end(),
+                     [](const ConditionResult& c) { return c.name == "logits past 2^32"; });
+    ASSERT_NE(past, ok.conditions.end()) << target;
+    EXPECT_TRUE(past->ran) << target << ": " << past->note;
+    EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+  }
+}
+
 // A kernel of one thread a channel launches nothing past 1024 channels and leaves the launch's
 // error pending: check names the error under "channels wide" alone (not as unwritten outputs),
 // and a run stops at the call, naming the op and variant, instead of training on with its

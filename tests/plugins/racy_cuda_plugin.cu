@@ -18,6 +18,9 @@
 // And one launch that fails past the sizes tested: `rmsnorm_forward` one thread a channel, a
 // block a row, so past 1024 channels the launch is invalid and nothing is written; the error is
 // left pending. check names it under "channels wide" alone, and a run stops at the call.
+// And one index no array of the tested sizes wraps: a cross-entropy whose rows start at an
+// unsigned 32-bit offset, exact up to 2^32 values and, past them, reading and writing the first
+// rows' logits for the last rows'; check's "logits past 2^32" must fail it, alone.
 // (tests/gpu/test_gpu_cli.cpp)
 #include <cuda_runtime.h>
 
@@ -151,6 +154,48 @@ void rmsnorm_forward_thread_per_channel(const divlab_op_context* ctx, float* y, 
                                                                                         w, C, eps);
 }
 
+// One block of 256 threads a row; the row's offset in 32 unsigned bits.
+__global__ void cross_entropy_offset32_kernel(float* losses, float* dlogits, const float* logits,
+                                              const divlab_token* targets, int V, float dloss) {
+  constexpr int kThreads = 256;
+  __shared__ float partial[kThreads];
+  const unsigned offset = blockIdx.x * unsigned(V);  // wraps past 2^32 values
+  const float* z = logits + offset;
+  float m = -INFINITY;
+  for (int v = int(threadIdx.x); v < V; v += kThreads) m = fmaxf(m, z[v]);
+  partial[threadIdx.x] = m;
+  __syncthreads();
+  for (int k = kThreads / 2; k > 0; k /= 2) {
+    if (int(threadIdx.x) < k)
+      partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + k]);
+    __syncthreads();
+  }
+  m = partial[0];
+  __syncthreads();
+  float s = 0;
+  for (int v = int(threadIdx.x); v < V; v += kThreads) s += expf(z[v] - m);
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int k = kThreads / 2; k > 0; k /= 2) {
+    if (int(threadIdx.x) < k) partial[threadIdx.x] += partial[threadIdx.x + k];
+    __syncthreads();
+  }
+  const float lse = m + logf(partial[0]);
+  const int target = targets[blockIdx.x];
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - z[target];
+  if (dlogits == nullptr) return;
+  for (int v = int(threadIdx.x); v < V; v += kThreads)
+    dlogits[offset + unsigned(v)] = (expf(z[v] - lse) - (v == target ? 1.0f : 0.0f)) * dloss;
+}
+
+void cross_entropy_offset32(const divlab_op_context* ctx, float* losses, float* dlogits,
+                            const float* logits, const divlab_token* targets, int N, int V,
+                            float dloss) {
+  if (N == 0) return;
+  cross_entropy_offset32_kernel<<<N, 256, 0, static_cast<cudaStream_t>(ctx->stream)>>>(
+      losses, dlogits, logits, targets, V, dloss);
+}
+
 const divlab_variant2 kVariants[] = {
     {"add", "racy_staging", "cuda", DIVLAB_FP32, 0, reinterpret_cast<void (*)(void)>(&add_staged),
      "y = a + b through a staging buffer in static device memory",
@@ -188,8 +233,13 @@ const divlab_variant2 kVariants[] = {
      "one thread a channel, one block a row",
      "past 1024 channels the launch fails and the outputs are never written",
      "rows wider than 1024 (Llama 2 7B's 4096)", "GPT-2's 768"},
+    {"cross_entropy", "offset32", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&cross_entropy_offset32),
+     "one block a row, each row's offset an unsigned 32-bit product",
+     "past 2^32 values the offset wraps: the last rows read and overwrite the first rows'",
+     "logits past 2^32 values (85 400 tokens at GPT-2's 50 304 ids)", "every smaller step"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 7, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 8, kVariants};
 
 }  // namespace
 
