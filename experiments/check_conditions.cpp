@@ -62,6 +62,12 @@ constexpr OpShape kPastGrid{2, 8201, 1023, 1, 1023};
 // past 2^32) wraps in the last rows, which a step of GPT-2's vocabulary reaches at 42 700 tokens
 // (signed) and 85 400 (unsigned), inside the lab's doses (65 536 to 262 144 tokens a step; 4 M
 // in micro-batches of 262 144). Only the logits' ops have arrays that large in training.
+// More (sequence, head) pairs than a grid dimension other than x holds (65 540 of 65 535): one
+// block per pair along y (or per sequence along y and per head along z) works at every other
+// condition's size, where B x NH stops at 280, and fails at a micro-batch of short sequences
+// with many heads (4096 sequences of 64 tokens in 16 heads: 65 536 pairs). 3 positions, heads of
+// 8 channels: 4.7 M values of qkv, cheap everywhere.
+constexpr OpShape kManyHeads{16385, 3, 32, 4, 97};
 constexpr OpShape kTiledLogits{1, 61, 32, 1, 50304};
 constexpr int kTiledLogitsCopies = 1400;
 
@@ -245,6 +251,10 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                Op::linear_backward};
   wide.not_for = "the op has no array the size of a step's logits";
   list.push_back(wide);
+  list.push_back(past("heads many (2^16+)", kManyHeads,
+                      {Op::attention_forward, Op::attention_backward, Op::rope_forward,
+                       Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
+                      "the op does not see heads"));
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

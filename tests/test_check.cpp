@@ -226,6 +226,18 @@ void attention_forward_heads_to_128(float* out, float* att, const float* qkv, in
   for (size_t i = 0; i < all.size(); ++i)
     if (int(i % size_t(C)) % hd < 128) out[i] = all[i];
 }
+// The same forward as a launcher with one block per (sequence, head) pair along a grid's y
+// dimension would run it: pairs past the 65 535th are never written.
+void attention_forward_pairs_on_y(float* out, float* att, const float* qkv, int B, int T, int C,
+                                  int NH) {
+  std::vector<float> all(size_t(B) * T * C);
+  attention_forward_causal<false>(all.data(), att, qkv, B, T, C, NH);
+  const int hd = C / NH;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int64_t pair = int64_t(i / (size_t(T) * C)) * NH + int64_t(i % size_t(C)) / hd;
+    if (pair < 65535) out[i] = all[i];
+  }
+}
 void attention_backward_causal(float* dqkv, const float* dout, const float* qkv, const float* att,
                                int B, int T, int C, int NH) {
   const int hd = C / NH;
@@ -598,6 +610,14 @@ TEST(CheckHoles, AHeadWrittenFor128ChannelsFailsAtHeadsOf256) {
   Registered fwd(mutable_cpu_catalogue().attention_forward, "heads_to_128",
                  attention_forward_heads_to_128);
   expect_fails_alone("attention_forward=heads_to_128", "heads wide (256)", "");
+}
+
+// Every other condition has at most 280 (sequence, head) pairs: a kernel with one block a pair
+// along a grid's y dimension passes them all, and leaves the pairs past 65 535 unwritten.
+TEST(CheckHoles, APairPerBlockAlongYFailsPast65535Heads) {
+  Registered fwd(mutable_cpu_catalogue().attention_forward, "pairs_on_y",
+                 attention_forward_pairs_on_y);
+  expect_fails_alone("attention_forward=pairs_on_y", "heads many (2^16+)", "non-finite");
 }
 
 TEST(CheckHoles, AWrongEpsAccumulatorFailsOnItsOwnContribution) {
