@@ -68,6 +68,10 @@ constexpr OpShape kPastGrid{2, 8201, 1023, 1, 1023};
 // with many heads (4096 sequences of 64 tokens in 16 heads: 65 536 pairs). 3 positions, heads of
 // 8 channels: 4.7 M values of qkv, cheap everywhere.
 constexpr OpShape kManyHeads{16385, 3, 32, 4, 97};
+// A sequence past 16 384 positions, for the ops that see positions without attention's T^2: a
+// RoPE table or a position count written for 4096 (Llama 2) or 8192 (Llama 3) passes "sequence
+// long" and fails here. 0.5 M values.
+constexpr OpShape kLongerSequence{1, 16411, 16, 2, 97};
 constexpr OpShape kTiledLogits{1, 61, 32, 1, 50304};
 constexpr int kTiledLogitsCopies = 1400;
 
@@ -255,6 +259,10 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                       {Op::attention_forward, Op::attention_backward, Op::rope_forward,
                        Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
                       "the op does not see heads"));
+  list.push_back(
+      past("sequence 2^14+", kLongerSequence,
+           {Op::embedding_forward, Op::rope_forward, Op::rope_backward, Op::embed_rmsnorm_backward},
+           "the op sees positions only as rows (attention: 'sequence long')"));
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

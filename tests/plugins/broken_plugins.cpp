@@ -114,7 +114,8 @@ void softcap_at_30(float* y, const float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) y[i] = 30.0f * std::tanh(x[i] / 30.0f);
 }
 // Sizes past the ones such kernels are written for: token ids kept in 16 bits (right below 65 536
-// ids, GPT-2's 50 304 included), a RoPE table of 2048 positions, a row buffer of 65 536 logits.
+// ids, GPT-2's 50 304 included), a RoPE table of 2048 positions (and of 8192: Llama 3's
+// context), a row buffer of 65 536 logits.
 void embedding_u16_ids(float* x, const divlab_token* tokens, const float* wte, const float* wpe,
                        int B, int T, int C) {
   for (int n = 0; n < B * T; ++n) {
@@ -122,10 +123,11 @@ void embedding_u16_ids(float* x, const divlab_token* tokens, const float* wte, c
     for (int c = 0; c < C; ++c) x[n * C + c] = wte[int64_t(id) * C + c] + wpe[(n % T) * C + c];
   }
 }
-void rope_table_2048(float* y, const float* x, int B, int T, int NH, int NKV, int HD, float base) {
+template <int kTablePositions>
+void rope_table(float* y, const float* x, int B, int T, int NH, int NKV, int HD, float base) {
   const int heads = NH + 2 * NKV, half = HD / 2;
   for (int64_t n = 0; n < int64_t(B) * T; ++n) {
-    const int position = int(n % T) % 2048;  // the table's row, wrapped
+    const int position = int(n % T) % kTablePositions;  // the table's row, wrapped
     for (int h = 0; h < heads; ++h) {
       const float* in = x + (n * heads + h) * HD;
       float* out = y + (n * heads + h) * HD;
@@ -312,7 +314,9 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&abi1_embedding), "", "", "", ""},
     {"embedding_forward", "u16_ids", "cpu", reinterpret_cast<void (*)(void)>(&embedding_u16_ids),
      "", "", "", ""},
-    {"rope_forward", "table_2048", "cpu", reinterpret_cast<void (*)(void)>(&rope_table_2048), "",
+    {"rope_forward", "table_2048", "cpu", reinterpret_cast<void (*)(void)>(&rope_table<2048>), "",
+     "", "", ""},
+    {"rope_forward", "table_8192", "cpu", reinterpret_cast<void (*)(void)>(&rope_table<8192>), "",
      "", "", ""},
     {"cross_entropy", "row_buffer_65536", "cpu",
      reinterpret_cast<void (*)(void)>(&cross_entropy_65536), "", "", "", ""},
@@ -330,7 +334,7 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&gelu_chunks_of_2_20), "", "", "", ""},
     {"add", "vector_body_without_tail", "cpu",
      reinterpret_cast<void (*)(void)>(&add_vector_body_without_tail), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 21, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 22, kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -191,19 +191,20 @@ class Check(unittest.TestCase):
         self.assertRegex(r.stdout, r"arrays refilled .* FAIL: .*kept by address\?")
 
     def test_kernels_written_for_smaller_sizes_fail_only_past_them(self):
-        # 16-bit token ids, a RoPE table of 2048 positions, a row buffer of 65 536 logits, a
-        # 16-bit row index, 16-bit per-id counts in a sorted scatter, a row staged in 4096 values,
-        # a q.k tile of 64 channels, a path for tensors past 2^20 values that drops its partial
-        # chunk, one with a body of 16 values and no tail: right at every size the other
-        # conditions draw, wrong at a vocabulary past 2^17 ids (Llama 3 has 128 256), a sequence
-        # past 2048 positions, 65 536 rows, one id at 65 536 positions, rows of 4224 channels in
-        # heads of 128 (and of 256), 4 M values in one array (and 16 M), or 16 M values no
-        # multiple of 16.
+        # 16-bit token ids, a RoPE table of 2048 (or 8192) positions, a row buffer of 65 536
+        # logits, a 16-bit row index, 16-bit per-id counts in a sorted scatter, a row staged in
+        # 4096 values, a q.k tile of 64 channels, a path for tensors past 2^20 values that drops
+        # its partial chunk, one with a body of 16 values and no tail: right at every size the
+        # other conditions draw, wrong at a vocabulary past 2^17 ids (Llama 3 has 128 256), a
+        # sequence past 2048 (or 16 384) positions, 65 536 rows, one id at 65 536 positions, rows
+        # of 4224 channels in heads of 128 (and of 256), 4 M values in one array (and 16 M), or
+        # 16 M values no multiple of 16.
         lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
         for target, conditions in [
                 ("embedding_forward=u16_ids", ["vocabulary wide"]),
                 ("cross_entropy=row_buffer_65536", ["vocabulary wide"]),
-                ("rope_forward=table_2048", ["sequence long"]),
+                ("rope_forward=table_2048", ["sequence long", "sequence 2^14+"]),
+                ("rope_forward=table_8192", ["sequence 2^14+"]),
                 ("rmsnorm_forward=rows_u16", ["rows many"]),
                 ("embed_rmsnorm_backward=u16_row_counts", ["row hot (2^16+)"]),
                 ("rmsnorm_forward=row_buffer_4096", ["channels wide"]),
