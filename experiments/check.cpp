@@ -227,7 +227,7 @@ struct Checker {
   // The tiled condition's call into `got` (false, with `r` saying why, where it did not run or
   // the kernel threw). Its memory is asked of the device before anything is allocated.
   bool run_tiled(const Condition& cond, const OpInputs& x, const OpShape& s, const OpRun& ref,
-                 OpRun& got, ConditionResult& r) const {
+                 OpRun& got, ConditionResult& r, int& copy) const {
     OpShape all = s;
     all.B *= cond.copies;
     r.shape = all.text();
@@ -240,7 +240,6 @@ struct Checker {
     }
     kernel_calls_begin();
     try {
-      int copy = 0;
       got = call_op_tiled(op, variant, x, s, cond.copies, ref, &copy);
       r.note = std::to_string(s.tokens()) + " rows of fresh values repeated " +
                std::to_string(cond.copies) + " times; copy " + std::to_string(copy) +
@@ -292,6 +291,7 @@ struct Checker {
     if (round_inputs)
       for (auto& v : x.values) round_to_bf16(v);
     OpRun got;
+    int tiled_copy = 0;  // the tiled condition's judged copy
     std::string moved;
     if (cond.concurrent) {
       // Each copy its own inputs, so a copy that reads another's state shows as error.
@@ -350,7 +350,7 @@ struct Checker {
         return r;
       }
     } else if (cond.copies > 0) {
-      if (!run_tiled(cond, x, s, ref, got, r)) return r;
+      if (!run_tiled(cond, x, s, ref, got, r, tiled_copy)) return r;
     } else if (!cond.concurrent) {
       kernel_calls_begin();
       try {
@@ -444,6 +444,9 @@ struct Checker {
     if (const std::string scalars = scalars_text(op, x.scalars);
         !r.worst.empty() && !scalars.empty())
       r.worst += " (" + scalars + ")";
+    if (cond.copies > 0 && !r.worst.empty())  // where the judged copy sits in the call
+      r.worst += "; in copy " + std::to_string(tiled_copy) + " of " + std::to_string(cond.copies) +
+                 ", the call's rows from " + std::to_string(int64_t(tiled_copy) * s.tokens());
     if (cond.earlier_calls == 1 && r.failed)
       r.why +=
           " (after a first call on other values in the same arrays: kept by address? scratch "
