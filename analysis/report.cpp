@@ -64,28 +64,21 @@ const char* verdict_words(Outcome o) {
 }
 
 // The report's first sentence: which candidates diverged and where, and where the same
-// candidate did not (what masked it), or that none did.
+// candidate did not (what masked it), or that none did; then any benign control that did not
+// behave as one.
 std::string headline(const std::vector<Verdict>& verdicts) {
-  std::map<std::string, std::vector<const Verdict*>> diverged, held;
+  std::map<std::string, std::vector<const Verdict*>> diverged, held, unruly_controls;
   size_t candidates = 0;
   std::set<std::string> groups;
   for (const auto& v : verdicts) {
     groups.insert(v.group);
-    if (v.control || v.variant == "reference") continue;
-    ++candidates;
     const bool failed = v.verdict == Outcome::Diverged || v.verdict == Outcome::Nan ||
                         v.verdict == Outcome::Crashed;
+    if (v.control && failed) unruly_controls[v.variant].push_back(&v);
+    if (v.control || v.variant == "reference") continue;
+    ++candidates;
     (failed ? diverged : held)[v.variant].push_back(&v);
   }
-  if (candidates == 0)
-    return std::string("This grid swaps in no candidate kernel (") +
-           (verdicts.empty() ? "every run has the reference kernels"
-                             : "only the reference and benign controls") +
-           "): nothing to judge against the reference.";
-  if (diverged.empty())
-    return "No candidate diverged from the reference beyond the benign controls' noise (" +
-           std::to_string(candidates) + " candidate rows in " + std::to_string(groups.size()) +
-           " groups).";
   auto list = [](const std::vector<const Verdict*>& rows, bool details) {
     std::string out;
     for (size_t i = 0; i < rows.size() && i < 4; ++i) {
@@ -100,6 +93,27 @@ std::string headline(const std::vector<Verdict>& verdicts) {
     if (rows.size() > 4) out += "; and " + std::to_string(rows.size() - 4) + " more";
     return out;
   };
+  // A declared control is trusted to differ from the reference by rounding alone: one that
+  // diverged (a plug-in flagged DIVLAB_CONTROL that is not one) widens the noise floor every
+  // other variant of its groups is judged against, so a masked candidate would read as held.
+  std::string controls;
+  for (const auto& [variant, rows] : unruly_controls)
+    controls += " Benign control `" + variant + "` itself diverged in " +
+                std::to_string(rows.size()) + (rows.size() == 1 ? " group" : " groups") + " (" +
+                list(rows, true) +
+                "): benign controls almost never do (3 of 1920 control verdicts in the "
+                "analysis's self-test, docs/analysis.md), so it may be no control, and its gaps "
+                "widen the noise floor the other variants of its groups are judged against "
+                "(`divlab check` it, or rerun on fresh seeds).";
+  if (candidates == 0)
+    return std::string("This grid swaps in no candidate kernel (") +
+           (verdicts.empty() ? "every run has the reference kernels"
+                             : "only the reference and benign controls") +
+           "): nothing to judge against the reference." + controls;
+  if (diverged.empty())
+    return "No candidate diverged from the reference beyond the benign controls' noise (" +
+           std::to_string(candidates) + " candidate rows in " + std::to_string(groups.size()) +
+           " groups)." + controls;
   std::string out;
   for (const auto& [variant, rows] : diverged) {
     const auto it = held.find(variant);
@@ -109,7 +123,7 @@ std::string headline(const std::vector<Verdict>& verdicts) {
             std::to_string(total) + " groups (" + list(rows, true) + ")");
     out += it == held.end() ? "." : "; not in " + list(it->second, false) + ".";
   }
-  return out;
+  return out + controls;
 }
 
 }  // namespace

@@ -113,6 +113,25 @@ class AnalysisSelfTest(unittest.TestCase):
         for c in ("fp32_reordered", "fp64_accum"):
             self.assertLess(abs(float(rows[f"embed_rmsnorm_backward={c}"]["gap"])), 0.025)
 
+    def test_a_control_that_diverges_is_named_in_the_headline(self):
+        # A variant trusted as a benign control (a plug-in may declare itself one) that moves the
+        # loss as a bug does: its gaps join the noise floor, so the candidate beside it reads as
+        # held; the report's first sentence says which control did not behave as one.
+        rng = np.random.default_rng()
+        d = tmpdir()
+        synthetic_grid(d, ["zipf:1.1"], ["bf16_accum", "fp32_reordered", "fp64_accum"], 4,
+                       lambda g, v, s: 0.05 if v == "fp32_reordered" else 0, rng)
+        r = run("analyze", d, "--no-plots")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = {row["variant"]: row for row in verdicts(d)}
+        self.assertEqual(rows["embed_rmsnorm_backward=fp32_reordered"]["verdict"], "diverged")
+        with open(os.path.join(d, "report.md")) as f:
+            report = f.read()
+        self.assertIn("No candidate diverged", report)
+        self.assertIn("Benign control `embed_rmsnorm_backward=fp32_reordered` itself diverged in 1 "
+                      "group (", report)
+        self.assertNotIn("fp64_accum` itself", report)
+
     def test_pooled_sweeps_add_their_seeds_in_a_folder_of_their_own(self):
         # A grid re-run on fresh seeds (--seed-offset 4) pools with the first run: one verdict
         # on 8 seeds, written to --out; the sweep folders are left as they were.
