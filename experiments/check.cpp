@@ -627,7 +627,7 @@ CheckReport new_check_report(const CheckOptions& opt) {
   if (std::find(ops.begin(), ops.end(), rep.op) == ops.end()) {
     std::string list;
     for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
-    const std::string best = closest_name(rep.op, ops);
+    const std::string best = rep.op.empty() ? "" : closest_name(rep.op, ops);
     throw InputError("check '" + opt.target + "': no op '" + rep.op + "'" +
                      (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; ops: " + list);
   }
