@@ -22,6 +22,7 @@
 #include "experiments/config.h"
 #include "kernels/backend.h"
 #include "kernels/harness.h"
+#include "kernels/memory.h"
 #include "kernels/op_cases.h"
 #include "kernels/plugins.h"
 
@@ -244,6 +245,9 @@ struct Checker {
       r.note = std::to_string(s.tokens()) + " rows of fresh values repeated " +
                std::to_string(cond.copies) + " times; copy " + std::to_string(copy) +
                " judged, the furthest from the reference";
+    } catch (const OutOfMemory& e) {  // divlab's own arrays (or an adapter's), not the kernel's
+      r.ran = false, r.note = std::string(e.what()) + ": not run";
+      return false;
     } catch (const std::exception& e) {
       r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
       return false;
