@@ -20,7 +20,7 @@ out=${OUT:-/tmp/divlab-sanitize}
 mkdir -p "$out"
 clean='GpuOps/*:CudnnSdpa.*:GpuOpsBf16.*:GpuVariants.*:GpuDeterminism.*:GpuEmbedScatter.Controls*:GpuEmbedScatter.Bf16*'
 status=0
-declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated"
+declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated --kernel-name-exclude kns=nvjet"
                  [initcheck]="--kernel-name-exclude kns=cudnn")
 for tool in memcheck racecheck initcheck; do
   # shellcheck disable=SC2086
