@@ -30,9 +30,8 @@ class TiledArray {
     if (n == 0 || spec.size() % n != 0)
       throw std::logic_error("tiled call: an array's extent is not a multiple of its base");
     count_ = spec.size(), role_ = spec.role;
-    if (copies() == 1 || role_ != ArgRole::Accumulate) return;
-    throw std::logic_error("tiled call: a summed output can only be one the rows add into");
   }
+  ArgRole role() const { return role_; }
   // Measuring only: binding records the bytes it would allocate and returns null.
   void measure_only() { measuring_ = true; }
   size_t measured_bytes() const { return measured_; }

@@ -101,6 +101,10 @@ OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const
       continue;
     }
     const bool summed = out[o].summed(copies);
+    if (summed && out[o].role() != ArgRole::Accumulate)  // a total over the rows, not a share
+      throw std::logic_error(
+          "tiled call: an output that does not grow with the rows must be "
+          "one they add into");
     std::vector<double> v = out[o].widened(out[o].copy_bytes(summed ? 0 : pick));
     if (summed)  // the base call's share of a sum over every copy's rows
       for (size_t i = 0; i < v.size(); ++i)

@@ -82,19 +82,31 @@ TEST(TiledCall, AReferencesCopiesAreItsBaseCall) {
   }
 }
 
+// linear_backward's weight gradient sums every copy's rows; rmsnorm_backward's also adds into the
+// residual gradient's rows, which grow with the copies.
 TEST(TiledCall, AWeightGradientSummedOverTheCopiesIsTheBaseCallsShare) {
   const uint64_t seed = testing::test_seed();
   std::mt19937_64 gen(seed);
   const KernelSet<float> k = cpu_catalogue<float>().select({});
-  const OpInputs x = inputs("linear_backward", gen);
-  const OpRun base = call_op("linear_backward", k, x, kBase);
-  const OpRun got = call_op_tiled("linear_backward", k, x, kBase, kCopies, base);
-  EXPECT_TRUE(got.stray_writes.empty());
-  EXPECT_LE(largest_relative_difference(got, base), 1e-5) << "seed " << seed;
-  // A gradient that is not zero, so only the share passes (the sum is kCopies times it).
-  double largest = 0;
-  for (double v : base.outputs[1]) largest = std::max(largest, std::abs(v));
-  ASSERT_GT(largest, 0);
+  for (const std::string op : {"linear_backward", "rmsnorm_backward"}) {
+    const OpInputs x = inputs(op, gen);
+    const OpRun base = call_op(op, k, x, kBase);
+    const OpRun got = call_op_tiled(op, k, x, kBase, kCopies, base);
+    EXPECT_TRUE(got.stray_writes.empty()) << op;
+    EXPECT_LE(largest_relative_difference(got, base), 1e-5) << op << ", seed " << seed;
+    // A gradient that is not zero, so only the share passes (the sum is kCopies times it).
+    double largest = 0;
+    for (double v : base.outputs[1]) largest = std::max(largest, std::abs(v));
+    ASSERT_GT(largest, 0) << op;
+  }
+}
+
+TEST(TiledCall, ATotalOverTheRowsIsNoShareAndIsRefused) {
+  std::mt19937_64 gen(testing::test_seed());
+  const KernelSet<float> k = cpu_catalogue<float>().select({});
+  const OpInputs x = inputs("sum_squares", gen);
+  const OpRun base = call_op("sum_squares", k, x, kBase);
+  EXPECT_THROW(call_op_tiled("sum_squares", k, x, kBase, kCopies, base), std::logic_error);
 }
 
 TEST(TiledCall, AWrappingIndexIsJudgedOnTheCopyItBreaks) {
