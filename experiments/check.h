@@ -9,7 +9,7 @@
 // adds into), whether the benchmark verifier that passed the seed bug would pass it, a
 // systematic bias, rows left unwritten or written that should not be, and stray writes. A
 // failing draw is shrunk to the smallest shape that still fails. The verdict states its criteria
-// (see kCriteria in check.cpp).
+// (see kCriteria in check_report.cpp).
 #pragma once
 
 #include <cstdint>

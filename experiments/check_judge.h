@@ -13,6 +13,9 @@ namespace divlab {
 
 // Normalised error every output must stay within: max|v - r| / max|r|, the verifier's scale.
 constexpr double kTolerance = 1e-2;
+// Every output within this: an fp32-grade kernel (the failure's name in the report: below).
+constexpr double kFp32Grade = 1e-4;
+inline constexpr const char* kFp32GradeCondition = "fp32 grade";
 
 // x in the reports' format (three significant digits, exponent).
 std::string format_e(double x);
