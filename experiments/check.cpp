@@ -42,6 +42,13 @@ constexpr int kLoadStreams = 4, kConcurrentCopies = 8, kLoadGemmsPerCopy = 2;
 constexpr double kStreamHoldSeconds = 0.02;
 constexpr OpShape kLoadGemm{1, 2048, 1024, 1, 2048};  // [2048 x 1024] x [1024 x 2048]
 
+// Whether a check at `precision` gives `op` bf16 values: the bf16 mode, and an op with arrays in
+// the activations' storage.
+bool bf16_values(Precision precision, const std::string& op) {
+  Op which{};
+  return precision == Precision::Bf16 && parse_op(op, &which) && op_has_activations(which);
+}
+
 // Every op: kernels/op_cases.cpp builds inputs for each one and calls it.
 const std::vector<std::string>& checkable_ops() {
   static const std::vector<std::string> ops = [] {
@@ -118,11 +125,23 @@ struct Checker {
   const KS& variant;
   const KS& backend_reference;  // the variant's catalogue's references (the concurrent load)
   Grade required;
-  bool round_inputs;  // bf16 precision: the reference sees the bf16 kernel's inputs
+  // bf16 precision, an op with activations: the reference sees the inputs as the kernel does,
+  // its activations rounded to bf16 and the rest (T: fp32 there) to fp32.
+  bool round_inputs;
   mutable TokenStreams streams;
   mutable std::optional<TraceCapture> recorded;     // --trace's calls, recorded when first needed
   mutable std::unique_ptr<PreparedCall<KS>> load;   // the concurrent condition's GEMM, bound once
   mutable const CheckProgress* progress = nullptr;  // run_all's, for draw()'s heartbeat
+  mutable std::vector<bool> activation_inputs;      // which inputs are bf16, once known
+
+  // `x`'s inputs as the bf16 mode's kernel receives them (round_inputs), for the reference too.
+  void round_as_stored(OpInputs& x, const OpShape& s) const {
+    if (!round_inputs) return;
+    if (activation_inputs.empty())
+      activation_inputs = inputs_in_activation_storage(op, variant, x, s);
+    for (size_t i = 0; i < x.values.size(); ++i)
+      (activation_inputs.at(i) ? round_to_bf16 : round_to_fp32)(x.values[i]);
+  }
 
   // Around the kernel's calls of a draw: the hang clock times them alone, not the fp64 work
   // around them.
@@ -276,8 +295,7 @@ struct Checker {
       x.scalars.with_gradient = !cond.loss_only;
     }
     r.shape = s.text();
-    if (round_inputs)
-      for (auto& v : x.values) round_to_bf16(v);
+    round_as_stored(x, s);
     OpRun got;
     int tiled_copy = 0;  // the tiled condition's judged copy
     std::string moved;
@@ -287,8 +305,7 @@ struct Checker {
       while (inputs.size() < size_t(kConcurrentCopies)) {
         inputs.push_back(op_inputs(op, s, tokens, cond.values, gen));
         inputs.back().scalars = x.scalars;
-        if (round_inputs)
-          for (auto& v : inputs.back().values) round_to_bf16(v);
+        round_as_stored(inputs.back(), s);
       }
       kernel_calls_begin();
       try {
@@ -328,8 +345,7 @@ struct Checker {
       // Earlier calls on other values (other ids too) in the same arrays.
       OpInputs first = op_inputs(op, s, uniform_tokens(s, gen), cond.values, gen);
       first.scalars = x.scalars;
-      if (round_inputs)
-        for (auto& v : first.values) round_to_bf16(v);
+      round_as_stored(first, s);
       kernel_calls_begin();
       try {
         got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s, &growth);
@@ -596,7 +612,9 @@ CheckReport new_check_report(const CheckOptions& opt) {
     throw InputError("check --precision fp64: the reference is fp64 already; fp32 or bf16");
   if (opt.draws < 1 || opt.draws > 100)
     throw InputError("check --draws " + std::to_string(opt.draws) + ": must be 1 to 100");
-  rep.required = opt.precision == Precision::Bf16 ? Grade::Bf16 : opt.grade;
+  // The bf16 grade where bf16 values are: an op without activations (the embedding's fp32
+  // residual stream, the optimizer's updates) is the fp32 mode's, checked as there.
+  rep.required = bf16_values(opt.precision, rep.op) ? Grade::Bf16 : opt.grade;
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;
@@ -631,7 +649,9 @@ void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from
                                                        variant,
                                                        backend_reference,
                                                        rep.required,
-                                                       opt.precision == Precision::Bf16,
+                                                       bf16_values(opt.precision, rep.op),
+                                                       {},
+                                                       {},
                                                        {},
                                                        {},
                                                        {}};

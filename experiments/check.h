@@ -35,9 +35,9 @@ struct CheckOptions {
   std::string target;              // "op=variant"
   Backend backend = Backend::Cpu;  // where the variant runs
   // fp32: the fp32 catalogue; bf16: the bf16-mode catalogue (activations stored in bf16), whose
-  // inputs are rounded to bf16 for the reference too.
+  // activation inputs are bf16 values (its other inputs fp32 values), for the reference too.
   Precision precision = Precision::Fp32;
-  Grade grade = Grade::Fp32;         // bf16 precision always judges at the bf16 grade
+  Grade grade = Grade::Fp32;         // bf16 precision judges ops with activations at the bf16 grade
   int draws = 3;                     // independent draws per condition (random shapes: 3x)
   std::vector<std::string> plugins;  // libraries to load first
   // A run's trace: its op's recorded inputs become one more condition (check_capture.h).

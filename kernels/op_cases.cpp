@@ -518,6 +518,29 @@ OpScalars scalars_of_call(const std::string& op, const std::vector<double>& valu
   return c;
 }
 
+namespace {
+// An array argument that records the storage type the kernel takes it in, and binds nothing.
+struct StorageProbe {
+  size_t bytes = 0;
+  template <class V>
+  operator V*() {
+    bytes = sizeof(V);
+    return nullptr;
+  }
+};
+}  // namespace
+
+template <class KS>
+std::vector<bool> inputs_in_activation_storage(const std::string& op, const KS& k,
+                                               const OpInputs& x, const OpShape& s) {
+  std::vector<StorageProbe> in(x.values.size()), out(x.outputs.size());
+  invoke_op(op_named(op), no_op_kernels(k), OpContext{}, in, nullptr, out, s, x.scalars, nullptr);
+  std::vector<bool> activation(in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    activation[i] = in[i].bytes != 0 && in[i].bytes < sizeof(typename KS::Value);
+  return activation;
+}
+
 template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written) {
@@ -642,6 +665,14 @@ template OpRun call_op_in_place_after(const std::string&, const KernelSet<float>
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<float, bf16>&,
                                       const OpInputs&, int, const OpInputs&, const OpShape&,
                                       MemoryGrowth*);
+template std::vector<bool> inputs_in_activation_storage(const std::string&,
+                                                        const KernelSet<double>&, const OpInputs&,
+                                                        const OpShape&);
+template std::vector<bool> inputs_in_activation_storage(const std::string&, const KernelSet<float>&,
+                                                        const OpInputs&, const OpShape&);
+template std::vector<bool> inputs_in_activation_storage(const std::string&,
+                                                        const KernelSet<float, bf16>&,
+                                                        const OpInputs&, const OpShape&);
 template class PreparedCall<KernelSet<double>>;
 template class PreparedCall<KernelSet<float>>;
 template class PreparedCall<KernelSet<float, bf16>>;

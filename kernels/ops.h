@@ -14,8 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/op_context.h"
+#include "kernels/op_list.h"
 
 namespace divlab {
 
@@ -122,5 +124,29 @@ struct OpSignatures {
   // would across GPUs.
   using GradReduce = void (*)(const OpContext& ctx, T* out, const T* shards, int ranks, int64_t n);
 };
+
+namespace ops_detail {
+struct ActivationStorage {};  // an A no other type is, to see which signatures have one
+}  // namespace ops_detail
+// Whether `op` has an array in the activations' storage A: in the bf16 mode only such ops see
+// bf16 values; the others (the embedding, whose output is the fp32 residual stream, the
+// optimizer's updates, the gradient norm and the reduction) are fp32 throughout.
+constexpr bool op_has_activations(Op op) {
+  using Marked = OpSignatures<float, ops_detail::ActivationStorage>;
+  using Plain = OpSignatures<float, float>;
+  switch (op) {
+// Op names and signatures are pasted into case labels and template arguments only.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define DIVLAB_HAS_ACTIVATIONS(name, Signature) \
+  case Op::name:                                \
+    return !std::is_same_v<Marked::Signature, Plain::Signature>;
+    DIVLAB_OPS(DIVLAB_HAS_ACTIVATIONS)
+#undef DIVLAB_HAS_ACTIVATIONS
+    // NOLINTEND(bugprone-macro-parentheses)
+    case Op::count:
+      break;
+  }
+  return false;
+}
 
 }  // namespace divlab

@@ -20,6 +20,7 @@
 #include "experiments/config.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
+#include "kernels/backend.h"
 #include "kernels/op_cases.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
@@ -694,6 +695,38 @@ TEST(CheckHoles, TheSameSeedReplaysTheSameReportAndFreshSeedsDiffer) {
   // The random shapes' worst draw: a fresh seed draws other shapes (9 draws each; a collision of
   // every one is impossible in practice).
   EXPECT_TRUE(any_shape_differs);
+}
+
+static_assert(op_has_activations(Op::add) && op_has_activations(Op::cast) &&
+              op_has_activations(Op::embed_rmsnorm_backward));
+static_assert(!op_has_activations(Op::embedding_forward) && !op_has_activations(Op::sgd_step) &&
+              !op_has_activations(Op::adamw_step) && !op_has_activations(Op::grad_reduce) &&
+              !op_has_activations(Op::sum_squares));
+
+// In the bf16 mode only the activations are bf16: the residual stream, weights and gradients
+// reach a kernel as fp32, and so check gives them (before, every input was rounded to bf16, so a
+// kernel that rounds an fp32 input to bf16 changed nothing there).
+TEST(CheckHoles, TheBf16ModesFp32InputsReachTheKernelAsFp32) {
+  const auto& bf16_mode = backend_catalogue<float, bf16>(Backend::Cpu, Precision::Bf16);
+  const KernelSet<float, bf16> k = bf16_mode.select({});
+  std::mt19937_64 gen(testing::test_seed());
+  const OpShape s{2, 5, 8, 2, 11};
+  const auto stored = [&](const std::string& op) {
+    return inputs_in_activation_storage(
+        op, k, op_inputs(op, s, uniform_tokens(s, gen), Values::Normal, gen), s);
+  };
+  EXPECT_EQ(stored("add"), (std::vector<bool>{false, true}));  // a: the stream, b: a block's
+  EXPECT_EQ(stored("rmsnorm_forward"), (std::vector<bool>{false, false}));
+  EXPECT_EQ(stored("linear_backward"), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(stored("sgd_step"), (std::vector<bool>{false}));
+  // An op with no bf16 array is checked as in the fp32 mode, at the fp32 grade: gradients
+  // rounded to bf16 for the wire fail it in both modes.
+  CheckOptions opt;
+  opt.target = "grad_reduce=bf16_comm", opt.seed = testing::test_seed();
+  opt.precision = Precision::Bf16;
+  const CheckReport wire = run_check(opt);
+  EXPECT_EQ(wire.required, Grade::Fp32);
+  EXPECT_EQ(wire.failing, std::vector<std::string>{"fp32 grade"}) << format_check(wire);
 }
 
 TEST(CheckHoles, TheBf16CatalogueIsCheckedAtTheBf16Grade) {
