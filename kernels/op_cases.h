@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -98,10 +99,12 @@ std::vector<bool> inputs_in_activation_storage(const std::string& op, const KS& 
 // the host could hold in doubles need only the base call's fp64 reference, `expect`. Returns
 // the copy whose outputs lie furthest from `expect` (its index in `chosen`), an output summed
 // over the rows (a weight's gradient) as the base call's share of the sum, and every write
-// outside the arrays.
+// outside the arrays. `called`, when given, runs once the call has finished, before the
+// copies are read and compared (check's hang clock stops there).
 template <class KS>
 OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
-                    int copies, const OpRun& expect, int* chosen = nullptr);
+                    int copies, const OpRun& expect, int* chosen = nullptr,
+                    const std::function<void()>& called = {});
 // The bytes of k's memory that call takes (with an adapter's copies of its arrays, at most).
 template <class KS>
 size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,

@@ -65,7 +65,8 @@ size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, c
 
 template <class KS>
 OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
-                    int copies, const OpRun& expect, int* chosen) {
+                    int copies, const OpRun& expect, int* chosen,
+                    const std::function<void()>& called) {
   std::vector<TiledArray> in, out;
   for (const auto& v : x.values) in.emplace_back(*k.memory, v, kGuardValues);
   for (const auto& v : x.outputs) out.emplace_back(*k.memory, v, kGuardValues);
@@ -75,6 +76,7 @@ OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const
   invoke_op(op_named(op), k, ctx, in, ids.data(), out, tiled_shape(s, copies),
             tiled_scalars(x.scalars, copies), nullptr);
   k.memory->synchronize(ctx.stream);
+  if (called) called();
 
   // Each copy's largest distance from the base call's outputs, over every output that grows
   // with the rows; a copy with the same bits as the first is as far.
@@ -125,10 +127,10 @@ template size_t tiled_call_bytes(const std::string&, const KernelSet<float>&, co
 template size_t tiled_call_bytes(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
                                  const OpShape&, int);
 template OpRun call_op_tiled(const std::string&, const KernelSet<double>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*);
+                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
 template OpRun call_op_tiled(const std::string&, const KernelSet<float>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*);
+                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
 template OpRun call_op_tiled(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*);
+                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
 
 }  // namespace divlab
