@@ -644,6 +644,8 @@ void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from
     with_backend_catalogue(opt.backend, opt.precision, [&](const auto& catalogue) {
       const auto variant = catalogue.select({{rep.op, rep.variant}});
       const auto backend_reference = catalogue.select({});
+      rep.declared_control = catalogue.is_benign(rep.op, rep.variant);
+      if (progress.control) progress.control(rep.declared_control);
       Checker<std::decay_t<decltype(variant)>> checker{opt,
                                                        rep.op,
                                                        reference,

@@ -112,6 +112,9 @@ struct CheckReport {
   uint64_t seed = 0;
   std::string trace;                 // --trace: the run whose recorded values were one condition
   std::vector<std::string> plugins;  // --plugins, for the replay line
+  // The variant is a benign control (documented so, or a plug-in's DIVLAB_CONTROL): analyses
+  // take its runs as the noise floor, so failing here says it is none.
+  bool declared_control = false;
   // cuda: a line per compute-sanitizer tool ("memcheck: ERROR SUMMARY: 0 errors"), or why none ran
   std::vector<std::string> sanitizer;
 };
@@ -134,6 +137,7 @@ struct CheckProgress {
   std::function<void()> kernel_calls, own_work;
   std::function<void(size_t, const ConditionResult&)> result;
   std::function<void(bool)> verifier;  // the benchmark verifier emulation's outcome
+  std::function<void(bool)> control;   // CheckReport::declared_control, once the variant is known
 };
 // The report's header from the options (op, variant, seed: fresh unless given); throws
 // InputError for what can be told without loading anything.

@@ -166,6 +166,7 @@ int run_check_worker(const CheckOptions& opt) {
     line("result " + std::to_string(i) + " " + encode(r));
   };
   progress.verifier = [&](bool ok) { line(std::string("verifier ") + (ok ? "1" : "0")); };
+  progress.control = [&](bool yes) { line(std::string("control ") + (yes ? "1" : "0")); };
   progress.kernel_calls = [&] { line("kernel"); };
   progress.own_work = [&] { line("own"); };
   run_check_conditions(opt, rep, size_t(opt.worker_from), progress);
@@ -215,6 +216,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
         if (l == "done") done_seen = true;
         if (l.rfind("verifier ", 0) == 0)
           verifier_seen = true, rep.benchmark_verifier_passes = l == "verifier 1";
+        if (l.rfind("control ", 0) == 0) rep.declared_control = l == "control 1";
         if (std::sscanf(l.c_str(), "result %zu ", &i) == 1 && i < count) {
           ConditionResult r;
           const size_t at = l.find(' ', 7);

@@ -133,6 +133,11 @@ std::string format_check(const CheckReport& r) {
     o << "verdict: FAIL under:";
     for (const auto& f : r.failing) o << " [" << f << "]";
     o << "\n";
+    if (r.declared_control)
+      o << "  " << r.op << "=" << r.variant
+        << " is declared a benign control (the op's math, different only in rounding), and it "
+           "fails: it is none. Analyses take a control's runs as the noise floor every candidate "
+           "beside it is judged against (drop DIVLAB_CONTROL, or fix the kernel)\n";
     // The grade's failure alone is what --grade bf16 forgives; beside other failures the same
     // small error may be the named fault at a smaller size, and the grade would not pass it.
     if (std::find(r.failing.begin(), r.failing.end(), kFp32GradeCondition) != r.failing.end())

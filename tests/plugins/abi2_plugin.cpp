@@ -25,6 +25,8 @@
 //   rope_forward   abi2_rope_table_in_scratch  fp32, exact, its cos/sin table built when the
 //                                         sequence length, head width or base changes and kept
 //                                         in scratch for the next call (which may find it gone)
+//   gelu_forward   abi2_erf_gelu_control  fp32, the exact (erf) GELU declared a benign control:
+//                                         another function than the tanh form the op computes
 // Half and bf16 conversions are written out here: the library includes nothing of divlab but the
 // ABI header and must build with compilers that lack _Float16.
 #include <algorithm>
@@ -260,6 +262,11 @@ void rope_table_in_scratch(const divlab_op_context* ctx, float* y, const float* 
   }
 }
 
+// x Phi(x), where the op is the tanh approximation (up to ~1e-3 apart near |x| = 2).
+void erf_gelu(const divlab_op_context*, float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] / std::sqrt(2.0f)));
+}
+
 const divlab_variant2 kVariants[] = {
     {"swiglu_forward", "abi2_bf16_swiglu", "cpu", DIVLAB_BF16, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&bf16_swiglu<1>), "bf16 SwiGLU, fp32 math", "", "", ""},
@@ -305,8 +312,10 @@ const divlab_variant2 kVariants[] = {
     {"add", "abi2_add_rounding_toward_zero", "cpu", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&add_rounding_toward_zero), "an add rounding toward zero",
      "leaves the thread rounding toward zero", "every op called after it", ""},
+    {"gelu_forward", "abi2_erf_gelu_control", "cpu", DIVLAB_FP32, DIVLAB_CONTROL,
+     reinterpret_cast<void (*)(void)>(&erf_gelu), "the exact GELU, x Phi(x)", "", "", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 14, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 15, kVariants};
 
 }  // namespace
 

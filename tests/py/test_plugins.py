@@ -284,6 +284,16 @@ class Abi2Kernels(unittest.TestCase):
         good = run("check", "add=abi2_context_add", "--plugins", ABI2)
         self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
 
+    def test_a_declared_control_that_fails_is_told_it_is_none(self):
+        # The exact GELU flagged DIVLAB_CONTROL: another function than the op's tanh form, off by
+        # up to 1e-3, so no control. check says so under its verdict (a control's runs would set
+        # the noise floor); a true control's passing report has no such line.
+        r = self.failing_check("gelu_forward=abi2_erf_gelu_control", "fp32 grade")
+        self.assertIn("gelu_forward=abi2_erf_gelu_control is declared a benign control", r.stdout)
+        good = run("check", "add=abi2_context_add", "--plugins", ABI2)
+        self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+        self.assertNotIn("declared a benign control", good.stdout)
+
     def failing_check(self, target, condition):
         # check on one of the library's variants, which must fail under `condition` alone.
         r = run("check", target, "--plugins", ABI2)
