@@ -232,9 +232,7 @@ struct Checker {
   // the kernel threw). Its memory is asked of the device before anything is allocated.
   bool run_tiled(const Condition& cond, const OpInputs& x, const OpShape& s, const OpRun& ref,
                  OpRun& got, ConditionResult& r, int& copy) const {
-    OpShape all = s;
-    all.B *= cond.copies;
-    r.shape = all.text();
+    r.shape = tiled_shape(s, cond.copies).text();
     try {
       check_backend_fits(opt.backend, tiled_call_bytes(op, variant, x, s, cond.copies),
                          "'" + cond.name + "'");

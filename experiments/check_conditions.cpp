@@ -218,10 +218,10 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                     Op::sum_squares, Op::sgd_step,        Op::adamw_step};
   past_grid.not_for = "the op is not one flat array ('arrays large' is its largest)";
   list.push_back(past_grid);
-  list.push_back(past("heads wide (256)", kWideHeads,
-                      {Op::attention_forward, Op::attention_backward, Op::rope_forward,
-                       Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
-                      "the op does not see heads"));
+  const std::vector<Op> head_ops = {Op::attention_forward, Op::attention_backward,
+                                    Op::rope_forward,      Op::rope_backward,
+                                    Op::gqa_forward,       Op::gqa_backward};
+  list.push_back(past("heads wide (256)", kWideHeads, head_ops, "the op does not see heads"));
   // A softmax is the same for a row moved by any constant, and a row of logits need not sit near
   // 0 (a model's logits drift together as it trains, and as it diverges). Every other
   // condition's rows have their largest value near their spread, so a running max started at 0
@@ -255,10 +255,7 @@ std::vector<Condition> check_condition_list(bool with_trace) {
                Op::linear_backward};
   wide.not_for = "the op has no array the size of a step's logits";
   list.push_back(wide);
-  list.push_back(past("heads many (2^16+)", kManyHeads,
-                      {Op::attention_forward, Op::attention_backward, Op::rope_forward,
-                       Op::rope_backward, Op::gqa_forward, Op::gqa_backward},
-                      "the op does not see heads"));
+  list.push_back(past("heads many (2^16+)", kManyHeads, head_ops, "the op does not see heads"));
   list.push_back(
       past("sequence 2^14+", kLongerSequence,
            {Op::embedding_forward, Op::rope_forward, Op::rope_backward, Op::embed_rmsnorm_backward},

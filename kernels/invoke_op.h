@@ -24,6 +24,23 @@ inline Op op_named(const std::string& name) {
   return op;
 }
 
+// An array argument that binds nothing: it records the storage type the kernel takes it in and
+// the extent the op's spec gives it at the call's shape (what binding it would allocate), and
+// passes null. One pass of invoke_op with no_op_kernels and these probes a call.
+struct ArgProbe {
+  size_t value_bytes = 0;  // sizeof the kernel's element type for this array
+  int64_t count = 0;       // values
+  template <class V>
+  operator V*() {
+    value_bytes = sizeof(V);
+    return nullptr;
+  }
+  size_t bytes() const { return value_bytes * size_t(count); }
+};
+inline void take_spec(ArgProbe& p, const ArgSpec& spec) {
+  p.count = spec.size();
+}
+
 template <Op op>
 using OpTag = std::integral_constant<Op, op>;
 

@@ -518,26 +518,14 @@ OpScalars scalars_of_call(const std::string& op, const std::vector<double>& valu
   return c;
 }
 
-namespace {
-// An array argument that records the storage type the kernel takes it in, and binds nothing.
-struct StorageProbe {
-  size_t bytes = 0;
-  template <class V>
-  operator V*() {
-    bytes = sizeof(V);
-    return nullptr;
-  }
-};
-}  // namespace
-
 template <class KS>
 std::vector<bool> inputs_in_activation_storage(const std::string& op, const KS& k,
                                                const OpInputs& x, const OpShape& s) {
-  std::vector<StorageProbe> in(x.values.size()), out(x.outputs.size());
+  std::vector<ArgProbe> in(x.values.size()), out(x.outputs.size());
   invoke_op(op_named(op), no_op_kernels(k), OpContext{}, in, nullptr, out, s, x.scalars, nullptr);
   std::vector<bool> activation(in.size());
   for (size_t i = 0; i < in.size(); ++i)
-    activation[i] = in[i].bytes != 0 && in[i].bytes < sizeof(typename KS::Value);
+    activation[i] = in[i].value_bytes != 0 && in[i].value_bytes < sizeof(typename KS::Value);
   return activation;
 }
 

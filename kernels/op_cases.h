@@ -105,6 +105,8 @@ template <class KS>
 OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
                     int copies, const OpRun& expect, int* chosen = nullptr,
                     const std::function<void()>& called = {});
+// `s` with `copies` times its sequences: the shape call_op_tiled calls the kernel at.
+OpShape tiled_shape(const OpShape& s, int copies);
 // The bytes of k's memory that call takes (with an adapter's copies of its arrays, at most).
 template <class KS>
 size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,

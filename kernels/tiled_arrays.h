@@ -33,10 +33,6 @@ class TiledArray {
     count_ = spec.size(), role_ = spec.role;
   }
   ArgRole role() const { return role_; }
-  // Measuring only: binding records the bytes it would allocate and returns null.
-  void measure_only() { measuring_ = true; }
-  size_t measured_bytes() const { return measured_; }
-  size_t value_bytes() const { return width_; }
 
   template <class V>
   operator V*() {
@@ -85,10 +81,6 @@ class TiledArray {
  private:
   template <class V>
   V* bind() {
-    if (measuring_) {
-      width_ = sizeof(V), measured_ = size_t(count_) * width_;
-      return nullptr;
-    }
     if (bound()) {
       if (type_ != storage_of<V>())
         throw std::logic_error("tiled call: one tensor passed as two storage types");
@@ -126,8 +118,6 @@ class TiledArray {
   int64_t guard_;
   int64_t count_ = 0;
   ArgRole role_ = ArgRole::Input;
-  bool measuring_ = false;
-  size_t measured_ = 0;
   Buffer<unsigned char> bytes_;
   std::vector<unsigned char> base_bytes_, guard_bytes_;  // one copy, one guard, as stored
   Storage type_ = Storage::F32;

@@ -12,12 +12,13 @@
 
 namespace divlab {
 
-namespace {
 OpShape tiled_shape(const OpShape& s, int copies) {
   OpShape big = s;
   big.B *= copies;
   return big;
 }
+
+namespace {
 // The same dloss (dloss_scale / N) at `copies` times the rows.
 OpScalars tiled_scalars(OpScalars c, int copies) {
   c.dloss_scale *= copies;
@@ -46,20 +47,15 @@ double distance(const std::vector<double>& a, const std::vector<double>& b) {
 template <class KS>
 size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
                         int copies) {
-  std::vector<TiledArray> in, out;
-  for (const auto& v : x.values) in.emplace_back(*k.memory, v, kGuardValues);
-  for (const auto& v : x.outputs) out.emplace_back(*k.memory, v, kGuardValues);
-  for (auto* arrays : {&in, &out})
-    for (TiledArray& a : *arrays) a.measure_only();
-  const OpContext ctx{};
-  invoke_op(op_named(op), no_op_kernels(k), ctx, in, nullptr, out, tiled_shape(s, copies),
+  std::vector<ArgProbe> in(x.values.size()), out(x.outputs.size());
+  invoke_op(op_named(op), no_op_kernels(k), OpContext{}, in, nullptr, out, tiled_shape(s, copies),
             tiled_scalars(x.scalars, copies), nullptr);
   size_t bytes = x.ids.size() * size_t(copies) * sizeof(TokenId);
   for (auto* arrays : {&in, &out})
-    for (const TiledArray& a : *arrays)
+    for (const ArgProbe& a : *arrays)
       // An adapter (a plug-in written for another activation type) holds each array once more,
       // in fp32 at most.
-      bytes += a.measured_bytes() + a.measured_bytes() / std::max<size_t>(1, a.value_bytes()) * 4;
+      bytes += a.bytes() + size_t(a.count) * sizeof(float);
   return bytes;
 }
 

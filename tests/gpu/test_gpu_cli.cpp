@@ -340,6 +340,16 @@ CheckOptions racy_plugin_check(const std::string& target) {
   opt.seed = test_seed(), opt.sanitizer = false, opt.isolated = false;
   return opt;
 }
+// `target`, checked as `opt` asks, runs `condition` and passes the whole check.
+void expect_runs_and_passes(CheckOptions opt, const char* target, const std::string& condition) {
+  opt.target = target;
+  const CheckReport ok = run_check(opt);
+  const auto it = std::find_if(ok.conditions.begin(), ok.conditions.end(),
+                               [&](const ConditionResult& c) { return c.name == condition; });
+  ASSERT_NE(it, ok.conditions.end()) << target;
+  EXPECT_TRUE(it->ran) << target << ": " << it->note;
+  EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+}
 }  // namespace
 
 // check's concurrent-load condition: a kernel that stages its sums in device memory every call
@@ -392,14 +402,7 @@ TEST(GpuCheck, AGridCappedAt65535BlocksFailsOnlyPast2To24Values) {
   EXPECT_EQ(capped.failing, std::vector<std::string>{"arrays past 2^24"}) << format_check(capped);
   for (const char* target : {"add=reference", "gelu_backward=reference", "sgd_step=reference",
                              "adamw_step=reference", "softcap_forward=reference"}) {
-    opt.target = target;
-    const CheckReport ok = run_check(opt);
-    const auto past =
-        std::find_if(ok.conditions.begin(), ok.conditions.end(),
-                     [](const ConditionResult& c) { return c.name == "arrays past 2^24"; });
-    ASSERT_NE(past, ok.conditions.end()) << target;
-    EXPECT_TRUE(past->ran) << target;
-    EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+    expect_runs_and_passes(opt, target, "arrays past 2^24");
   }
 }
 
@@ -412,14 +415,7 @@ TEST(GpuCheck, A32BitOffsetFailsOnlyOnLogitsPast2To32Values) {
   const CheckReport wraps = run_check(opt);
   EXPECT_EQ(wraps.failing, std::vector<std::string>{"logits past 2^32"}) << format_check(wraps);
   for (const char* target : {"cross_entropy=reference", "linear_backward=reference"}) {
-    opt.target = target;
-    const CheckReport ok = run_check(opt);
-    const auto past =
-        std::find_if(ok.conditions.begin(), ok.conditions.end(),
-                     [](const ConditionResult& c) { return c.name == "logits past 2^32"; });
-    ASSERT_NE(past, ok.conditions.end()) << target;
-    EXPECT_TRUE(past->ran) << target << ": " << past->note;
-    EXPECT_TRUE(ok.failing.empty()) << target << "\n" << format_check(ok);
+    expect_runs_and_passes(opt, target, "logits past 2^32");
   }
 }
 
