@@ -21,6 +21,7 @@
 #include "experiments/check_train.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
+#include "experiments/sanitizer_log.h"
 #include "kernels/plugins.h"
 
 namespace divlab {
@@ -295,10 +296,7 @@ struct SanitizerTool {
 };
 const SanitizerTool kSanitizerTools[] = {
     {"memcheck", {}, "ERROR SUMMARY", false},
-    {"racecheck",
-     {"--kernel-name-exclude", "kns=cudnn_generated", "--kernel-name-exclude", "kns=nvjet"},
-     "RACECHECK SUMMARY",
-     true},
+    {"racecheck", {"--kernel-name-exclude", "kns=cudnn_generated"}, "RACECHECK SUMMARY", true},
 };
 
 // Runs each tool; one line each: "memcheck: ERROR SUMMARY: 0 errors", or with what it found
@@ -324,26 +322,12 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     if (tool.shapes_only) so.setenv = {"DIVLAB_GEMM_TUNING=0"};
     const int rc = run_process(argv, so);
     std::ifstream in(log.path());
-    std::string line, summary = "no summary", first, first_other;
-    while (std::getline(in, line)) {
-      const auto at = line.find(tool.summary);
-      if (at != std::string::npos) summary = line.substr(at);
-      const auto finding = line.find_first_not_of("= ");
-      if (finding == std::string::npos) continue;
-      if (first.empty() && (line.find("Race reported") != std::string::npos ||
-                            line.rfind("Invalid ", finding) == finding))
-        first = line.substr(finding);
-      // Any other finding the tool words otherwise ("Error: Potential RAW hazard ..."), for a
-      // summary that counts one without either form.
-      if (first_other.empty() && at == std::string::npos &&
-          (line.rfind("Error", finding) == finding || line.rfind("Warning", finding) == finding))
-        first_other = line.substr(finding);
-    }
-    if (first.empty()) first = first_other;
-    const bool found = WIFEXITED(rc) && WEXITSTATUS(rc) == 99;
-    lines.emplace_back(std::string(tool.name) + ": " + (found ? "ERRORS: " : "") + summary +
-                           (found && !first.empty() ? "; first: " + first : ""),
-                       found);
+    const SanitizerFindings findings = read_sanitizer_log(in, tool.summary);
+    const bool errors_exit = WIFEXITED(rc) && WEXITSTATUS(rc) == 99;
+    const bool found = findings.fails(errors_exit);
+    lines.emplace_back(
+        std::string(tool.name) + ": " + (found ? "ERRORS: " : "") + findings.line(errors_exit),
+        found);
   }
   return lines;
 }

@@ -8,27 +8,42 @@
 # kernels: racecheck reports shared-memory hazards in them that their mbarrier/TMA pipelines
 # order (racecheck does not model those), and initcheck cannot see their TMA stores, so it flags
 # every later read of their outputs (by cuDNN's own rowsum(dO * O) kernel in the backward).
-# racecheck skips the generated SDPA kernels, initcheck all cuDNN kernels; what they would
+# racecheck skips the generated SDPA kernels, initcheck all cuDNN kernels. cuBLASLt's Hopper
+# GEMMs (nvjet_*) are built the same way; skipped, they stopped racecheck with an internal error
+# on an H200, so it runs over them and races between two accesses inside them are not counted
+# (as divlab check's pass: experiments/sanitizer_log.h). What the skips would
 # check is tested directly instead: every output
 # element written (CudnnSdpa.WritesEveryOutputElement, NaN-filled buffers), bitwise repeatable
 # backward, fp64 agreement. memcheck runs over everything.
 # Usage: scripts/sanitize-gpu.sh [build/cuda/tests/divlab_gpu_tests]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 bin=${1:-build/cuda/tests/divlab_gpu_tests}
 out=${OUT:-/tmp/divlab-sanitize}
 mkdir -p "$out"
 clean='GpuOps/*:CudnnSdpa.*:GpuOpsBf16.*:GpuVariants.*:GpuDeterminism.*:GpuEmbedScatter.Controls*:GpuEmbedScatter.Bf16*'
 status=0
-declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated --kernel-name-exclude kns=nvjet"
+declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated"
                  [initcheck]="--kernel-name-exclude kns=cudnn")
+# Race reports (two lines each) with both accesses in nvjet_* kernels, and the others.
+gemm_races() {
+  awk '/Race reported/ { a = $0; getline b; if (a ~ /access at (void )?nvjet_/ && b ~ /access at (void )?nvjet_/) n++ } END { print n + 0 }' "$1"
+}
 for tool in memcheck racecheck initcheck; do
   # shellcheck disable=SC2086
-  if compute-sanitizer --tool "$tool" ${skip[$tool]} --error-exitcode 99 "$bin" --gtest_filter="$clean" \
-      > "$out/$tool.log" 2>&1; then
-    echo "$tool: clean ($(grep -c '^\[       OK' "$out/$tool.log") tests)"
+  compute-sanitizer --tool "$tool" ${skip[$tool]} --error-exitcode 99 "$bin" --gtest_filter="$clean" \
+    > "$out/$tool.log" 2>&1
+  rc=$?
+  races=$(grep -c "Race reported" "$out/$tool.log")
+  gemm=$(gemm_races "$out/$tool.log")
+  if [ $rc -eq 99 ] && [ "$races" -gt 0 ] && [ "$races" -eq "$gemm" ] &&
+      ! grep -q "Internal Sanitizer Error" "$out/$tool.log"; then
+    rc=0
+  fi
+  if [ $rc -eq 0 ]; then
+    echo "$tool: clean ($(grep -c '^\[       OK' "$out/$tool.log") tests; $gemm race report(s) inside nvjet_* not counted)"
   else
-    echo "$tool: ERRORS (see $tool.log)"; grep -m5 -E "=========  (Invalid|Race|Uninit)" "$out/$tool.log"
+    echo "$tool: ERRORS (see $tool.log)"; grep -m5 -E "=========  ?(Invalid|Race|Uninit|Error|Internal)" "$out/$tool.log"
     status=1
   fi
 done

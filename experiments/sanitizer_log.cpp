@@ -1,0 +1,79 @@
+#include "experiments/sanitizer_log.h"
+
+#include <string_view>
+
+namespace divlab {
+
+namespace {
+
+// The kernel an access line names: "... access at <kernel>+0x<offset>[ in file:line][ [n
+// hazards]]".
+std::string_view accessed_kernel(std::string_view line) {
+  const auto at = line.find(" access at ");
+  if (at == std::string_view::npos) return {};
+  std::string_view name = line.substr(at + 11);
+  name = name.substr(0, name.find("+0x"));
+  if (name.rfind("void ", 0) == 0) name.remove_prefix(5);
+  return name;
+}
+
+bool unmodelled(std::string_view kernel) {
+  return kernel.rfind("nvjet_", 0) == 0;
+}
+
+}  // namespace
+
+std::string SanitizerFindings::line(bool errors_exit) const {
+  std::string s = summary;
+  if (races_unmodelled > 0)
+    s += "; " + std::to_string(races_unmodelled) + " of " + std::to_string(races) +
+         " race report(s) inside cuBLASLt's generated GEMMs (nvjet_*), whose TMA and mbarrier "
+         "ordering racecheck does not model: not counted";
+  if (fails(errors_exit) && !first.empty()) s += "; first: " + first;
+  return s;
+}
+
+SanitizerFindings read_sanitizer_log(std::istream& log, const std::string& summary_key) {
+  SanitizerFindings f;
+  std::string line, first_other, pending_race;  // a race report's first access line
+  while (std::getline(log, line)) {
+    const auto at = line.find(summary_key);
+    if (at != std::string::npos) f.summary = line.substr(at);
+    const auto text = line.find_first_not_of("= ");
+    if (text == std::string::npos) continue;
+    const std::string finding = line.substr(text);
+    if (!pending_race.empty()) {
+      // A race report's second line names the other access ("and Write access at ...").
+      ++f.races;
+      const bool both_unmodelled =
+          unmodelled(accessed_kernel(pending_race)) && unmodelled(accessed_kernel(finding));
+      if (both_unmodelled)
+        ++f.races_unmodelled;
+      else if (f.first.empty())
+        f.first = pending_race + " " + finding;
+      pending_race.clear();
+      continue;
+    }
+    if (finding.find("Race reported") != std::string::npos) {
+      pending_race = finding;
+    } else if (finding.rfind("Internal Sanitizer Error", 0) == 0) {
+      f.internal_error = true;
+      f.first = finding;
+    } else if (f.first.empty() && finding.rfind("Invalid ", 0) == 0) {
+      f.first = finding;
+    } else if (first_other.empty() && at == std::string::npos &&
+               (finding.rfind("Error", 0) == 0 || finding.rfind("Warning", 0) == 0)) {
+      // A finding the tool words otherwise ("Error: Potential RAW hazard ..."), quoted where
+      // the summary counts one in neither form.
+      first_other = finding;
+    }
+  }
+  if (!pending_race.empty()) {  // a log cut after a report's first line
+    ++f.races;
+    if (f.first.empty()) f.first = pending_race;
+  }
+  if (f.first.empty()) f.first = first_other;
+  return f;
+}
+
+}  // namespace divlab
