@@ -128,19 +128,25 @@ struct Checker {
   // bf16 precision, an op with activations: the reference sees the inputs as the kernel does,
   // its activations rounded to bf16 and the rest (T: fp32 there) to fp32.
   bool round_inputs;
+  // There, its fp32 outputs judged at the fp32 grade (CheckReport::fp32_outputs_required).
+  bool fp32_outputs;
   mutable TokenStreams streams;
   mutable std::optional<TraceCapture> recorded;     // --trace's calls, recorded when first needed
   mutable std::unique_ptr<PreparedCall<KS>> load;   // the concurrent condition's GEMM, bound once
   mutable const CheckProgress* progress = nullptr;  // run_all's, for draw()'s heartbeat
-  mutable std::vector<bool> activation_inputs;      // which inputs are bf16, once known
+  mutable std::optional<ActivationStorage> bf16_arrays;  // which arrays are bf16, once known
+
+  const ActivationStorage& storage(const OpInputs& x, const OpShape& s) const {
+    if (!bf16_arrays) bf16_arrays = activation_storage(op, variant, x, s);
+    return *bf16_arrays;
+  }
 
   // `x`'s inputs as the bf16 mode's kernel receives them (round_inputs), for the reference too.
   void round_as_stored(OpInputs& x, const OpShape& s) const {
     if (!round_inputs) return;
-    if (activation_inputs.empty())
-      activation_inputs = inputs_in_activation_storage(op, variant, x, s);
+    const std::vector<bool>& bf16 = storage(x, s).inputs;
     for (size_t i = 0; i < x.values.size(); ++i)
-      (activation_inputs.at(i) ? round_to_bf16 : round_to_fp32)(x.values[i]);
+      (bf16.at(i) ? round_to_bf16 : round_to_fp32)(x.values[i]);
   }
 
   // Around the kernel's calls of a draw: the hang clock times them alone, not the fp64 work
@@ -166,6 +172,50 @@ struct Checker {
     OpInputs rounded = x;
     for (auto& values : rounded.values) round(values);
     return rounding_allowance(ref, call_op(op, reference, rounded, s), x.outputs, written);
+  }
+
+  // Per output, the error fp32 itself explains on `x`: twice the larger of the change rounding
+  // the inputs to fp32 makes to the exact result and the backend's fp32 reference's distance
+  // from it on the same inputs (an ill-conditioned input moves it even for an exact fp32 kernel).
+  // A tiled condition's (`copies` > 0) call is the reference's tiled call too: a weight gradient
+  // summed over all its copies' rows carries that sum's rounding.
+  std::vector<double> fp32_allowance(const OpInputs& x, const OpShape& s, const OpRun& ref,
+                                     const std::vector<ArgSpec>& written, int copies) const {
+    std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
+    OpRun backend;
+    try {
+      backend = copies > 0 ? call_op_tiled(op, backend_reference, x, s, copies, ref)
+                           : call_op(op, backend_reference, x, s);
+    } catch (const OutOfMemory&) {  // no room for its tiled call: its base call's rounding
+      backend = call_op(op, backend_reference, x, s);
+    }
+    const std::vector<double> own = rounding_allowance(ref, backend, x.outputs, written);
+    for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
+    return allow;
+  }
+
+  // The bf16 mode's fp32 outputs' error at the fp32 grade (beyond fp32_allowance where past
+  // it), and their worst element in `worst`; -1 where every output is bf16. The bf16 outputs
+  // are taken as the reference's: judged on their own at the bf16 grade.
+  double fp32_outputs_error(const OpInputs& x, const OpShape& s, int copies, const OpRun& ref,
+                            const OpRun& got, const std::vector<ArgSpec>& written,
+                            const std::vector<std::vector<bool>>& nans, std::string* worst) const {
+    const std::vector<bool>& bf16 = storage(x, s).outputs;
+    if (std::all_of(bf16.begin(), bf16.end(), [](bool b) { return b; })) return -1;
+    OpRun fp32_only = got;
+    for (size_t o = 0; o < bf16.size() && o < fp32_only.outputs.size(); ++o)
+      if (bf16[o]) fp32_only.outputs[o] = ref.outputs[o];
+    ConditionResult m;
+    measure(m, fp32_only, ref, x.outputs, written, {}, nans);
+    if (m.norm_error > kFp32Grade) {
+      ConditionResult beyond;
+      measure(beyond, fp32_only, ref, x.outputs, written,
+              fp32_allowance(x, s, ref, written, copies), nans);
+      *worst = beyond.worst;
+      return std::max(0.0, beyond.beyond_allowance);
+    }
+    *worst = m.worst;
+    return m.norm_error;
   }
 
   // kConcurrentCopies calls (one per input set), each run alone first, then all at once on
@@ -400,14 +450,17 @@ struct Checker {
       // does an fp32 kernel's own arithmetic, as the backend's fp32 reference on the same inputs
       // shows (two nearly tied scores can swap which one the softmax picks). Twice the larger
       // of the two is accepted: an fp32 kernel is judged against what fp32 can do on this input.
-      std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
-      const std::vector<double> own =
-          rounding_allowance(ref, call_op(op, backend_reference, x, s), x.outputs, written);
-      for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
       ConditionResult fp32;
-      measure(fp32, got, ref, x.outputs, written, allow, nans);
+      measure(fp32, got, ref, x.outputs, written, fp32_allowance(x, s, ref, written, cond.copies),
+              nans);
       r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
     }
+    // The bf16 mode keeps the residual stream, weights and gradients in fp32, so an op's fp32
+    // outputs there (an add's sum, a norm's statistics, a weight gradient) are fp32 arithmetic
+    // on the inputs as stored: a kernel that rounds or sums them in bf16 stays within 1e-2.
+    if (fp32_outputs)
+      r.fp32_outputs_error =
+          fp32_outputs_error(x, s, cond.copies, ref, got, written, nans, &r.fp32_outputs_worst);
     r.stray_writes = got.stray_writes;
     ConditionResult repeated;  // the repeat's own measure, where its outputs differ
     repeated.name = r.name, repeated.draws = r.draws, repeated.shape = r.shape;
@@ -475,7 +528,8 @@ struct Checker {
     ConditionResult worst;
     bool deterministic = true;
     std::string note;
-    double grade = 0;
+    double grade = 0, fp32_outputs = -1;
+    std::string fp32_outputs_worst;
     const int draws = cond.from_trace   ? int(trace_calls().calls.size())
                       : cond.draws == 0 ? 1
                                         : cond.draws * opt.draws;
@@ -491,11 +545,14 @@ struct Checker {
       deterministic = deterministic && r.deterministic;
       if (note.empty()) note = r.note;
       grade = std::max(grade, r.grade_error());
+      if (r.fp32_outputs_error > fp32_outputs)
+        fp32_outputs = r.fp32_outputs_error, fp32_outputs_worst = r.fp32_outputs_worst;
       if (d == 0 || r.norm_error > worst.norm_error) worst = r;
     }
     worst.draws = draws, worst.deterministic = deterministic;
     if (!cond.from_trace) worst.note = note;  // a recorded call's note says which call it was
     worst.fp32_grade_error = grade;  // the worst draw by the grade's measure, maybe another
+    worst.fp32_outputs_error = fp32_outputs, worst.fp32_outputs_worst = fp32_outputs_worst;
     return worst;
   }
 
@@ -614,6 +671,7 @@ CheckReport new_check_report(const CheckOptions& opt) {
   // The bf16 grade where bf16 values are: an op without activations (the embedding's fp32
   // residual stream, the optimizer's updates) is the fp32 mode's, checked as there.
   rep.required = bf16_values(opt.precision, rep.op) ? Grade::Bf16 : opt.grade;
+  rep.fp32_outputs_required = bf16_values(opt.precision, rep.op) && opt.grade == Grade::Fp32;
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;
@@ -651,6 +709,7 @@ void run_check_conditions(const CheckOptions& opt, CheckReport& rep, size_t from
                                                        backend_reference,
                                                        rep.required,
                                                        bf16_values(opt.precision, rep.op),
+                                                       rep.fp32_outputs_required,
                                                        {},
                                                        {},
                                                        {},
@@ -679,6 +738,13 @@ void finish_check_report(CheckReport& rep) {
   if (rep.required == Grade::Fp32 && rep.grade != Grade::Fp32) {
     rep.pass = false;
     rep.failing.push_back(kFp32GradeCondition);
+  }
+  if (rep.fp32_outputs_required &&
+      std::any_of(rep.conditions.begin(), rep.conditions.end(), [](const ConditionResult& r) {
+        return r.ran && !r.failed && r.fp32_outputs_error > kFp32Grade;
+      })) {
+    rep.pass = false;
+    rep.failing.push_back(kFp32OutputsCondition);
   }
 }
 

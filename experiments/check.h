@@ -76,6 +76,10 @@ struct ConditionResult {
   // at x1e3 values, moves it even for an exact fp32 kernel); -1: the plain error.
   double fp32_grade_error = -1;
   double grade_error() const { return fp32_grade_error >= 0 ? fp32_grade_error : norm_error; }
+  // The bf16 mode: the error of the op's fp32 outputs alone, judged as the fp32 grade judges
+  // (-1: not measured), and their worst element.
+  double fp32_outputs_error = -1;
+  std::string fp32_outputs_worst;
   double verifier_pass = 1;   // fraction with |v - r| <= 1e-2 + 1e-2 |r|
   double bias = 0;            // sum(|v| - |r|) / sum |r|: systematic shrinking (<0) or growth (>0)
   bool finite = true;         // no NaN/inf where the reference is finite
@@ -102,6 +106,10 @@ struct CheckReport {
   Backend backend = Backend::Cpu;
   Precision precision = Precision::Fp32;
   Grade required = Grade::Fp32;
+  // The bf16 mode, an op with bf16 arrays: its fp32 outputs (the residual stream, weight
+  // gradients, a norm's statistics: fp32 in that mode) must still be fp32-grade (unless --grade
+  // bf16), whatever grade its bf16 outputs reach.
+  bool fp32_outputs_required = false;
   std::vector<ConditionResult> conditions;
   bool pass = true;
   Grade grade = Grade::Fp32;         // reached: fp32 (every row within 1e-4) or bf16 (within 1e-2)

@@ -90,7 +90,9 @@ std::string encode(const ConditionResult& r) {
                                            r.why,
                                            number(r.fp32_grade_error),
                                            std::to_string(r.nans_hidden),
-                                           r.nan_example};
+                                           r.nan_example,
+                                           number(r.fp32_outputs_error),
+                                           r.fp32_outputs_worst};
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) line += (i ? "\t" : "") + escape(fields[i]);
   return line;
@@ -104,7 +106,7 @@ bool decode(const std::string& line, ConditionResult* r) {
     if (tab == std::string::npos) break;
     at = tab + 1;
   }
-  if (f.size() != 22) return false;
+  if (f.size() != 24) return false;
   r->name = f[0], r->shape = f[1], r->ran = f[2] == "1", r->note = f[3];
   r->row_error = std::strtod(f[4].c_str(), nullptr);
   r->norm_error = std::strtod(f[5].c_str(), nullptr);
@@ -119,6 +121,7 @@ bool decode(const std::string& line, ConditionResult* r) {
   r->smallest = f[16], r->failed = f[17] == "1", r->why = f[18];
   r->fp32_grade_error = std::strtod(f[19].c_str(), nullptr);
   r->nans_hidden = std::strtoll(f[20].c_str(), nullptr, 10), r->nan_example = f[21];
+  r->fp32_outputs_error = std::strtod(f[22].c_str(), nullptr), r->fp32_outputs_worst = f[23];
   return true;
 }
 

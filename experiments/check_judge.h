@@ -16,6 +16,8 @@ constexpr double kTolerance = 1e-2;
 // Every output within this: an fp32-grade kernel (the failure's name in the report: below).
 constexpr double kFp32Grade = 1e-4;
 inline constexpr const char* kFp32GradeCondition = "fp32 grade";
+// The bf16 mode's fp32 outputs past the fp32 grade (CheckReport::fp32_outputs_required).
+inline constexpr const char* kFp32OutputsCondition = "fp32 outputs";
 
 // x in the reports' format (three significant digits, exponent).
 std::string format_e(double x);

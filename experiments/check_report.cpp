@@ -88,6 +88,20 @@ std::string fp32_grade_diagnosis(const CheckReport& r) {
   return "reduced-precision arithmetic inside an fp32 kernel: some output is off by more than "
          "1e-4 (the table's 'bf16-grade' rows); --grade bf16 accepts it";
 }
+
+// What the bf16 mode's fp32 outputs' failure says: the condition where they are furthest off.
+std::string fp32_outputs_diagnosis(const CheckReport& r) {
+  const ConditionResult* worst = nullptr;
+  for (const ConditionResult& c : r.conditions)
+    if (c.ran && !c.failed && (!worst || c.fp32_outputs_error > worst->fp32_outputs_error))
+      worst = &c;
+  if (!worst) return "";
+  return "the bf16 mode keeps the residual stream, weights and gradients in fp32, and this "
+         "op's fp32 outputs are off by " +
+         format_e(worst->fp32_outputs_error) + " (more than 1e-4) under '" + worst->name +
+         "' (worst element " + worst->fp32_outputs_worst +
+         "): computed, summed or stored in bf16 on the way? --grade bf16 accepts it";
+}
 }  // namespace
 
 std::string format_check(const CheckReport& r) {
@@ -112,11 +126,13 @@ std::string format_check(const CheckReport& r) {
       o << line;
       continue;
     }
-    const std::string result = c.failed                       ? "FAIL: " + c.why
-                               : c.grade_error() > kFp32Grade ? "ok (bf16-grade)"
-                               : c.norm_error > kFp32Grade
-                                   ? "ok (fp32: within what fp32 moves on this input)"
-                                   : "ok";
+    std::string result = c.failed                       ? "FAIL: " + c.why
+                         : c.grade_error() > kFp32Grade ? "ok (bf16-grade)"
+                         : c.norm_error > kFp32Grade
+                             ? "ok (fp32: within what fp32 moves on this input)"
+                             : "ok";
+    if (!c.failed && r.fp32_outputs_required && c.fp32_outputs_error > kFp32Grade)
+      result += "; fp32 outputs off by " + format_e(c.fp32_outputs_error);
     std::snprintf(line, sizeof line, "%-22s %-24s %5d %9s %9s %8s %+10.2e  %s%s\n", c.name.c_str(),
                   c.shape.c_str(), c.draws, format_e(c.norm_error).c_str(),
                   format_e(c.row_error).c_str(),
@@ -142,6 +158,8 @@ std::string format_check(const CheckReport& r) {
     // small error may be the named fault at a smaller size, and the grade would not pass it.
     if (std::find(r.failing.begin(), r.failing.end(), kFp32GradeCondition) != r.failing.end())
       o << "  [" << kFp32GradeCondition << "] " << fp32_grade_diagnosis(r) << "\n";
+    if (std::find(r.failing.begin(), r.failing.end(), kFp32OutputsCondition) != r.failing.end())
+      o << "  [" << kFp32OutputsCondition << "] " << fp32_outputs_diagnosis(r) << "\n";
     size_t detailed = 0;
     for (const auto& c : r.conditions) {
       if (!c.failed || detailed++ >= kDetailedFailures) continue;

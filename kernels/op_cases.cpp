@@ -519,14 +519,18 @@ OpScalars scalars_of_call(const std::string& op, const std::vector<double>& valu
 }
 
 template <class KS>
-std::vector<bool> inputs_in_activation_storage(const std::string& op, const KS& k,
-                                               const OpInputs& x, const OpShape& s) {
+ActivationStorage activation_storage(const std::string& op, const KS& k, const OpInputs& x,
+                                     const OpShape& s) {
   std::vector<ArgProbe> in(x.values.size()), out(x.outputs.size());
   invoke_op(op_named(op), no_op_kernels(k), OpContext{}, in, nullptr, out, s, x.scalars, nullptr);
-  std::vector<bool> activation(in.size());
-  for (size_t i = 0; i < in.size(); ++i)
-    activation[i] = in[i].value_bytes != 0 && in[i].value_bytes < sizeof(typename KS::Value);
-  return activation;
+  const auto narrower = [](const std::vector<ArgProbe>& probes) {
+    std::vector<bool> activation(probes.size());
+    for (size_t i = 0; i < probes.size(); ++i)
+      activation[i] =
+          probes[i].value_bytes != 0 && probes[i].value_bytes < sizeof(typename KS::Value);
+    return activation;
+  };
+  return {narrower(in), narrower(out)};
 }
 
 template <class KS>
@@ -653,14 +657,12 @@ template OpRun call_op_in_place_after(const std::string&, const KernelSet<float>
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<float, bf16>&,
                                       const OpInputs&, int, const OpInputs&, const OpShape&,
                                       MemoryGrowth*);
-template std::vector<bool> inputs_in_activation_storage(const std::string&,
-                                                        const KernelSet<double>&, const OpInputs&,
-                                                        const OpShape&);
-template std::vector<bool> inputs_in_activation_storage(const std::string&, const KernelSet<float>&,
-                                                        const OpInputs&, const OpShape&);
-template std::vector<bool> inputs_in_activation_storage(const std::string&,
-                                                        const KernelSet<float, bf16>&,
-                                                        const OpInputs&, const OpShape&);
+template ActivationStorage activation_storage(const std::string&, const KernelSet<double>&,
+                                              const OpInputs&, const OpShape&);
+template ActivationStorage activation_storage(const std::string&, const KernelSet<float>&,
+                                              const OpInputs&, const OpShape&);
+template ActivationStorage activation_storage(const std::string&, const KernelSet<float, bf16>&,
+                                              const OpInputs&, const OpShape&);
 template class PreparedCall<KernelSet<double>>;
 template class PreparedCall<KernelSet<float>>;
 template class PreparedCall<KernelSet<float, bf16>>;

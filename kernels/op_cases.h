@@ -87,12 +87,15 @@ template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
               std::vector<ArgSpec>* written = nullptr);
 
-// Which of `x`'s inputs `k`'s kernel for `op` takes in the activations' storage (bf16 in the bf16
-// mode), in the order of x.values; the others are T (fp32 there: the residual stream, weights,
-// gradients). Nothing is called.
+// Which of `x`'s arrays `k`'s kernel for `op` takes in the activations' storage (bf16 in the
+// bf16 mode): its inputs in the order of x.values, its outputs in the order of x.outputs; the
+// others are T (fp32 there: the residual stream, weights, gradients). Nothing is called.
+struct ActivationStorage {
+  std::vector<bool> inputs, outputs;
+};
 template <class KS>
-std::vector<bool> inputs_in_activation_storage(const std::string& op, const KS& k,
-                                               const OpInputs& x, const OpShape& s);
+ActivationStorage activation_storage(const std::string& op, const KS& k, const OpInputs& x,
+                                     const OpShape& s);
 
 // Runs `op` of `k` once at `s` with every array that grows with the rows repeated `copies` times
 // (B x copies sequences of `x`'s values; kernels/tiled_arrays.h), so that arrays past any size

@@ -18,11 +18,14 @@
 #include "experiments/check.h"
 #include "experiments/check_capture.h"
 #include "experiments/check_conditions.h"
+#include "experiments/check_judge.h"
 #include "experiments/config.h"
 #include "experiments/sanitizer_log.h"
 #include "experiments/train.h"
 #include "experiments/weights.h"
 #include "kernels/backend.h"
+#include "kernels/bf16_activations.h"
+#include "kernels/common/lowp.h"
 #include "kernels/op_cases.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
@@ -714,13 +717,16 @@ TEST(CheckHoles, TheBf16ModesFp32InputsReachTheKernelAsFp32) {
   std::mt19937_64 gen(testing::test_seed());
   const OpShape s{2, 5, 8, 2, 11};
   const auto stored = [&](const std::string& op) {
-    return inputs_in_activation_storage(
-        op, k, op_inputs(op, s, uniform_tokens(s, gen), Values::Normal, gen), s);
+    return activation_storage(op, k, op_inputs(op, s, uniform_tokens(s, gen), Values::Normal, gen),
+                              s);
   };
-  EXPECT_EQ(stored("add"), (std::vector<bool>{false, true}));  // a: the stream, b: a block's
-  EXPECT_EQ(stored("rmsnorm_forward"), (std::vector<bool>{false, false}));
-  EXPECT_EQ(stored("linear_backward"), (std::vector<bool>{true, true, true}));
-  EXPECT_EQ(stored("sgd_step"), (std::vector<bool>{false}));
+  EXPECT_EQ(stored("add").inputs, (std::vector<bool>{false, true}));  // a: the stream, b: a block's
+  EXPECT_EQ(stored("add").outputs, (std::vector<bool>{false}));
+  EXPECT_EQ(stored("rmsnorm_forward").inputs, (std::vector<bool>{false, false}));
+  EXPECT_EQ(stored("rmsnorm_forward").outputs, (std::vector<bool>{true, false}));  // y, rstd
+  EXPECT_EQ(stored("linear_backward").inputs, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(stored("linear_backward").outputs, (std::vector<bool>{true, false}));  // dx, dW
+  EXPECT_EQ(stored("sgd_step").inputs, (std::vector<bool>{false}));
   // An op with no bf16 array is checked as in the fp32 mode, at the fp32 grade: gradients
   // rounded to bf16 for the wire fail it in both modes.
   CheckOptions opt;
@@ -729,6 +735,53 @@ TEST(CheckHoles, TheBf16ModesFp32InputsReachTheKernelAsFp32) {
   const CheckReport wire = run_check(opt);
   EXPECT_EQ(wire.required, Grade::Fp32);
   EXPECT_EQ(wire.failing, std::vector<std::string>{"fp32 grade"}) << format_check(wire);
+}
+
+// The residual stream summed in fp32 and then stored as bf16 values: within 1e-2 everywhere.
+void add_stream_in_bf16(const OpContext& /*ctx*/, float* y, const float* a, const float* b,
+                        int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float(lowp::bf16_rne(a[i] + b[i]));
+}
+
+// The bf16 mode keeps the residual stream, weights and gradients in fp32; only the activations
+// are bf16. An op's fp32 outputs there are held to the fp32 grade whatever its bf16 ones reach
+// (before, a kernel that rounded them to bf16, or summed a gradient in bf16 at a dose whose
+// error stays within 1e-2, passed the bf16 mode's check).
+TEST(CheckHoles, TheBf16ModesFp32OutputsAreHeldToTheFp32Grade) {
+  Registered reg(mutable_cpu_catalogue().add, "stream_in_bf16", add_stream_in_bf16);
+  adopt_fp32_variant(mutable_cpu_bf16_catalogue(), cpu_catalogue<float>(), "add", "stream_in_bf16",
+                     host_bf16_conversions());
+  struct Drop {
+    ~Drop() { drop_adopted_variant(mutable_cpu_bf16_catalogue(), "add", "stream_in_bf16"); }
+  } drop;
+  CheckOptions opt;
+  opt.target = "add=stream_in_bf16", opt.seed = testing::test_seed();
+  opt.precision = Precision::Bf16;
+  const CheckReport rounded = run_check(opt);
+  EXPECT_EQ(rounded.failing, std::vector<std::string>{"fp32 outputs"}) << format_check(rounded);
+  EXPECT_NE(format_check(rounded).find("[fp32 outputs] the bf16 mode keeps the residual stream"),
+            std::string::npos)
+      << format_check(rounded);
+  opt.grade = Grade::Bf16;  // accepted on request
+  EXPECT_TRUE(run_check(opt).pass);
+
+  opt.grade = Grade::Fp32;
+  for (const std::string op : {"add", "rmsnorm_forward", "linear_backward"}) {
+    opt.target = op + "=reference";
+    const CheckReport ok = run_check(opt);
+    EXPECT_TRUE(ok.pass) << format_check(ok);
+    for (const ConditionResult& c : ok.conditions)
+      if (c.ran) {
+        EXPECT_LE(c.fp32_outputs_error, kFp32Grade) << op << " " << c.name;
+      }
+  }
+  // The reported kernel's bf16 sum fails it at every dose, not only where a hot row's error
+  // passes 1e-2.
+  opt.target = "embed_rmsnorm_backward=bf16_accum";
+  const CheckReport accum = run_check(opt);
+  EXPECT_NE(std::find(accum.failing.begin(), accum.failing.end(), "fp32 outputs"),
+            accum.failing.end())
+      << format_check(accum);
 }
 
 TEST(CheckHoles, TheBf16CatalogueIsCheckedAtTheBf16Grade) {
