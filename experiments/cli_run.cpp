@@ -141,12 +141,13 @@ Command add_check_command(CLI::App& app) {
   check->add_option("--seed", ck.seed, "input seed (default: fresh, printed)")->check(kNotNegative);
   check
       ->add_option("--precision", o->precision,
-                   "fp32 | bf16 (the bf16-mode catalogue, judged at the bf16 grade)")
+                   "fp32 | bf16 (the bf16-mode catalogue, judged at the bf16 grade; the "
+                   "outputs that mode keeps in fp32 at the fp32 grade)")
       ->capture_default_str();
   check
       ->add_option("--grade", o->grade,
-                   "fp32 | bf16: the grade an fp32 kernel must reach (bf16 accepts "
-                   "reduced-precision arithmetic inside it)")
+                   "fp32 | bf16: the grade an fp32 kernel, or the bf16 mode's fp32 outputs, "
+                   "must reach (bf16 accepts reduced-precision arithmetic inside it)")
       ->capture_default_str();
   check->add_option("--draws", ck.draws, "independent draws per condition")->capture_default_str();
   check
