@@ -373,10 +373,14 @@ int cmd_check(const CheckOptions& opt) {
     // floor) beside the reference, on the check's backend.
     std::vector<std::string> arms = {"reference"};
     if (r.variant != "reference") arms.push_back(r.variant);  // the reference once
-    backend_catalogue<float>(opt.backend, Precision::Fp32).for_each_op([&](const auto& ops, auto) {
-      if (ops.op != r.op) return;
-      for (const auto& e : ops.entries)
-        if (e.doc.benign && e.name != r.variant) arms.push_back(e.name);
+    // The controls of the mode it was checked in (the bf16 mode's catalogue on the GPU holds
+    // kernels of its own).
+    with_backend_catalogue(opt.backend, opt.precision, [&](const auto& catalogue) {
+      catalogue.for_each_op([&](const auto& ops, auto) {
+        if (ops.op != r.op) return;
+        for (const auto& e : ops.entries)
+          if (e.doc.benign && e.name != r.variant) arms.push_back(e.name);
+      });
     });
     if (arms.size() == 1) {
       std::printf(
@@ -387,7 +391,7 @@ int cmd_check(const CheckOptions& opt) {
     }
     Op op{};
     if (!parse_op(r.op, &op)) throw InputError("check --train: no op '" + r.op + "'");
-    const CheckTrainGrid grid = check_train_grid(op, arms, opt.backend, opt.plugins);
+    const CheckTrainGrid grid = check_train_grid(op, arms, opt.backend, opt.precision, opt.plugins);
     ReproduceOptions rp;
     rp.out = train_out;
     rp.quick = grid.quick, rp.jobs = opt.jobs, rp.plots = opt.plots;

@@ -79,7 +79,7 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }  // namespace
 
 CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Backend backend,
-                                const std::vector<std::string>& plugins) {
+                                Precision precision, const std::vector<std::string>& plugins) {
   const GridKind kind = grid_kind(op);
   CheckTrainGrid g;
   g.base = resource_path(kind == GridKind::TokenRows ? "configs/reproduce.toml"
@@ -102,8 +102,10 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
                           ? p
                           : std::filesystem::absolute(p).lexically_normal().string());
   if (!located.empty()) entries.push_back({"set.plugins", string_array(located)});
-  if (kind == GridKind::Bf16Weights)
-    entries.push_back({"set.train.precision", string_value("bf16")});
+  // The mode the arms were checked in (a bf16 kernel runs in no other); the bf16 weight copy
+  // runs only in the bf16 mode.
+  const bool bf16 = kind == GridKind::Bf16Weights || precision == Precision::Bf16;
+  if (bf16) entries.push_back({"set.train.precision", string_value("bf16")});
   // The gradient reduction runs between the shards of a data-parallel step: four simulated
   // ranks of the grid's batch, without clipping (a clipped norm hides a scale error, such as a
   // missing world-size division, while the norm is above the clip).
@@ -130,7 +132,7 @@ CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Bac
   for (TomlEntry& e : read_toml(text.str(), "grid '" + g.base + "'")) {
     if (starts_with(e.key, "axes.kernels.") || starts_with(e.key, "set.kernels.") ||
         e.key == "set.backend" || e.key == "set.plugins" ||
-        (kind == GridKind::Bf16Weights && e.key == "set.train.precision") ||
+        (bf16 && e.key == "set.train.precision") ||
         (kind == GridKind::Ranks &&
          (e.key == "set.train.ranks" || e.key == "set.train.grad_clip")) ||
         (llama && (e.key == "set.data" || e.key == "set.model.vocab" || e.key == "set.model.arch" ||

@@ -28,9 +28,11 @@ struct CheckTrainGrid {
   std::string text;  // the grid to run: the base with the kernels axis and the changes above
 };
 
-// `arms`: the kernels axis for `op` (reference first). Throws InputError if the base is unreadable.
+// `arms`: the kernels axis for `op` (reference first), trained on `backend` in `precision`'s
+// mode (the mode check judged them in; the weight copy's grid is the bf16 mode's either way).
+// Throws InputError if the base is unreadable.
 CheckTrainGrid check_train_grid(Op op, const std::vector<std::string>& arms, Backend backend,
-                                const std::vector<std::string>& plugins);
+                                Precision precision, const std::vector<std::string>& plugins);
 
 // One sentence from the grid's verdicts about `candidate` ("op=variant"), and a note on any
 // control that moved.

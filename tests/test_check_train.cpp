@@ -17,7 +17,8 @@ using namespace testing;
 namespace {
 // The grid check would run for `op`, loaded the way the sweep loads it.
 Grid loaded(Op op, const std::vector<std::string>& plugins = {}) {
-  const CheckTrainGrid g = check_train_grid(op, {"reference"}, Backend::Cpu, plugins);
+  const CheckTrainGrid g =
+      check_train_grid(op, {"reference"}, Backend::Cpu, Precision::Fp32, plugins);
   const std::string path = temp_dir("check_train") + "/" + op_name(op) + ".grid.toml";
   std::ofstream(path) << g.text;
   return load_grid(path, g.quick);
@@ -48,7 +49,7 @@ TEST(CheckTrain, EveryOpGetsAGridThatLoads) {
     cpu_catalogue<float>().for_each_op([&](const auto& ops, auto) {
       if (ops.op == op_name(op) && ops.entries.size() > 1) arms.push_back(ops.entries[1].name);
     });
-    const CheckTrainGrid c = check_train_grid(op, arms, Backend::Cpu, {});
+    const CheckTrainGrid c = check_train_grid(op, arms, Backend::Cpu, Precision::Fp32, {});
     const std::string path = temp_dir("check_train") + "/" + op_name(op) + ".arms.toml";
     std::ofstream(path) << c.text;
     const Grid g = load_grid(path, c.quick);
@@ -76,6 +77,13 @@ TEST(CheckTrain, TheGridFollowsTheOpsKindOfError) {
   EXPECT_EQ(*axis(loaded(Op::adamw_step), "train.optimizer"),
             std::vector<std::string>{"adamw train.lr=3e-3"});
   EXPECT_TRUE(every_cell_has(loaded(Op::cast), "train.precision=bf16"));
+  // Any op checked in the bf16 mode trains in it (a bf16 kernel runs in no other).
+  const CheckTrainGrid bf16 =
+      check_train_grid(Op::swiglu_forward, {"reference"}, Backend::Cpu, Precision::Bf16, {});
+  const std::string path = temp_dir("check_train") + "/swiglu_bf16.grid.toml";
+  std::ofstream(path) << bf16.text;
+  EXPECT_TRUE(every_cell_has(load_grid(path, bf16.quick), "train.precision=bf16"));
+  EXPECT_FALSE(every_cell_has(loaded(Op::swiglu_forward), "train.precision=bf16"));
   // The llama family's ops in a llama model with shared kv heads and a soft-cap.
   for (Op op : {Op::rope_forward, Op::gqa_backward, Op::softcap_forward, Op::add_rmsnorm_forward}) {
     const Grid llama = loaded(op);

@@ -225,6 +225,19 @@ class Abi2Kernels(unittest.TestCase):
         assert_rejected(self, ["check", "swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2],
                         "is a bf16 kernel: it runs in the bf16 mode")
 
+    def test_check_train_trains_a_bf16_kernel_in_the_bf16_mode(self):
+        # --train's grid runs in the mode the kernel was checked in: the fp32 mode's grid
+        # refused this kernel after the whole stress table had run.
+        out = os.path.join(tmpdir(), "swiglu")
+        r = run("check", "swiglu_forward=abi2_bf16_swiglu", "--plugins", ABI2, "--precision",
+                "bf16", "--train", "--jobs", "2", "--no-plots", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out + ".grid.toml") as f:
+            grid = f.read()
+        self.assertIn('train.precision = "bf16"', grid)
+        self.assertIn('axes.kernels.swiglu_forward = ["reference", "abi2_bf16_swiglu"', grid)
+        self.assertIn("summary: swiglu_forward=abi2_bf16_swiglu", r.stdout)
+
     def test_a_gradient_rounded_toward_zero_is_a_bias_and_round_to_nearest_is_not(self):
         # Each output's bias is its own: summed with the losses, the gradient's shrink of
         # 2.5-3.3e-3 read as 4e-7. A bf16 output is judged against the reference rounded to
