@@ -30,8 +30,10 @@
  *         activation outputs are widened back, which is what storing those activations in
  *         fp16 would do around it.
  * Whatever the dtype, parameters and their gradients, the residual stream (x, dresid, a),
- * RMSNorm's rstd, the losses and every scalar stay float: mixed precision's master copies. In
- * the function types below, A is the declared dtype and every other array is float.
+ * RMSNorm's rstd, the losses and every scalar stay float: mixed precision's master copies, which
+ * `divlab check` holds to fp32 accuracy in the bf16 mode too (a float output rounded to bf16, or
+ * a weight gradient summed in bf16, fails it as "fp32 outputs"). In the function types below, A
+ * is the declared dtype and every other array is float.
  *   device "cpu":  host pointers; the kernel may use any number of threads.
  *   device "cuda": device pointers; launch on ctx->stream and do not synchronise the device.
  * A kernel returns with the calling thread's floating-point control (rounding direction,
