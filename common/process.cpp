@@ -112,4 +112,21 @@ bool on_path(const std::string& program) {
   return !find_on_path(program).empty();
 }
 
+std::string die_with_starter_env() {
+  return std::string(kDieWithStarter) + "=" + std::to_string(getpid());
+}
+
+void die_with_starter_if_asked() {
+  const char* value = std::getenv(kDieWithStarter);
+  if (!value) return;
+  const long starter = std::strtol(value, nullptr, 10);
+  unsetenv(kDieWithStarter);  // for this process, not for whatever it starts
+  // SIGKILL: such a process (a check in one process) has nothing to leave behind. A tool or a
+  // starter already gone before the request was made sends nothing, so look.
+  const pid_t tool = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != tool || starter <= 0 ||
+      (kill(pid_t(starter), 0) != 0 && errno == ESRCH))
+    _exit(128 + SIGKILL);
+}
+
 }  // namespace divlab

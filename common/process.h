@@ -31,4 +31,14 @@ int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = 
 // Whether `program` names an executable file on PATH.
 bool on_path(const std::string& program);
 
+// A divlab started by another tool that divlab started (the check's compute-sanitizer pass runs
+// divlab under compute-sanitizer) is the tool's child, not ours, so spawn_process's tie does not
+// reach it. The starting divlab puts kDieWithStarter=<its pid> in the tool's environment
+// (die_with_starter_env), and the divlab the tool starts calls die_with_starter_if_asked()
+// first thing: it is killed when the tool ends, and ends at once if the divlab that asked is
+// already gone. Without the variable, nothing happens (a check run by hand under nohup lives on).
+inline constexpr const char* kDieWithStarter = "DIVLAB_DIE_WITH_STARTER";
+std::string die_with_starter_env();
+void die_with_starter_if_asked();
+
 }  // namespace divlab

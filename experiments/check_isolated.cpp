@@ -322,7 +322,8 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     const UnnamedFile log("divlab-check-sanitizer-log");
     SpawnOptions so;
     so.log = log.path();
-    if (tool.shapes_only) so.setenv = {"DIVLAB_GEMM_TUNING=0"};
+    so.setenv = {die_with_starter_env()};  // the checked divlab is compute-sanitizer's child
+    if (tool.shapes_only) so.setenv.push_back("DIVLAB_GEMM_TUNING=0");
     const int rc = run_process(argv, so);
     std::ifstream in(log.path());
     const SanitizerFindings findings = read_sanitizer_log(in, tool.summary);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/paths.h"
+#include "common/process.h"
 #include "common/signals.h"
 #include "common/utf8.h"
 #include "common/version.h"
@@ -21,7 +22,8 @@
 
 int main(int argc, char** argv) {
   using namespace divlab;
-  install_stop_handlers();  // first: a signal at any later instant is a clean stop
+  install_stop_handlers();      // first: a signal at any later instant is a clean stop
+  die_with_starter_if_asked();  // started by a tool divlab started (common/process.h)
   // Started from /proc/PID/exe (common/process.h), a child's name would read "exe" in ps and top.
   prctl(PR_SET_NAME, "divlab");
   if (argc > 1) {

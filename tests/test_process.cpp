@@ -34,6 +34,16 @@ bool alive(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
 }
 
+// Whether `pid` is still alive 10 s on (then killed, so no test leaves it behind).
+bool outlives(pid_t pid) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive(pid) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const bool outlived = alive(pid);
+  if (outlived) kill(pid, SIGKILL);
+  return outlived;
+}
+
 TEST(Process, RunsFromPathWithItsArgumentsUnquotedAndItsEnvironmentReplaced) {
   const std::string dir = testing::temp_dir("process");
   const std::string log = dir + "/it's a log";
@@ -77,12 +87,59 @@ TEST(Process, AChildDiesWithItsParentKilledBySigkill) {
   EXPECT_TRUE(alive(child));
   kill(middle, SIGKILL);
   ASSERT_EQ(waitpid(middle, nullptr, 0), middle);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (alive(child) && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const bool outlived = alive(child);
-  if (outlived) kill(child, SIGKILL);
-  EXPECT_FALSE(outlived) << "sleep (pid " << child << ") outlived its killed parent";
+  EXPECT_FALSE(outlives(child)) << "sleep (pid " << child << ") outlived its killed parent";
+}
+
+// The check's compute-sanitizer pass starts compute-sanitizer, which starts the checked divlab:
+// that divlab is the tool's child, beyond spawn_process's tie. Asked to (kDieWithStarter), it dies
+// when the tool is killed, and at once where the divlab that asked is already gone.
+TEST(Process, AProcessAToolStartsForUsDiesWithTheToolWhenAsked) {
+  const pid_t starter = getpid();
+  // `tool` forks the target, which asks, reports its pid and waits; returns the target's pid.
+  auto start = [](pid_t asking, int fds[2]) {
+    const pid_t tool = fork();
+    if (tool == 0) {
+      if (fork() == 0) {
+        setenv(kDieWithStarter, std::to_string(asking).c_str(), 1);
+        die_with_starter_if_asked();
+        const pid_t self = getpid();
+        [[maybe_unused]] const ssize_t n = write(fds[1], &self, sizeof self);
+        pause();
+        _exit(0);
+      }
+      pause();
+      _exit(0);
+    }
+    return tool;
+  };
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t tool = start(starter, fds);
+  ASSERT_GT(tool, 0);
+  pid_t target = -1;
+  ASSERT_EQ(read(fds[0], &target, sizeof target), ssize_t(sizeof target));
+  ASSERT_GT(target, 0);
+  EXPECT_TRUE(alive(target));
+  EXPECT_EQ(getenv(kDieWithStarter), nullptr) << "the test process's own environment";
+  kill(tool, SIGKILL);
+  ASSERT_EQ(waitpid(tool, nullptr, 0), tool);
+  EXPECT_FALSE(outlives(target)) << "the target (pid " << target << ") outlived its killed tool";
+
+  // A starter already gone: the target never gets as far as reporting.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const pid_t late = fork();
+  if (late == 0) {
+    setenv(kDieWithStarter, std::to_string(gone).c_str(), 1);
+    die_with_starter_if_asked();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(late, &status, 0), late);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
+  close(fds[0]), close(fds[1]);
 }
 
 }  // namespace
