@@ -184,11 +184,15 @@ struct Checker {
     std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
     OpRun backend;
     try {
-      backend = copies > 0 ? call_op_tiled(op, backend_reference, x, s, copies, ref)
-                           : call_op(op, backend_reference, x, s);
-    } catch (const OutOfMemory&) {  // no room for its tiled call: its base call's rounding
-      backend = call_op(op, backend_reference, x, s);
+      if (copies > 0) {  // its memory asked of the device first, as the variant's was
+        check_backend_fits(opt.backend, tiled_call_bytes(op, backend_reference, x, s, copies),
+                           "the reference's tiled call");
+        backend = call_op_tiled(op, backend_reference, x, s, copies, ref);
+      }
+    } catch (const BackendError&) {  // no room for it: the base call's rounding
+    } catch (const OutOfMemory&) {
     }
+    if (backend.outputs.empty()) backend = call_op(op, backend_reference, x, s);
     const std::vector<double> own = rounding_allowance(ref, backend, x.outputs, written);
     for (size_t o = 0; o < allow.size(); ++o) allow[o] = std::max(allow[o], own[o]);
     return allow;
