@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "common/paths.h"
 
@@ -99,10 +101,24 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
   return pid;
 }
 
-int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt) {
+int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt, double seconds,
+                bool* timed_out) {
+  if (timed_out) *timed_out = false;
   const pid_t pid = spawn_process(argv, opt);
   if (pid < 0) return -1;
   int status = 0;
+  if (seconds > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (true) {
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid) return status;
+      if (done < 0 && errno != EINTR) return -1;
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid, SIGKILL);
+    if (timed_out) *timed_out = true;
+  }
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) return -1;
   return status;

@@ -25,8 +25,10 @@ struct SpawnOptions {
 pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {});
 
 // Runs argv to its end: its wait status (WIFEXITED / WEXITSTATUS apply), or -1 when it could
-// not be started.
-int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {});
+// not be started. With `seconds` > 0, a child still running that long after its start is killed
+// (SIGKILL) and `*timed_out` set; its wait status is then the kill's.
+int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {},
+                double seconds = 0, bool* timed_out = nullptr);
 
 // Whether `program` names an executable file on PATH.
 bool on_path(const std::string& program);

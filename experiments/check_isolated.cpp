@@ -304,9 +304,16 @@ const SanitizerTool kSanitizerTools[] = {
 
 // Runs each tool; one line each: "memcheck: ERROR SUMMARY: 0 errors", or with what it found
 // first ("racecheck: ERRORS: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings); first:
-// Error: Race reported between Write access at ..."), and whether it found anything.
-std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt, uint64_t seed) {
+// Error: Race reported between Write access at ..."), and whether it found anything. After a
+// hang in `r`'s conditions it does not run; a tool still running sanitizer_tool_seconds after
+// it started (the conditions took `conditions_seconds`) is killed, and its line says so.
+std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt,
+                                                         const CheckReport& r,
+                                                         double conditions_seconds) {
   if (!on_path("compute-sanitizer")) return {{"not run (compute-sanitizer not on PATH)", false}};
+  if (const std::string why = sanitizer_pass_skipped(r); !why.empty())
+    return {{"not run (" + why + ")", false}};
+  const double limit = sanitizer_tool_seconds(conditions_seconds);
   std::vector<std::pair<std::string, bool>> lines;
   for (const SanitizerTool& tool : kSanitizerTools) {
     std::vector<std::string> argv = {"compute-sanitizer", "--tool", tool.name, "--error-exitcode",
@@ -314,7 +321,7 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     argv.insert(argv.end(), tool.options.begin(), tool.options.end());
     CheckOptions run = opt;
     if (tool.shapes_only) run.draws = 1;
-    const std::vector<std::string> check = check_argv(run, seed);
+    const std::vector<std::string> check = check_argv(run, r.seed);
     argv.push_back(self_exe_to_start());
     argv.insert(argv.end(), check.begin(), check.end());
     argv.push_back("--in-process");  // in one process: the sanitizer follows no worker
@@ -324,7 +331,18 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     so.log = log.path();
     so.setenv = {die_with_starter_env()};  // the checked divlab is compute-sanitizer's child
     if (tool.shapes_only) so.setenv.push_back("DIVLAB_GEMM_TUNING=0");
-    const int rc = run_process(argv, so);
+    bool timed_out = false;
+    const int rc = run_process(argv, so, limit, &timed_out);
+    if (timed_out) {  // the checked divlab dies with the tool (die_with_starter_env)
+      char seconds[64];
+      std::snprintf(seconds, sizeof seconds, "%.0f s (100 x the conditions' %.1f s, at least 600)",
+                    limit, conditions_seconds);
+      lines.emplace_back(std::string(tool.name) + ": not finished within " + seconds +
+                             ", killed: a kernel that hangs under the sanitizer, or one it slows "
+                             "down more than that; --no-sanitizer skips the pass",
+                         false);
+      continue;
+    }
     std::ifstream in(log.path());
     const SanitizerFindings findings = read_sanitizer_log(in, tool.summary);
     const bool errors_exit = WIFEXITED(rc) && WEXITSTATUS(rc) == 99;
@@ -362,9 +380,12 @@ int cmd_check(const CheckOptions& opt) {
       eq == std::string::npos
           ? ""
           : train_output(opt, opt.target.substr(0, eq), opt.target.substr(eq + 1));
+  const auto started = std::chrono::steady_clock::now();
   CheckReport r = opt.isolated ? run_check_isolated(opt) : run_check(opt);
+  const double conditions_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (opt.backend == Backend::Cuda && opt.sanitizer)
-    for (const auto& [line, found] : sanitizer_pass(opt, r.seed)) {
+    for (const auto& [line, found] : sanitizer_pass(opt, r, conditions_seconds)) {
       r.sanitizer.push_back(line);
       if (found) r.pass = false, r.failing.push_back("sanitizer " + line.substr(0, line.find(':')));
     }

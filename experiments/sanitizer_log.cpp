@@ -1,5 +1,6 @@
 #include "experiments/sanitizer_log.h"
 
+#include <algorithm>
 #include <string_view>
 
 namespace divlab {
@@ -74,6 +75,18 @@ SanitizerFindings read_sanitizer_log(std::istream& log, const std::string& summa
   }
   if (f.first.empty()) f.first = first_other;
   return f;
+}
+
+std::string sanitizer_pass_skipped(const CheckReport& r) {
+  for (const ConditionResult& c : r.conditions)
+    if (c.crashed && c.why.rfind("hang:", 0) == 0)
+      return "the kernel hung under '" + c.name +
+             "', and the pass runs the conditions in one process, where nothing would stop it";
+  return "";
+}
+
+double sanitizer_tool_seconds(double conditions_seconds) {
+  return std::max(600.0, 100.0 * conditions_seconds);
 }
 
 }  // namespace divlab

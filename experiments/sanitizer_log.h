@@ -1,7 +1,10 @@
-// What one compute-sanitizer run found, read from its log (check's sanitizer pass).
+// check's compute-sanitizer pass: whether it runs, how long it may take, and what one run
+// found, read from its log.
 #pragma once
 #include <istream>
 #include <string>
+
+#include "experiments/check.h"
 
 namespace divlab {
 
@@ -29,5 +32,16 @@ struct SanitizerFindings {
 // They cannot be left out with --kernel-name-exclude instead: uninstrumented, they stopped the
 // sanitizer with "failed to handle a hardware exception" on an H200 (docs/cuda.md).
 SanitizerFindings read_sanitizer_log(std::istream& log, const std::string& summary_key);
+
+// Why the pass does not run after `r`'s conditions, or "": the kernel hung under one of them.
+// The pass runs every condition in one process under the tool, where no watchdog stops a hang
+// (the conditions themselves ran in a worker that was killed for it), so it would never return.
+std::string sanitizer_pass_skipped(const CheckReport& r);
+
+// How long one tool may run, given the conditions' own wall time: a kernel that hangs only under
+// the sanitizer is killed then. The tools slow kernels by up to ~50x (racecheck's shape
+// conditions: 49 s where they take ~1 s alone, linear_backward fp32, H200), so 100x, and at
+// least 10 minutes.
+double sanitizer_tool_seconds(double conditions_seconds);
 
 }  // namespace divlab

@@ -58,6 +58,22 @@ TEST(Process, RunsFromPathWithItsArgumentsUnquotedAndItsEnvironmentReplaced) {
   std::filesystem::remove_all(dir);
 }
 
+// A deadline (check's sanitizer pass: a kernel that hangs only under the tool) kills the child
+// and says so; a child that ends in time is waited for as without one.
+TEST(Process, AChildPastItsDeadlineIsKilledAndSaidToBe) {
+  bool timed_out = false;
+  const auto start = std::chrono::steady_clock::now();
+  const int killed = run_process({"sleep", "30"}, {}, 0.3, &timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_TRUE(timed_out);
+  ASSERT_TRUE(WIFSIGNALED(killed));
+  EXPECT_EQ(WTERMSIG(killed), SIGKILL);
+  const int done = run_process({"sh", "-c", "exit 4"}, {}, 30, &timed_out);
+  EXPECT_FALSE(timed_out);
+  ASSERT_TRUE(WIFEXITED(done));
+  EXPECT_EQ(WEXITSTATUS(done), 4);
+}
+
 TEST(Process, AProgramThatCannotStartIsMinusOneNotAChild) {
   EXPECT_EQ(spawn_process({"divlab-no-such-program"}), -1);
   EXPECT_EQ(spawn_process({"/nonexistent/divlab"}), -1);

@@ -78,4 +78,24 @@ TEST(CheckSanitizerLog, RacesInsideCublasLtsGemmsAloneDoNotFailACheck) {
                    .fails(false));
 }
 
+// The pass runs every condition in one process, with no watchdog: after a hang under a
+// condition (a worker killed by check's hang clock) it does not run; after a crash it does
+// (memcheck may name the access). A tool gets 100x the conditions' time, at least 10 minutes.
+TEST(CheckSanitizerPass, DoesNotRunAfterAHangAndGivesEachToolADeadline) {
+  CheckReport r;
+  r.conditions.resize(3);
+  r.conditions[0].name = "shape odd";
+  r.conditions[1].name = "arrays large (4 M)";
+  EXPECT_EQ(sanitizer_pass_skipped(r), "");
+  r.conditions[0].crashed = r.conditions[0].failed = true;
+  r.conditions[0].why = "crashed: SIGSEGV (Segmentation fault)";
+  EXPECT_EQ(sanitizer_pass_skipped(r), "");
+  r.conditions[1].crashed = r.conditions[1].failed = true;
+  r.conditions[1].why = "hang: no result within 120 s (--time-limit)";
+  EXPECT_NE(sanitizer_pass_skipped(r).find("hung under 'arrays large (4 M)'"), std::string::npos)
+      << sanitizer_pass_skipped(r);
+  EXPECT_EQ(sanitizer_tool_seconds(2.5), 600.0);
+  EXPECT_EQ(sanitizer_tool_seconds(30), 3000.0);
+}
+
 }  // namespace divlab
