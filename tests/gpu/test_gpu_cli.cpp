@@ -564,4 +564,24 @@ TEST(GpuCheck, ASharedMemoryRaceFailsTheSanitizerPass) {
   EXPECT_NE(ok.find("compute-sanitizer racecheck: RACECHECK SUMMARY: 0 hazards"), std::string::npos)
       << ok;
 }
+
+// A kernel that hangs (a grid barrier past the resident blocks) fails the conditions it hangs
+// under, and the sanitizer pass, which runs every condition in one process with no hang clock,
+// is not run after it: check returns.
+TEST(GpuCheck, AKernelThatHangsEndsTheCheckWithoutTheSanitizerPass) {
+  REQUIRE_GPU();
+  if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
+  const std::string log = temp_dir("gpu_check_hang") + "/check.log";
+  const std::string cmd = std::string(DIVLAB_BIN) + " check add=grid_barrier --backend cuda " +
+                          "--time-limit 5 --plugins " + DIVLAB_RACY_CUDA_PLUGIN + " --seed " +
+                          std::to_string(test_seed()) + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << text;
+  EXPECT_NE(text.find("[arrays large (4 M)]"), std::string::npos) << text;
+  EXPECT_NE(text.find("hang: no result within 5 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute-sanitizer not run (the kernel hung under '"), std::string::npos)
+      << text;
+}
 }  // namespace divlab

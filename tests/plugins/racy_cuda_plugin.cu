@@ -94,6 +94,28 @@ void add_grid_capped(const divlab_op_context* ctx, float* y, const float* a, con
   add_direct<<<unsigned(blocks), 256, 0, static_cast<cudaStream_t>(ctx->stream)>>>(y, a, b, n);
 }
 
+// A grid-wide barrier made of a counter in scratch: each block's first thread adds one and waits
+// until every block has. Right while the whole grid is resident at once; past what the GPU holds
+// (an H200 holds 1056 blocks of 256), the waiting blocks keep the rest from ever starting.
+__global__ void add_after_grid_barrier(float* y, const float* a, const float* b, int64_t n,
+                                       unsigned* arrived) {
+  if (threadIdx.x == 0) {
+    atomicAdd(arrived, 1u);
+    while (atomicAdd(arrived, 0u) < gridDim.x) {
+    }
+  }
+  __syncthreads();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a[i] + b[i];
+}
+void add_grid_barrier(const divlab_op_context* ctx, float* y, const float* a, const float* b,
+                      int64_t n) {
+  const auto stream = static_cast<cudaStream_t>(ctx->stream);
+  auto* arrived = static_cast<unsigned*>(ctx->workspace(ctx, 0, sizeof(unsigned)));
+  if (!arrived || cudaMemsetAsync(arrived, 0, sizeof(unsigned), stream) != cudaSuccess) return;
+  add_after_grid_barrier<<<unsigned((n + 255) / 256), 256, 0, stream>>>(y, a, b, n, arrived);
+}
+
 // One block of kTile threads a row; each thread squares its neighbour's value in the tile (a
 // stand-in for any use of another thread's staged value).
 constexpr int kTile = 128;
@@ -238,8 +260,14 @@ const divlab_variant2 kVariants[] = {
      "one block a row, each row's offset an unsigned 32-bit product",
      "past 2^32 values the offset wraps: the last rows read and overwrite the first rows'",
      "logits past 2^32 values (85 400 tokens at GPT-2's 50 304 ids)", "every smaller step"},
+    {"add", "grid_barrier", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&add_grid_barrier),
+     "y = a + b after a grid-wide barrier (an atomic counter every block waits on)",
+     "blocks beyond what the GPU holds at once never start while the others wait: a hang",
+     "grids larger than the resident blocks (arrays of about 270 k values and more on an H200)",
+     "small arrays"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 8, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 9, kVariants};
 
 }  // namespace
 
