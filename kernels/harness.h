@@ -46,6 +46,9 @@ struct OpInputs {
 struct OpRun {
   std::vector<std::vector<double>> outputs;
   std::vector<std::string> stray_writes;  // "output 1: write past its end", "input 0: ...", ...
+  // A tiled call's (call_op_tiled): which outputs sum every copy's rows (given as the base rows'
+  // share); empty for any other call.
+  std::vector<bool> summed;
 };
 
 constexpr int64_t kGuardValues = 1024;  // values before and after every array (an aligned start)

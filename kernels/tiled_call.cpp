@@ -96,9 +96,11 @@ OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const
   for (size_t o = 0; o < out.size(); ++o) {
     if (!out[o].bound()) {
       r.outputs.push_back(x.outputs[o]);
+      r.summed.push_back(false);
       continue;
     }
     const bool summed = out[o].summed(copies);
+    r.summed.push_back(summed);
     if (summed && out[o].role() != ArgRole::Accumulate)  // a total over the rows, not a share
       throw std::logic_error(
           "tiled call: an output that does not grow with the rows must be "

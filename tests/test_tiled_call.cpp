@@ -94,6 +94,8 @@ TEST(TiledCall, AWeightGradientSummedOverTheCopiesIsTheBaseCallsShare) {
     const OpRun got = call_op_tiled(op, k, x, kBase, kCopies, base);
     EXPECT_TRUE(got.stray_writes.empty()) << op;
     EXPECT_LE(largest_relative_difference(got, base), 1e-5) << op << ", seed " << seed;
+    EXPECT_EQ(got.summed, (std::vector<bool>{false, true})) << op;  // dx or dresid; dW or dw
+    EXPECT_TRUE(base.summed.empty());
     // A gradient that is not zero, so only the share passes (the sum is kCopies times it).
     double largest = 0;
     for (double v : base.outputs[1]) largest = std::max(largest, std::abs(v));
