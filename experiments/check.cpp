@@ -177,8 +177,8 @@ struct Checker {
   // Per output, the error fp32 itself explains on `x`: twice the larger of the change rounding
   // the inputs to fp32 makes to the exact result and the backend's fp32 reference's distance
   // from it on the same inputs (an ill-conditioned input moves it even for an exact fp32 kernel).
-  // A tiled condition's (`copies` > 0) call is the reference's tiled call too: a weight gradient
-  // summed over all its copies' rows carries that sum's rounding.
+  // A tiled condition's (`copies` > 0) call is the reference's tiled call too: a library may
+  // take another algorithm, with other roundings, for a GEMM of 85 400 rows than for one of 61.
   std::vector<double> fp32_allowance(const OpInputs& x, const OpShape& s, const OpRun& ref,
                                      const std::vector<ArgSpec>& written, int copies) const {
     std::vector<double> allow = input_rounding_allowance(x, s, ref, written, round_to_fp32);
