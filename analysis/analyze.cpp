@@ -134,6 +134,8 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
     };
     c.provenance =
         "divlab " + attr("git_commit") + " on " + attr("host") + " (" + attr("backend") + ")";
+    if (c.status == RunStatus::Failed && r.has_attr("/", "failure"))
+      c.failure = r.string_attr("/", "failure");
   }
   if (!r.exists("/metrics/loss")) throw InputError("trace '" + path + "': no /metrics/loss");
   c.loss = r.floats("/metrics/loss");
@@ -278,7 +280,8 @@ std::vector<Verdict> analyze(const AnalyzeOptions& opt) {
       if (ended || c.crashed())
         cells.push_back(std::move(c));
       else
-        unfinished.push_back(p + " (" + name_of(c.status) + ")");
+        unfinished.push_back(p + " (" + name_of(c.status) +
+                             (c.failure.empty() ? "" : ": " + c.failure) + ")");
     }
     // The grid's cells that left no trace (a sweep stopped before it started them, or a cell
     // that ended before writing one): their seeds are missing from the verdicts, which says so.

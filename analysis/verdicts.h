@@ -61,6 +61,7 @@ struct Cell {
   // signal, or an exit other than a result; from the sweep's manifest): a finding about its
   // kernels, not an unfinished run. Empty otherwise.
   std::string crash;
+  std::string failure;  // a run recorded "failed": why (the trace's "failure")
   bool control = false;
   long long seed = 0;
   std::string provenance;  // "divlab COMMIT on HOST (BACKEND)": who wrote the trace

@@ -600,6 +600,39 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
             if "abort_at_step=-1" in row["settings"]:
                 self.assertEqual(row["status"], "completed")
 
+    def test_a_cell_past_its_timeout_is_killed_and_its_trace_says_so(self):
+        # A kernel that never returns at one size (the crashing-kernels test library's add spins
+        # at 524 288 values: B8 x T256 x C256). The killed writer left its trace "running"; the
+        # sweep records why it ended, and analyze names it as not finished, with that reason.
+        d = tmpdir()
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        grid = write_grid(d, f"""set.data = "markov:0.8,0.8"
+set.plugins = ["{lib}"]
+set.model.vocab = 64
+set.model.d_model = 256
+set.model.n_heads = 4
+set.model.n_layers = 1
+set.model.seq_len = 256
+set.train.batch = 8
+set.train.steps = 3
+axes.kernels.add = ["reference", "hangs_on_one_size"]
+""")
+        out = os.path.join(d, "out")
+        r = run("sweep", "--config", grid, "--out", out, "--jobs", "2", "--timeout", "15",
+                check=True)
+        self.assertIn("1 completed", r.stdout)
+        self.assertIn("1 failed", r.stdout)
+        with open(os.path.join(out, "manifest.tsv")) as f:
+            rows = {row["settings"]: row for row in csv.DictReader(f, delimiter="\t")}
+        hung = rows["kernels.add=hangs_on_one_size"]
+        self.assertEqual(hung["status"], "timeout")
+        with h5py.File(hung["trace"], "r") as f:
+            self.assertEqual(f.attrs["status"], "failed")
+            self.assertEqual(f.attrs["failure"], "timeout: killed after 15 s (sweep --timeout)")
+        a = run("analyze", out, "--no-plots")
+        self.assertIn("not finished, left out: " + hung["trace"] + " (failed: timeout: killed "
+                      "after 15 s (sweep --timeout))", a.stdout)
+
     def test_cells_run_the_sweeps_build_after_a_rebuild_replaces_it(self):
         # A rebuild while a sweep runs replaces the file the sweep was started from: its cells
         # still start, from the sweep's own build (never a mix of two builds in one grid).
