@@ -285,8 +285,9 @@ namespace {
 // memcheck (accesses out of bounds or misaligned, failed API calls) over every kernel; racecheck
 // (shared-memory hazards: a barrier missing between one thread's access and another's, which a
 // condition sees only when the warps' timing goes wrong) over every kernel but cuDNN's generated
-// attention kernels and cuBLASLt's Hopper GEMMs (nvjet_sm90_*), whose TMA and mbarrier pipelines
-// it does not model (docs/cuda.md). A candidate's kernels are always covered.
+// attention kernels, whose TMA and mbarrier pipelines it does not model (docs/cuda.md); the races
+// it reports inside cuBLASLt's Hopper GEMMs (nvjet_sm90_*), built the same way, are not counted
+// (read_sanitizer_log). A candidate's kernels are always covered.
 // racecheck slows shared-memory-heavy kernels by orders of magnitude (the whole check took more
 // than 8 minutes on an H100, the GEMMs of "concurrent load" among them), so it runs the shape
 // conditions only, one draw each (a hazard needs the code path, not particular values), and

@@ -27,7 +27,7 @@ struct SanitizerFindings {
 };
 
 // Reads a compute-sanitizer log; `summary_key` names the tool's counting line. Race reports
-// whose two accesses both lie in cuBLASLt's generated GEMMs (`nvjet_*`, Hopper kernels that
+// whose two accesses both lie in cuBLASLt's generated GEMMs (`nvjet_sm*`, Hopper kernels that
 // order shared memory with TMA and mbarriers, which racecheck does not model) are counted apart.
 // They cannot be left out with --kernel-name-exclude instead: uninstrumented, they stopped the
 // sanitizer with "failed to handle a hardware exception" on an H200 (docs/cuda.md).

@@ -25,9 +25,9 @@ clean='GpuOps/*:CudnnSdpa.*:GpuOpsBf16.*:GpuVariants.*:GpuDeterminism.*:GpuEmbed
 status=0
 declare -A skip=([memcheck]="" [racecheck]="--kernel-name-exclude kns=cudnn_generated"
                  [initcheck]="--kernel-name-exclude kns=cudnn")
-# Race reports (two lines each) with both accesses in nvjet_* kernels, and the others.
+# Race reports (two lines each) with both accesses in cuBLASLt's nvjet_sm* kernels.
 gemm_races() {
-  awk '/Race reported/ { a = $0; getline b; if (a ~ /access at (void )?nvjet_/ && b ~ /access at (void )?nvjet_/) n++ } END { print n + 0 }' "$1"
+  awk '/Race reported/ { a = $0; getline b; if (a ~ /access at (void )?nvjet_sm/ && b ~ /access at (void )?nvjet_sm/) n++ } END { print n + 0 }' "$1"
 }
 # racecheck leaves out the GEMM tuner's timing calls, as check's pass does (the same bits; under
 # racecheck GpuOps/*.GemmTuningChangesNoBits alone ran for minutes on an H200): memcheck covers them.
@@ -45,7 +45,7 @@ for tool in memcheck racecheck initcheck; do
     rc=0
   fi
   if [ $rc -eq 0 ]; then
-    echo "$tool: clean ($(grep -c '^\[       OK' "$out/$tool.log") tests; $gemm race report(s) inside nvjet_* not counted)"
+    echo "$tool: clean ($(grep -c '^\[       OK' "$out/$tool.log") tests; $gemm race report(s) inside nvjet_sm* not counted)"
   else
     echo "$tool: ERRORS (see $tool.log)"; grep -m5 -E "=========  ?(Invalid|Race|Uninit|Error|Internal)" "$out/$tool.log"
     status=1

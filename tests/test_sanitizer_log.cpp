@@ -9,7 +9,7 @@
 namespace divlab {
 
 // check's sanitizer pass reads what compute-sanitizer found from its log. Races racecheck
-// reports between two accesses inside cuBLASLt's generated Hopper GEMMs (nvjet_*: TMA and
+// reports between two accesses inside cuBLASLt's generated Hopper GEMMs (nvjet_sm*: TMA and
 // mbarriers, which it does not model; the lines are an H200's, 2026-11-30) do not fail a check;
 // a race with one access in any other kernel does, as does the sanitizer's own failure (it
 // failed that way when those GEMMs were left uninstrumented) and any finding it words otherwise.
@@ -53,6 +53,11 @@ TEST(CheckSanitizerLog, RacesInsideCublasLtsGemmsAloneDoNotFailACheck) {
             std::string::npos)
       << both.line(true);
   EXPECT_NE(both.first.find("racy.cu:47 [64 hazards]"), std::string::npos) << both.first;
+
+  // Only cuBLASLt's names: a plug-in's kernel that merely starts with "nvjet_" counts.
+  EXPECT_TRUE(read("========= Error: Race reported between Read access at nvjet_mine+0x10\n"
+                   "=========     and Write access at nvjet_mine+0x20 [4 hazards]\n")
+                  .fails(true));
 
   const SanitizerFindings failed = read(internal);
   EXPECT_TRUE(failed.fails(true));
