@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/errors.h"
 #include "common/paths.h"
 
 extern char** environ;
@@ -135,12 +136,18 @@ std::string die_with_starter_env() {
 void die_with_starter_if_asked() {
   const char* value = std::getenv(kDieWithStarter);
   if (!value) return;
-  const long starter = std::strtol(value, nullptr, 10);
+  char* end = nullptr;
+  errno = 0;
+  const long starter = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || errno != 0 || starter <= 0 || pid_t(starter) != starter)
+    throw InputError(std::string("environment variable ") + kDieWithStarter + "='" + value +
+                     "': expected the PID of the divlab that started this one's tool (divlab "
+                     "sets it; unset it to run divlab by hand)");
   unsetenv(kDieWithStarter);  // for this process, not for whatever it starts
   // SIGKILL: such a process (a check in one process) has nothing to leave behind. A tool or a
   // starter already gone before the request was made sends nothing, so look.
   const pid_t tool = getppid();
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != tool || starter <= 0 ||
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != tool ||
       (kill(pid_t(starter), 0) != 0 && errno == ESRCH))
     _exit(128 + SIGKILL);
 }

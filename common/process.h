@@ -38,7 +38,8 @@ bool on_path(const std::string& program);
 // reach it. The starting divlab puts kDieWithStarter=<its pid> in the tool's environment
 // (die_with_starter_env), and the divlab the tool starts calls die_with_starter_if_asked()
 // first thing: it is killed when the tool ends, and ends at once if the divlab that asked is
-// already gone. Without the variable, nothing happens (a check run by hand under nohup lives on).
+// already gone. Without the variable, nothing happens (a check run by hand under nohup lives on);
+// a value that is no PID is an InputError.
 inline constexpr const char* kDieWithStarter = "DIVLAB_DIE_WITH_STARTER";
 std::string die_with_starter_env();
 void die_with_starter_if_asked();

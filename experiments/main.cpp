@@ -22,8 +22,7 @@
 
 int main(int argc, char** argv) {
   using namespace divlab;
-  install_stop_handlers();      // first: a signal at any later instant is a clean stop
-  die_with_starter_if_asked();  // started by a tool divlab started (common/process.h)
+  install_stop_handlers();  // first: a signal at any later instant is a clean stop
   // Started from /proc/PID/exe (common/process.h), a child's name would read "exe" in ps and top.
   prctl(PR_SET_NAME, "divlab");
   if (argc > 1) {
@@ -68,6 +67,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    die_with_starter_if_asked();  // started by a tool divlab started (common/process.h)
     // The GEMM tuner reads it (kernels/cuda/gemm_lt.h); a value it would not take is refused
     // here, before anything runs, instead of leaving tuning silently on.
     if (const char* v = std::getenv("DIVLAB_GEMM_TUNING");
