@@ -208,9 +208,26 @@ struct Checker {
     return graded;
   }
 
-  // The bf16 mode's fp32 outputs' error at the fp32 grade (beyond fp32_allowance where past
-  // it), and their worst element in `worst`; -1 where every output is bf16. The bf16 outputs
-  // are taken as the reference's: judged on their own at the bf16 grade.
+  // `graded`'s error at the fp32 grade: its plain error, or where that is past 1e-4, what is
+  // left beyond fp32_allowance; its worst element in `worst`.
+  double fp32_grade_error(const OpInputs& x, const OpShape& s, int copies, const OpRun& ref,
+                          const OpRun& graded, const std::vector<ArgSpec>& written,
+                          const std::vector<std::vector<bool>>& nans, std::string* worst) const {
+    ConditionResult m;
+    measure(m, graded, ref, x.outputs, written, {}, nans);
+    if (m.norm_error > kFp32Grade) {
+      ConditionResult beyond;
+      measure(beyond, graded, ref, x.outputs, written, fp32_allowance(x, s, ref, written, copies),
+              nans);
+      *worst = beyond.worst;
+      return std::max(0.0, beyond.beyond_allowance);
+    }
+    *worst = m.worst;
+    return m.norm_error;
+  }
+
+  // The bf16 mode's fp32 outputs at the fp32 grade (the bf16 outputs taken as the reference's:
+  // judged on their own at the bf16 grade); -1 where every output is bf16.
   double fp32_outputs_error(const OpInputs& x, const OpShape& s, int copies, const OpRun& ref,
                             const OpRun& got, const std::vector<ArgSpec>& written,
                             const std::vector<std::vector<bool>>& nans, std::string* worst) const {
@@ -219,17 +236,7 @@ struct Checker {
     OpRun fp32_only = without_summed(got, ref);
     for (size_t o = 0; o < bf16.size() && o < fp32_only.outputs.size(); ++o)
       if (bf16[o]) fp32_only.outputs[o] = ref.outputs[o];
-    ConditionResult m;
-    measure(m, fp32_only, ref, x.outputs, written, {}, nans);
-    if (m.norm_error > kFp32Grade) {
-      ConditionResult beyond;
-      measure(beyond, fp32_only, ref, x.outputs, written,
-              fp32_allowance(x, s, ref, written, copies), nans);
-      *worst = beyond.worst;
-      return std::max(0.0, beyond.beyond_allowance);
-    }
-    *worst = m.worst;
-    return m.norm_error;
+    return fp32_grade_error(x, s, copies, ref, fp32_only, written, nans, worst);
   }
 
   // kConcurrentCopies calls (one per input set), each run alone first, then all at once on
@@ -464,10 +471,9 @@ struct Checker {
       // does an fp32 kernel's own arithmetic, as the backend's fp32 reference on the same inputs
       // shows (two nearly tied scores can swap which one the softmax picks). Twice the larger
       // of the two is accepted: an fp32 kernel is judged against what fp32 can do on this input.
-      ConditionResult fp32;
-      measure(fp32, without_summed(got, ref), ref, x.outputs, written,
-              fp32_allowance(x, s, ref, written, cond.copies), nans);
-      r.fp32_grade_error = std::max(0.0, fp32.beyond_allowance);
+      std::string worst;  // (the table names the worst element by the plain measure)
+      r.fp32_grade_error =
+          fp32_grade_error(x, s, cond.copies, ref, without_summed(got, ref), written, nans, &worst);
     }
     // The bf16 mode keeps the residual stream, weights and gradients in fp32, so an op's fp32
     // outputs there (an add's sum, a norm's statistics, a weight gradient) are fp32 arithmetic
@@ -684,8 +690,9 @@ CheckReport new_check_report(const CheckOptions& opt) {
     throw InputError("check --draws " + std::to_string(opt.draws) + ": must be 1 to 100");
   // The bf16 grade where bf16 values are: an op without activations (the embedding's fp32
   // residual stream, the optimizer's updates) is the fp32 mode's, checked as there.
-  rep.required = bf16_values(opt.precision, rep.op) ? Grade::Bf16 : opt.grade;
-  rep.fp32_outputs_required = bf16_values(opt.precision, rep.op) && opt.grade == Grade::Fp32;
+  const bool bf16 = bf16_values(opt.precision, rep.op);
+  rep.required = bf16 ? Grade::Bf16 : opt.grade;
+  rep.fp32_outputs_required = bf16 && opt.grade == Grade::Fp32;
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;

@@ -41,14 +41,11 @@ std::string crash_line(int fd) {
 // Marks a trace whose writer died "failed" with `failure` (a trace already finished, or not
 // there, is left as it is).
 void record_in_trace(const std::string& trace, const std::string& failure) {
-  try {
-    // The child's lock died with it; another writer holding it now owns the trace.
-    WriterLock lock(trace + ".lock", "--out '" + trace + "'");
-    if (record_crash(trace, failure))
-      std::cerr << "divlab: the trace '" << trace << "' records it: status failed, " << failure
-                << std::endl;
-  } catch (const std::exception&) {
-  }
+  // The child's lock died with it (waited for: it is dead); another writer holding it now owns
+  // the trace.
+  if (record_crash_after_writer(trace, failure, 0))
+    std::cerr << "divlab: the trace '" << trace << "' records it: status failed, " << failure
+              << std::endl;
 }
 
 [[noreturn]] void die_of(int sig) {

@@ -206,24 +206,6 @@ class SweepProgress {
   Clock::time_point start_;
 };
 
-// A cell killed for --timeout left its trace "running" (its writer never got to record an end):
-// the trace records why, status "failed" with `failure`, as a crashed run's supervisor does.
-// The writer, the cell's supervised child, dies with the killed cell a moment later, so its
-// lock is waited for (briefly: a lock still held then is another writer's, who owns the trace).
-void record_killed_cell(const std::string& trace, const std::string& failure) {
-  const auto give_up = Clock::now() + std::chrono::seconds(10);
-  while (true) {
-    try {
-      const WriterLock lock(trace + ".lock", "--out '" + trace + "'");
-      record_crash(trace, failure);
-      return;
-    } catch (const InputError&) {
-      if (Clock::now() > give_up) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-}
-
 void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool verbose) {
   constexpr double kGraceSeconds = 60;
   if (verbose && !running.empty())
@@ -587,7 +569,9 @@ SweepSummary run_sweep(const SweepOptions& opt) {
         waitpid(run.pid, &status, 0);
         std::ostringstream why;
         why << "timeout: killed after " << opt.timeout_s << " s (sweep --timeout)";
-        record_killed_cell(cell_trace_path(opt.out, run.cell), why.str());
+        // The killed cell's writer (its supervised child, dying with it a moment later) left
+        // the trace "running": it records why it ended, as a crashed run's supervisor does.
+        record_crash_after_writer(cell_trace_path(opt.out, run.cell), why.str(), 10);
         rec[run.cell] = {"timeout", -1, age};
         ++sum.failed;
       } else if (w == 0) {

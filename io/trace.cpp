@@ -6,12 +6,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "common/errors.h"
 #include "common/fault.h"
 #include "common/files.h"
+#include "common/lock.h"
 
 namespace divlab {
 
@@ -409,6 +412,21 @@ bool record_crash(const std::string& path, const std::string& failure) {
     return true;
   } catch (const H5::Exception&) {
     return false;
+  }
+}
+
+bool record_crash_after_writer(const std::string& path, const std::string& failure,
+                               double wait_seconds) {
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+  while (true) {
+    try {
+      const WriterLock lock(path + ".lock", "--out '" + path + "'");
+      return record_crash(path, failure);
+    } catch (const InputError&) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 }
 

@@ -123,6 +123,12 @@ class TraceWriter {
 // false unless PATH is a published trace still "running" (no PATH.partial beside it: a crash
 // before publishing leaves PATH as it was, maybe another run's).
 bool record_crash(const std::string& path, const std::string& failure);
+// record_crash by a process that does not hold the writer lock (a supervisor, a sweep whose
+// cell it killed): it takes the lock first, waiting up to `wait_seconds` for a dying writer to
+// let go of it. A lock still held then is another writer's, who owns the trace: nothing is
+// recorded.
+bool record_crash_after_writer(const std::string& path, const std::string& failure,
+                               double wait_seconds);
 
 // Read access (SWMR read, so a trace still being written, or left by a killed run, opens too).
 class TraceReader {
