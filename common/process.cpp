@@ -1,7 +1,9 @@
 #include "common/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +39,21 @@ std::string find_on_path(const std::string& program) {
     if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0)
       return dir + "/" + program;
   return "";
+}
+
+// Returns once process `pid` (not our child) has ended: woken by its pidfd where the kernel has
+// them (Linux 5.3), else by looking twice a second.
+void wait_for_end_of(pid_t pid) {
+  const int fd = int(syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    pollfd ended{fd, POLLIN, 0};
+    while (poll(&ended, 1, -1) < 0 && errno == EINTR) {
+    }
+    close(fd);
+    return;
+  }
+  while (kill(pid, 0) == 0 || errno != ESRCH)
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
 
 }  // namespace
@@ -150,6 +167,12 @@ void die_with_starter_if_asked() {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != tool ||
       (kill(pid_t(starter), 0) != 0 && errno == ESRCH))
     _exit(128 + SIGKILL);
+  // The tool need not end with the starter: compute-sanitizer, sent SIGTERM by the starter's
+  // death (spawn_process), waits on for its target. So the target watches the starter too.
+  std::thread([starter = pid_t(starter)] {
+    wait_for_end_of(starter);
+    _exit(128 + SIGKILL);
+  }).detach();
 }
 
 }  // namespace divlab

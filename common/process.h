@@ -37,9 +37,9 @@ bool on_path(const std::string& program);
 // divlab under compute-sanitizer) is the tool's child, not ours, so spawn_process's tie does not
 // reach it. The starting divlab puts kDieWithStarter=<its pid> in the tool's environment
 // (die_with_starter_env), and the divlab the tool starts calls die_with_starter_if_asked()
-// first thing: it is killed when the tool ends, and ends at once if the divlab that asked is
-// already gone. Without the variable, nothing happens (a check run by hand under nohup lives on);
-// a value that is no PID is an InputError.
+// first thing: it is killed when the tool ends or when the divlab that asked ends (the tool may
+// outlive it), and ends at once if that divlab is already gone. Without the variable, nothing
+// happens (a check run by hand under nohup lives on); a value that is no PID is an InputError.
 inline constexpr const char* kDieWithStarter = "DIVLAB_DIE_WITH_STARTER";
 std::string die_with_starter_env();
 void die_with_starter_if_asked();

@@ -106,6 +106,17 @@ TEST(Process, AChildDiesWithItsParentKilledBySigkill) {
   EXPECT_FALSE(outlives(child)) << "sleep (pid " << child << ") outlived its killed parent";
 }
 
+// In a tool's child: the target a tool starts, which asks to die with `asking`, writes its pid
+// to `report` and waits to be killed.
+[[noreturn]] void be_the_target(pid_t asking, int report) {
+  setenv(kDieWithStarter, std::to_string(asking).c_str(), 1);
+  die_with_starter_if_asked();
+  const pid_t self = getpid();
+  [[maybe_unused]] const ssize_t n = write(report, &self, sizeof self);
+  pause();
+  _exit(0);
+}
+
 // The check's compute-sanitizer pass starts compute-sanitizer, which starts the checked divlab:
 // that divlab is the tool's child, beyond spawn_process's tie. Asked to (kDieWithStarter), it dies
 // when the tool is killed, and at once where the divlab that asked is already gone.
@@ -115,14 +126,7 @@ TEST(Process, AProcessAToolStartsForUsDiesWithTheToolWhenAsked) {
   auto start = [](pid_t asking, int fds[2]) {
     const pid_t tool = fork();
     if (tool == 0) {
-      if (fork() == 0) {
-        setenv(kDieWithStarter, std::to_string(asking).c_str(), 1);
-        die_with_starter_if_asked();
-        const pid_t self = getpid();
-        [[maybe_unused]] const ssize_t n = write(fds[1], &self, sizeof self);
-        pause();
-        _exit(0);
-      }
+      if (fork() == 0) be_the_target(asking, fds[1]);
       pause();
       _exit(0);
     }
@@ -155,6 +159,35 @@ TEST(Process, AProcessAToolStartsForUsDiesWithTheToolWhenAsked) {
   ASSERT_EQ(waitpid(late, &status, 0), late);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
+  close(fds[0]), close(fds[1]);
+}
+
+// compute-sanitizer outlives the starter's SIGTERM (it waits for its target), so the target
+// watches the starter itself: killing the starting divlab ends the target, then the tool.
+TEST(Process, AProcessAToolStartsForUsDiesWithTheStarterWhileTheToolLivesOn) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t starter = fork();
+  if (starter == 0) {
+    const pid_t asking = getpid();
+    if (fork() == 0) {  // the tool: deaf to SIGTERM, waits for its target
+      signal(SIGTERM, SIG_IGN);
+      const pid_t target = fork();
+      if (target == 0) be_the_target(asking, fds[1]);
+      waitpid(target, nullptr, 0);
+      _exit(0);
+    }
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(starter, 0);
+  pid_t target = -1;
+  ASSERT_EQ(read(fds[0], &target, sizeof target), ssize_t(sizeof target));
+  ASSERT_GT(target, 0);
+  EXPECT_TRUE(alive(target));
+  kill(starter, SIGKILL);
+  ASSERT_EQ(waitpid(starter, nullptr, 0), starter);
+  EXPECT_FALSE(outlives(target)) << "the target (pid " << target << ") outlived its starter";
   close(fds[0]), close(fds[1]);
 }
 
