@@ -220,6 +220,11 @@ Command add_sweep_command(CLI::App& app) {
           ->excludes(jobs);
   sweep->add_option("--timeout", sw->timeout_s, "seconds per cell before it is killed");
   sweep
+      ->add_option("--stop-grace", sw->stop_grace_s,
+                   "asked to stop (Ctrl-C, SIGTERM), seconds the running cells have to finish "
+                   "their step before they are killed")
+      ->capture_default_str();
+  sweep
       ->add_option("--memory", sw->memory_gib,
                    "GiB of host memory the running cells may hold together (default: what is "
                    "available when the sweep starts)")

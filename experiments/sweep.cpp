@@ -206,12 +206,12 @@ class SweepProgress {
   Clock::time_point start_;
 };
 
-void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool verbose) {
-  constexpr double kGraceSeconds = 60;
-  if (verbose && !running.empty())
+void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, const SweepOptions& opt) {
+  if (opt.verbose && !running.empty())
     std::cout << "stopping " << running.size() << " running cell(s)" << std::endl;
   for (const Running& r : running) kill(r.pid, SIGTERM);
   const auto asked = Clock::now();
+  bool killed = false;
   while (!running.empty()) {
     for (size_t i = 0; i < running.size();) {
       int status = 0;
@@ -219,13 +219,24 @@ void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, bool ve
         ++i;
         continue;
       }
-      rec[running[i].cell].status = "interrupted";
-      rec[running[i].cell].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      const size_t cell = running[i].cell;
+      rec[cell].status = "interrupted";
+      rec[cell].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      // A cell stuck past the grace (in a kernel that never returns, say) could not record
+      // "interrupted": its killed writer left the trace "running". A re-run runs it again.
+      if (killed) {
+        std::ostringstream why;
+        why << "interrupted: killed " << opt.stop_grace_s
+            << " s after the sweep asked it to stop (its step did not end)";
+        record_crash_after_writer(cell_trace_path(opt.out, cell), why.str(), 10);
+      }
       running.erase(running.begin() + long(i));
     }
     if (running.empty()) break;
-    if (std::chrono::duration<double>(Clock::now() - asked).count() > kGraceSeconds)
+    if (!killed && std::chrono::duration<double>(Clock::now() - asked).count() > opt.stop_grace_s) {
       for (const Running& r : running) kill(r.pid, SIGKILL);
+      killed = true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
@@ -446,11 +457,13 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     given << opt.memory_gib;
     throw InputError("--memory " + given.str() + ": must be a number of GiB >= 0");
   }
-  if (!(opt.timeout_s >= 0)) {
-    std::ostringstream given;  // as typed (-1, not std::to_string's -1.000000)
-    given << opt.timeout_s;
-    throw InputError("--timeout " + given.str() + ": must be >= 0 seconds");
-  }
+  for (const auto& [name, seconds] :
+       {std::pair{"--timeout", opt.timeout_s}, std::pair{"--stop-grace", opt.stop_grace_s}})
+    if (!(seconds >= 0) || !std::isfinite(seconds)) {
+      std::ostringstream given;  // as typed (-1, not std::to_string's -1.000000)
+      given << seconds;
+      throw InputError(std::string(name) + " " + given.str() + ": must be >= 0 seconds");
+    }
   // Cells this machine cannot run would each fail the same way: refused before the folder is
   // touched, unless they are to run elsewhere (--emit-slurm, or one --cell from a job array).
   if (g.first_cuda_cell >= 0 && !opt.emit_slurm && opt.cell < 0)
@@ -542,7 +555,7 @@ SweepSummary run_sweep(const SweepOptions& opt) {
   while (next < todo.size() || !running.empty()) {
     if (stop_signal() != 0) {
       progress.interrupt();
-      stop_cells(running, rec, opt.verbose);
+      stop_cells(running, rec, opt);
       write_manifest(opt.out, g, rec);
       throw StopRequested(stop_signal());
     }

@@ -23,7 +23,11 @@ struct SweepOptions {
   bool quick = false;        // apply the grid's [quick] overlay
   uint64_t seed_offset = 0;  // every cell's train.seed moved by this much (fresh seeds)
   double timeout_s = 0;      // per cell; 0: none
-  double memory_gib = 0;     // host memory the cells may hold together; 0: what is available
+  // Asked to stop, seconds a running cell has to finish its step and record "interrupted"
+  // before it is killed (a batch system's own kill follows its SIGTERM: SLURM's KillWait, 30 s
+  // by default, wants less than this default).
+  double stop_grace_s = 60;
+  double memory_gib = 0;  // host memory the cells may hold together; 0: what is available
   bool emit_slurm = false;
   SlurmResources slurm;
   bool verbose = true;

@@ -6,6 +6,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import time
 import unittest
@@ -476,6 +477,23 @@ class AnalysisOutputs(unittest.TestCase):
         self.assertEqual(len(verdicts(d)), 4)
 
 
+def write_hanging_grid(d, add_variants):
+    """A grid over `add` variants from the crashing-kernels test library, whose
+    hangs_on_one_size never returns at this grid's 524 288 values (B8 x T256 x C256)."""
+    lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+    return write_grid(d, f"""set.data = "markov:0.8,0.8"
+set.plugins = ["{lib}"]
+set.model.vocab = 64
+set.model.d_model = 256
+set.model.n_heads = 4
+set.model.n_layers = 1
+set.model.seq_len = 256
+set.train.batch = 8
+set.train.steps = 3
+axes.kernels.add = {add_variants}
+""")
+
+
 class Sweep(unittest.TestCase):
     def test_runs_every_cell_then_skips_finished_ones(self):
         d = tmpdir()
@@ -601,22 +619,10 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
                 self.assertEqual(row["status"], "completed")
 
     def test_a_cell_past_its_timeout_is_killed_and_its_trace_says_so(self):
-        # A kernel that never returns at one size (the crashing-kernels test library's add spins
-        # at 524 288 values: B8 x T256 x C256). The killed writer left its trace "running"; the
+        # A kernel that never returns at one size (write_hanging_grid). The killed writer left its trace "running"; the
         # sweep records why it ended, and analyze names it as not finished, with that reason.
         d = tmpdir()
-        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
-        grid = write_grid(d, f"""set.data = "markov:0.8,0.8"
-set.plugins = ["{lib}"]
-set.model.vocab = 64
-set.model.d_model = 256
-set.model.n_heads = 4
-set.model.n_layers = 1
-set.model.seq_len = 256
-set.train.batch = 8
-set.train.steps = 3
-axes.kernels.add = ["reference", "hangs_on_one_size"]
-""")
+        grid = write_hanging_grid(d, '["reference", "hangs_on_one_size"]')
         out = os.path.join(d, "out")
         r = run("sweep", "--config", grid, "--out", out, "--jobs", "2", "--timeout", "15",
                 check=True)
@@ -632,6 +638,32 @@ axes.kernels.add = ["reference", "hangs_on_one_size"]
         a = run("analyze", out, "--no-plots")
         self.assertIn("not finished, left out: " + hung["trace"] + " (failed: timeout: killed "
                       "after 15 s (sweep --timeout))", a.stdout)
+
+    def test_a_cell_stuck_past_the_stop_grace_is_killed_and_its_trace_says_so(self):
+        # Stopped, a sweep gives its cells --stop-grace seconds to end their step; one in a kernel
+        # that never returns is killed then, and the trace its killed writer left "running" says
+        # why it ended. A re-run runs that cell again.
+        d = tmpdir()
+        grid = write_hanging_grid(d, '["hangs_on_one_size"]')
+        out = os.path.join(d, "out")
+        sweep = subprocess.Popen([BIN, "sweep", "--config", grid, "--out", out, "--stop-grace",
+                                  "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        trace = os.path.join(out, "cells", "0000.h5")
+        deadline = time.time() + 60
+        while not os.path.exists(trace) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)  # into the first step's kernel
+        sweep.send_signal(signal.SIGTERM)
+        stdout, stderr = sweep.communicate(timeout=60)
+        self.assertEqual(sweep.returncode, 128 + signal.SIGTERM, stdout + stderr)
+        with open(os.path.join(out, "manifest.tsv")) as f:
+            self.assertEqual([row["status"] for row in csv.DictReader(f, delimiter="\t")],
+                             ["interrupted"])
+        with h5py.File(trace, "r") as f:
+            self.assertEqual(f.attrs["status"], "failed")
+            self.assertEqual(f.attrs["failure"], "interrupted: killed 2 s after the sweep asked "
+                             "it to stop (its step did not end)")
+        self.assertEqual(subprocess.run(["pgrep", "-f", out], capture_output=True).stdout, b"")
 
     def test_cells_run_the_sweeps_build_after_a_rebuild_replaces_it(self):
         # A rebuild while a sweep runs replaces the file the sweep was started from: its cells
