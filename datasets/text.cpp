@@ -3,12 +3,15 @@
 #include <dirent.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -129,37 +132,39 @@ std::string strip_brown_tags(const std::string& line) {
   return out;
 }
 
-// Runs `f` with the process' stderr sent to a temporary file (sentencepiece logs there); returns
-// what was logged, for error messages.
-template <class F>
-std::string with_stderr_captured(F&& f) {
-  char path[] = "/tmp/divlab_spm_XXXXXX";
-  const int fd = mkstemp(path);
-  std::fflush(stderr);
-  const int saved = dup(2);
-  dup2(fd, 2);
-  try {
-    f();
-  } catch (...) {
-    std::fflush(stderr), dup2(saved, 2), close(saved), close(fd), unlink(path);
-    throw;
+// sentencepiece's BPE trainer keeps a position inside a word (the characters between two
+// spaces) in 16 bits and ends the process past that (bpe_model_trainer.h: r <= 65535).
+constexpr size_t kMaxTrainingWord = 65535;
+
+// Whether a line has a word the trainer cannot hold (more characters than kMaxTrainingWord).
+bool has_overlong_word(const std::string& line) {
+  size_t chars = 0;
+  for (const char c : line) {
+    if (c == ' ')
+      chars = 0;
+    else if ((static_cast<unsigned char>(c) & 0xC0) != 0x80 && ++chars > kMaxTrainingWord)
+      return true;  // a UTF-8 sequence's first byte: one more character
   }
-  std::fflush(stderr), dup2(saved, 2), close(saved), close(fd);
-  std::string log;
-  read_file(path, log);
-  unlink(path);
-  return log;
+  return false;
 }
 
+// The lines the tokenizer trains on: all but those with a word it cannot hold (the tokenizer
+// still encodes them).
 class LineIterator : public sentencepiece::SentenceIterator {
  public:
-  explicit LineIterator(const std::vector<std::string>& lines) : lines_(lines) {}
+  explicit LineIterator(const std::vector<std::string>& lines) : lines_(lines) { skip(); }
   bool done() const override { return i_ >= lines_.size(); }
-  void Next() override { ++i_; }
+  void Next() override {
+    ++i_;
+    skip();
+  }
   const std::string& value() const override { return lines_[i_]; }
   sentencepiece::util::Status status() const override { return {}; }
 
  private:
+  void skip() {
+    while (i_ < lines_.size() && has_overlong_word(lines_[i_])) ++i_;
+  }
   const std::vector<std::string>& lines_;
   size_t i_ = 0;
 };
@@ -263,8 +268,9 @@ namespace {
 constexpr size_t kMaxTrainingLine = 1000000;
 
 // sentencepiece's BPE trainer with divlab's settings (kTokenizerSettings names them in cache keys).
-void train_bpe(LineIterator& it, int vocab, std::string* model,
+void train_bpe(const std::vector<std::string>& lines, int vocab, std::string* model,
                sentencepiece::util::Status* status) {
+  LineIterator it(lines);
   *status = sentencepiece::SentencePieceTrainer::Train(
       {{"model_type", "bpe"},
        {"vocab_size", std::to_string(vocab)},
@@ -282,6 +288,68 @@ void train_bpe(LineIterator& it, int vocab, std::string* model,
        {"num_threads", "2"},
        {"minloglevel", "2"}},
       &it, model);
+}
+
+struct BpeTraining {
+  bool ended_process = false;  // an internal check of sentencepiece's failed: `log` says which
+  int killed_by = 0;           // the signal that ended the training's process, if one did
+  bool ok = false;
+  std::string status, model, log;
+};
+
+// sentencepiece ends the whole process when one of its internal checks fails ("Program terminated
+// with an unrecoverable error", exit status 255), which a corpus it was not written for can
+// trip, so it trains in a child process that writes its status and model to a file: such a
+// failure is then an error naming the corpus, where divlab once ended without a word and left
+// its trace's lock behind. Training takes seconds to minutes and cannot be stopped part-way: a
+// stop request (common/signals.h) kills the child and ends this process as the signal would
+// (nothing is cached or traced yet), so a run's cell does not outlive a sweep that was killed.
+BpeTraining train_bpe_in_child(const std::vector<std::string>& lines, int vocab) {
+  const UnnamedFile result("divlab-bpe-model"), log("divlab-bpe-log");
+  const pid_t parent = getpid();
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("tokenizer: cannot start a process to train BPE in");
+  if (pid == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    dup2(log.fd(), 2);  // sentencepiece logs there
+    std::string model;
+    sentencepiece::util::Status status;
+    train_bpe(lines, vocab, &model, &status);
+    const std::string text = status.ToString();
+    const std::string record =
+        (status.ok() ? "1" : "0") + std::to_string(text.size()) + "\n" + text + model;
+    for (size_t done = 0; done < record.size();) {
+      const ssize_t n = write(result.fd(), record.data() + done, record.size() - done);
+      if (n <= 0) _exit(1);
+      done += size_t(n);
+    }
+    _exit(0);
+  }
+  int wait_status = 0;
+  while (waitpid(pid, &wait_status, WNOHANG) == 0) {
+    if (const int sig = stop_signal(); sig != 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      end_by_signal(sig);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  BpeTraining out;
+  read_file(log.path(), out.log);
+  std::string record;
+  const bool exited = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0;
+  const size_t newline = exited && read_file(result.path(), record) ? record.find('\n') : 0;
+  if (!exited || newline == std::string::npos || newline < 2) {
+    out.ended_process = true;
+    out.killed_by = WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0;
+    return out;
+  }
+  const size_t status_size = std::stoul(record.substr(1, newline - 1));
+  out.ok = record[0] == '1';
+  out.status = record.substr(newline + 1, status_size);
+  out.model = record.substr(newline + 1 + status_size);
+  return out;
 }
 }  // namespace
 
@@ -312,37 +380,31 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  LineIterator it(corpus.lines);
-  sentencepiece::util::Status status;
-  // Training takes seconds to minutes and sentencepiece cannot be stopped: it runs on a thread of
-  // its own while this one polls for a stop request (common/signals.h), which then ends the
-  // process as the signal would (nothing is cached or traced yet), instead of after the training:
-  // a run's cell must not outlive a sweep that was killed.
-  std::atomic<bool> trained{false};
-  int stopped_by = 0;
-  const std::string log = with_stderr_captured([&] {
-    std::thread trainer([&] {
-      train_bpe(it, vocab, &out.model, &status);
-      trained = true;
-    });
-    while (!trained && (stopped_by = stop_signal()) == 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (stopped_by == 0)
-      trainer.join();
-    else
-      trainer.detach();  // it reads `it` and writes `out` and `status`: all outlive the process
-  });
-  if (stopped_by != 0) end_by_signal(stopped_by);
-  if (!status.ok()) {
-    // Every line past the trainer's limit leaves it nothing to learn from, which it reports as
+  BpeTraining trained = train_bpe_in_child(corpus.lines, vocab);
+  if (trained.killed_by != 0)  // the machine's doing (out of memory, say), not the corpus'
+    throw std::runtime_error("tokenizer: the process training the BPE model was killed (" +
+                             std::string(strsignal(trained.killed_by)) + ")");
+  if (trained.ended_process) {
+    const std::string said = trained.log.substr(0, trained.log.find('\n'));
+    throw InputError("data = '" + corpus.source +
+                     "': the BPE tokenizer's trainer (sentencepiece) " + "stopped on this corpus" +
+                     (said.empty() ? "" : ": " + said));
+  }
+  out.model = std::move(trained.model);
+  if (!trained.ok) {
+    // Every line past the trainer's limits leaves it nothing to learn from, which it reports as
     // an internal check ("!sentences_.empty()").
-    if (std::all_of(corpus.lines.begin(), corpus.lines.end(),
-                    [](const std::string& l) { return l.size() > kMaxTrainingLine; }))
+    if (std::all_of(corpus.lines.begin(), corpus.lines.end(), [](const std::string& l) {
+          return l.size() > kMaxTrainingLine || has_overlong_word(l);
+        }))
       throw InputError("data = '" + corpus.source + "': every line is longer than the " +
                        std::to_string(kMaxTrainingLine) +
-                       " bytes the tokenizer trains on (it learns from lines); break the text "
-                       "into lines, e.g. one per paragraph");
-    const std::string msg = status.ToString();
+                       " bytes the tokenizer trains on, or holds a word (characters between "
+                       "two spaces) longer than its " +
+                       std::to_string(kMaxTrainingWord) +
+                       " characters (it learns from lines and words); break the text into "
+                       "lines and words");
+    const std::string& msg = trained.status;
     // sentencepiece's own words for a vocabulary the corpus cannot fill: "... Vocabulary size too
     // high (64). Please set it to a value <= 5."
     const std::string bound = "Please set it to a value <= ";

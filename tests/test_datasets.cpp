@@ -320,6 +320,20 @@ TEST_F(Text, EnglishIsBrownThenTheEnglishFolder) {
   }
 }
 
+// sentencepiece's BPE trainer ends the process on a word past 65 535 characters (a line of
+// base64 or minified JSON, say): such lines are left out of its training and still tokenized.
+TEST_F(Text, ALineWithAWordPast64KCharactersIsTokenizedNotTrainedOn) {
+  Corpus c = read_text_corpus(corpus_path_);
+  const TokenizedCorpus plain = tokenize_cached(c, 300, dir_ + "/plain", false);
+  std::string word;
+  for (int i = 0; i < 70000; ++i) word += i % 2 ? "é" : "k";  // 70 000 characters, 105 000 bytes
+  c.lines.push_back("ka lo " + word + " mi");
+  const TokenizedCorpus t = tokenize_cached(c, 300, dir_ + "/cache", false);
+  EXPECT_EQ(t.model, plain.model) << "the line changed what the tokenizer learned";
+  EXPECT_EQ(bpe_decode(t.model, bpe_encode(t.model, c.lines.back())), c.lines.back());
+  EXPECT_GT(t.tokens.size(), plain.tokens.size() + 1000);
+}
+
 TEST_F(Text, TooLargeVocabularyIsRejected) {
   // The fixture has ~600 words: no BPE model reaches 20000 pieces.
   try {

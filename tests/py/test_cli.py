@@ -234,6 +234,10 @@ class Signals(unittest.TestCase):
         self.assertEqual(p.wait(timeout=20), -signal.SIGTERM)
         self.assertFalse(os.path.exists(path))
         self.assertEqual(os.listdir(cache) if os.path.exists(cache) else [], [])
+        # The tokenizer trains in a process of the run's own (sentencepiece may end its process):
+        # gone with the run (a fork: the run's command line).
+        time.sleep(0.5)
+        self.assertEqual(subprocess.run(["pgrep", "-f", path], capture_output=True).stdout, b"")
 
 
 class DiskFull(unittest.TestCase):
