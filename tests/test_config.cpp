@@ -10,16 +10,15 @@
 #include "experiments/train.h"
 #include "io/toml_reader.h"
 #include "tests/support/check.h"
+#include "tests/support/fixtures.h"
 
 namespace divlab {
 
 namespace {
 std::string write_temp(const std::string& text) {
-  char name[] = "/tmp/divlab_cfg_XXXXXX.toml";
-  const int fd = mkstemps(name, 5);
-  close(fd);
-  std::ofstream(name) << text;
-  return name;
+  std::string path = testing::temp_dir("cfg") + "/config.toml";
+  std::ofstream(path) << text;
+  return path;
 }
 
 }  // namespace

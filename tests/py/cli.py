@@ -1,4 +1,5 @@
 """Helpers for tests that drive the divlab binary as a user would."""
+import atexit
 import hashlib
 import os
 import shutil
@@ -36,8 +37,22 @@ def run(*args, check=False, env=None, timeout=None):
                           timeout=timeout)
 
 
-def tmpdir():
-    return tempfile.mkdtemp(prefix="divlab_test_")
+_made = []
+
+
+def tmpdir(prefix="divlab_test_"):
+    """A fresh folder, removed when the test process ends (its runs, grids and traces come to
+    gigabytes over a few runs of the suite); DIVLAB_KEEP_TEST_FILES=1 keeps them."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _made.append(d)
+    return d
+
+
+@atexit.register
+def _remove_made():
+    if not os.environ.get("DIVLAB_KEEP_TEST_FILES"):
+        for d in _made:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def digest(path):

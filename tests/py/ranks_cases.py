@@ -9,11 +9,12 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import h5py
 import numpy as np
+
+from cli import tmpdir
 
 BIN = os.environ["DIVLAB_BIN"]
 SMALL = ["data=zipf:1.2", "model.vocab=512", "model.d_model=64", "model.n_layers=2",
@@ -33,7 +34,7 @@ class RanksAsProcesses:
     TRANSPORT = None
 
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix=f"divlab_{self.TRANSPORT}_")
+        self.dir = tmpdir(prefix=f"divlab_{self.TRANSPORT}_")
 
     def path(self, name):
         return os.path.join(self.dir, name)

@@ -4,7 +4,6 @@ give the same losses over 20 optimizer steps, SGD and AdamW, within the CPU pari
 Skipped where PyTorch has no GPU or divlab was built without CUDA."""
 import os
 import subprocess
-import tempfile
 import unittest
 
 import h5py
@@ -33,7 +32,7 @@ class GpuParity(test_parity.Parity):
 
     def our_losses(self, f, optimizer_keys, steps):
         """The cuda trainer's losses for the dumped run's config and seed."""
-        out = os.path.join(tempfile.mkdtemp(), "gpu.h5")
+        out = os.path.join(cli.tmpdir(), "gpu.h5")
         keys = self.MODEL + optimizer_keys + ["backend=cuda", "train.precision=fp32",
                                               f"train.steps={steps}", f"train.seed={self.seed}",
                                               "eval.every=0", "checkpoint.every=0"]

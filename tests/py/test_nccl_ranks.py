@@ -5,7 +5,6 @@ more ranks than GPUs refused; and, in the cuda build without a GPU, --emit-slurm
 per rank. Skipped where fewer than two GPUs or no cuda build are present."""
 import os
 import subprocess
-import tempfile
 import unittest
 
 import cli
@@ -45,7 +44,7 @@ data_parallel = ["simulated", "nccl"]
 """
 
     def emit(self, *extra):
-        d = tempfile.mkdtemp(prefix="divlab_slurm_")
+        d = cli.tmpdir(prefix="divlab_slurm_")
         grid = os.path.join(d, "grid.toml")
         with open(grid, "w") as f:
             f.write(self.GRID)

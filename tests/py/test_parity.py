@@ -3,7 +3,6 @@ gradient for every parameter, and the same losses over 20 optimizer steps (SGD a
 import os
 import random
 import subprocess
-import tempfile
 import tomllib
 import unittest
 
@@ -11,6 +10,7 @@ import h5py
 import numpy as np
 import torch
 
+from cli import tmpdir
 from divlab_torch import from_config, optimizer_for
 
 DUMP = os.environ["DIVLAB_PARITY_DUMP"]
@@ -87,7 +87,7 @@ class Parity(unittest.TestCase):
     MODEL = MODEL
 
     def run_dump(self, precision, optimizer_keys, steps):
-        path = os.path.join(tempfile.mkdtemp(), "dump.h5")
+        path = os.path.join(tmpdir(), "dump.h5")
         self.seed = int(np.random.randint(1 << 30))
         keys = self.MODEL + optimizer_keys + [f"train.precision={precision}",
                                               f"train.steps={steps}", f"train.seed={self.seed}"]
@@ -216,7 +216,7 @@ class RandomConfigs(unittest.TestCase):
         tested = 0
         while tested < 4:
             keys = random_keys(rng) + ["train.precision=fp64"]
-            path = os.path.join(tempfile.mkdtemp(), "dump.h5")
+            path = os.path.join(tmpdir(), "dump.h5")
             subprocess.run([DUMP, path] + keys, check=True)
             with h5py.File(path, "r") as f:
                 if not np.all(np.isfinite(f["losses"][:])):

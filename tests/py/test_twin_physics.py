@@ -8,13 +8,13 @@ embedding gradients (bit for bit in practice; asserted: 99 % of the elements, an
 the bug's own error), the same SGD losses step by step, and AdamW masking the bug in both."""
 import os
 import subprocess
-import tempfile
 import unittest
 
 import h5py
 import numpy as np
 import torch
 
+from cli import tmpdir
 from divlab_torch import loss_after_embedding, optimizer_for
 from test_parity import batches, torch_model
 
@@ -90,7 +90,7 @@ def twin_bug_loss(model, idx, targets, rounding=bf16, scale=1.0):
 
 class TwinPhysics(unittest.TestCase):
     def dump(self, keys, steps):
-        path = os.path.join(tempfile.mkdtemp(), "dump.h5")
+        path = os.path.join(tmpdir(), "dump.h5")
         subprocess.run([DUMP, path] + CELL + keys + [f"train.steps={steps}",
                                                      f"train.seed={self.seed}"], check=True)
         return h5py.File(path, "r")

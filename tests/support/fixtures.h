@@ -6,16 +6,44 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace divlab::testing {
 
+// The folders temp_dir made, removed when the test program ends (their traces and corpora
+// come to gigabytes over a few runs of the suite); DIVLAB_KEEP_TEST_FILES=1 keeps them. Only by
+// the process that made them: a test's forked child that exits normally leaves them alone.
+class TempFolders {
+ public:
+  void add(std::string path) {
+    const std::lock_guard<std::mutex> hold(mutex_);
+    paths_.push_back(std::move(path));
+  }
+  ~TempFolders() {
+    if (getpid() != owner_ || std::getenv("DIVLAB_KEEP_TEST_FILES") != nullptr) return;
+    std::error_code ignored;
+    for (const std::string& p : paths_) std::filesystem::remove_all(p, ignored);
+  }
+
+ private:
+  pid_t owner_ = getpid();
+  std::mutex mutex_;
+  std::vector<std::string> paths_;
+};
+
 inline std::string temp_dir(const std::string& tag) {
+  static TempFolders made;
   std::string pattern = "/tmp/divlab_" + tag + "_XXXXXX";
-  return mkdtemp(pattern.data());
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp: " + pattern);
+  made.add(pattern);
+  return pattern;
 }
 
 inline std::vector<std::string> fixture_lines(int n_lines, uint64_t seed) {
