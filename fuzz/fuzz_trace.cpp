@@ -1,11 +1,11 @@
 // libFuzzer target: the trace reader, as analyze, resume and bisect use it. The input is written
-// to a file and read as a trace: any input must be read or refused with InputError; any other
-// exception, crash or sanitizer report is a finding.
+// to an in-memory file and read as a trace: any input must be read or refused with InputError; any
+// other exception, crash or sanitizer report is a finding.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 #include "experiments/config.h"
@@ -13,11 +13,12 @@
 #include "io/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/divlab-fuzz-trace-" + std::to_string(getpid()) + ".h5";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  // In memory, opened by its /dev/fd path: a file in /tmp per fuzzing process was left behind.
+  static const int fd = memfd_create("divlab-fuzz-trace", 0);
+  static const std::string path = "/dev/fd/" + std::to_string(fd);
+  if (fd < 0 || ftruncate(fd, 0) != 0 ||
+      (size > 0 && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)))
+    return 0;
   try {
     const divlab::TraceReader r(path);
     (void)r.status();
