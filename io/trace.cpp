@@ -421,8 +421,10 @@ bool record_crash_after_writer(const std::string& path, const std::string& failu
       std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
   while (true) {
     try {
-      const WriterLock lock(path + ".lock", "--out '" + path + "'");
-      return record_crash(path, failure);
+      WriterLock lock(path + ".lock", "--out '" + path + "'");
+      const bool recorded = record_crash(path, failure);
+      if (recorded) lock.done();  // the trace's last word: its dead writer's lock file goes too
+      return recorded;
     } catch (const InputError&) {
       if (std::chrono::steady_clock::now() >= give_up) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

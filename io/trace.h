@@ -126,7 +126,7 @@ bool record_crash(const std::string& path, const std::string& failure);
 // record_crash by a process that does not hold the writer lock (a supervisor, a sweep whose
 // cell it killed): it takes the lock first, waiting up to `wait_seconds` for a dying writer to
 // let go of it. A lock still held then is another writer's, who owns the trace: nothing is
-// recorded.
+// recorded. Once recorded, the dead writer's lock file goes.
 bool record_crash_after_writer(const std::string& path, const std::string& failure,
                                double wait_seconds);
 

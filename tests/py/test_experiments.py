@@ -635,6 +635,7 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
         with h5py.File(hung["trace"], "r") as f:
             self.assertEqual(f.attrs["status"], "failed")
             self.assertEqual(f.attrs["failure"], "timeout: killed after 15 s (sweep --timeout)")
+        self.assertFalse(os.path.exists(hung["trace"] + ".lock"))  # the killed writer's
         a = run("analyze", out, "--no-plots")
         self.assertIn("not finished, left out: " + hung["trace"] + " (failed: timeout: killed "
                       "after 15 s (sweep --timeout))", a.stdout)
@@ -663,6 +664,7 @@ optimizer = ["sgd", "adamw train.lr=3e-3"]
             self.assertEqual(f.attrs["status"], "failed")
             self.assertEqual(f.attrs["failure"], "interrupted: killed 2 s after the sweep asked "
                              "it to stop (its step did not end)")
+        self.assertFalse(os.path.exists(trace + ".lock"))  # the killed writer's
         self.assertEqual(subprocess.run(["pgrep", "-f", out], capture_output=True).stdout, b"")
 
     def test_cells_run_the_sweeps_build_after_a_rebuild_replaces_it(self):
