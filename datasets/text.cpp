@@ -307,11 +307,15 @@ struct BpeTraining {
 BpeTraining train_bpe_in_child(const std::vector<std::string>& lines, int vocab) {
   const UnnamedFile result("divlab-bpe-model"), log("divlab-bpe-log");
   const pid_t parent = getpid();
-  std::fflush(stderr);
+  std::cout.flush(), std::fflush(stdout), std::fflush(stderr);  // or the child writes them again
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("tokenizer: cannot start a process to train BPE in");
   if (pid == 0) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    // sentencepiece's exit() runs this first (handlers run last-registered first), so none of
+    // the parent's runs in the child: the CUDA runtime's teardown of a context the child must
+    // not touch, static destructors, a flush of the parent's buffered output.
+    std::atexit([] { _exit(1); });
     dup2(log.fd(), 2);  // sentencepiece logs there
     std::string model;
     sentencepiece::util::Status status;
