@@ -10,11 +10,15 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/paths.h"
 
 extern char** environ;
@@ -140,6 +144,46 @@ int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt, d
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) return -1;
   return status;
+}
+
+ForkedRun run_forked(const std::function<std::string()>& work, const std::function<int()>& stop) {
+  const UnnamedFile result("divlab-forked-output"), log("divlab-forked-log");
+  const pid_t parent = getpid();
+  std::cout.flush(), std::fflush(stdout), std::fflush(stderr);  // or the child writes them again
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    // Handlers run last-registered first: an exit() in the child runs this one, and no other.
+    std::atexit([] { _exit(1); });
+    dup2(log.fd(), 2);
+    std::string output;
+    try {
+      output = work();
+    } catch (...) {
+      _exit(1);
+    }
+    for (size_t done = 0; done < output.size();) {
+      const ssize_t n = write(result.fd(), output.data() + done, output.size() - done);
+      if (n <= 0) _exit(1);
+      done += size_t(n);
+    }
+    _exit(0);  // the one way to 0
+  }
+  ForkedRun r;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if ((r.stopped_by = stop()) != 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  read_file(log.path(), r.log);
+  if (WIFSIGNALED(status)) r.killed_by = WTERMSIG(status);
+  r.returned = WIFEXITED(status) && WEXITSTATUS(status) == 0 && read_file(result.path(), r.output);
+  return r;
 }
 
 bool on_path(const std::string& program) {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,26 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
 // (SIGKILL) and `*timed_out` set; its wait status is then the kill's.
 int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {},
                 double seconds = 0, bool* timed_out = nullptr);
+
+// How a function run by run_forked ended: it returned, or was killed, or was stopped; or else
+// it ended its process itself (an exit() call, an exception out of it), which `log` may explain.
+struct ForkedRun {
+  bool returned = false;  // and `output` is what it returned
+  int killed_by = 0;      // the signal that killed the child, if one did
+  int stopped_by = 0;     // the nonzero `stop()` answer on which the child was killed
+  std::string output;
+  std::string log;  // what the child wrote to stderr
+};
+
+// Runs `work` in a forked copy of this process, for library code that may end its process (an
+// internal check that calls exit()): what it returns comes back in `output`, its stderr in `log`.
+// An exit() in the child ends it at once, running none of this process's exit handlers (the CUDA
+// runtime's teardown of a context the child must not touch, static destructors, a second flush
+// of buffered output). The child dies with the calling thread (PR_SET_PDEATHSIG), and is killed
+// when `stop()`, asked every 20 ms while it runs, answers nonzero (a signal number, say). Only
+// for work that starts no CUDA and needs nothing another thread of this process held at the fork.
+ForkedRun run_forked(
+    const std::function<std::string()>& work, const std::function<int()>& stop = [] { return 0; });
 
 // Whether `program` names an executable file on PATH.
 bool on_path(const std::string& program);

@@ -3,15 +3,11 @@
 #include <dirent.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,11 +15,11 @@
 #include <iostream>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/paths.h"
+#include "common/process.h"
 #include "common/rng.h"
 #include "common/sha256.h"
 #include "common/signals.h"
@@ -290,70 +286,61 @@ void train_bpe(const std::vector<std::string>& lines, int vocab, std::string* mo
       &it, model);
 }
 
-struct BpeTraining {
-  bool ended_process = false;  // an internal check of sentencepiece's failed: `log` says which
-  int killed_by = 0;           // the signal that ended the training's process, if one did
-  bool ok = false;
-  std::string status, model, log;
-};
-
 // sentencepiece ends the whole process when one of its internal checks fails ("Program terminated
 // with an unrecoverable error", exit status 255), which a corpus it was not written for can
-// trip, so it trains in a child process that writes its status and model to a file: such a
-// failure is then an error naming the corpus, where divlab once ended without a word and left
-// its trace's lock behind. Training takes seconds to minutes and cannot be stopped part-way: a
-// stop request (common/signals.h) kills the child and ends this process as the signal would
-// (nothing is cached or traced yet), so a run's cell does not outlive a sweep that was killed.
-BpeTraining train_bpe_in_child(const std::vector<std::string>& lines, int vocab) {
-  const UnnamedFile result("divlab-bpe-model"), log("divlab-bpe-log");
-  const pid_t parent = getpid();
-  std::cout.flush(), std::fflush(stdout), std::fflush(stderr);  // or the child writes them again
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("tokenizer: cannot start a process to train BPE in");
-  if (pid == 0) {
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
-    // sentencepiece's exit() runs this first (handlers run last-registered first), so none of
-    // the parent's runs in the child: the CUDA runtime's teardown of a context the child must
-    // not touch, static destructors, a flush of the parent's buffered output.
-    std::atexit([] { _exit(1); });
-    dup2(log.fd(), 2);  // sentencepiece logs there
-    std::string model;
-    sentencepiece::util::Status status;
-    train_bpe(lines, vocab, &model, &status);
-    const std::string text = status.ToString();
-    const std::string record =
-        (status.ok() ? "1" : "0") + std::to_string(text.size()) + "\n" + text + model;
-    for (size_t done = 0; done < record.size();) {
-      const ssize_t n = write(result.fd(), record.data() + done, record.size() - done);
-      if (n <= 0) _exit(1);
-      done += size_t(n);
-    }
-    _exit(0);
+// trip, so it trains in a process of its own (run_forked): such a failure is then an error
+// naming the corpus, where divlab once ended without a word and left its trace's lock behind.
+// Training takes seconds to minutes and cannot be stopped part-way: a stop request
+// (common/signals.h) kills that process and ends this one as the signal would (nothing is
+// cached or traced yet), so a run's cell does not outlive a sweep that was killed. Returns the
+// model; throws InputError for what the corpus or the vocabulary cannot give.
+std::string train_bpe_isolated(const Corpus& corpus, int vocab) {
+  // What the child returns: "1" or "0" (trained or not), the status's length, a newline, the
+  // status's text, then the model's bytes.
+  const ForkedRun run = run_forked(
+      [&] {
+        std::string model;
+        sentencepiece::util::Status status;
+        train_bpe(corpus.lines, vocab, &model, &status);
+        const std::string text = status.ToString();
+        return (status.ok() ? "1" : "0") + std::to_string(text.size()) + "\n" + text + model;
+      },
+      stop_signal);
+  if (run.stopped_by != 0) end_by_signal(run.stopped_by);
+  if (run.killed_by != 0)  // the machine's doing (out of memory, say), not the corpus'
+    throw std::runtime_error("tokenizer: the process training the BPE model was killed (" +
+                             std::string(strsignal(run.killed_by)) + ")");
+  const size_t newline = run.returned ? run.output.find('\n') : std::string::npos;
+  if (newline == std::string::npos || newline < 2) {
+    const std::string said = run.log.substr(0, run.log.find('\n'));
+    throw InputError("data = '" + corpus.source +
+                     "': the BPE tokenizer's trainer (sentencepiece) " + "stopped on this corpus" +
+                     (said.empty() ? "" : ": " + said));
   }
-  int wait_status = 0;
-  while (waitpid(pid, &wait_status, WNOHANG) == 0) {
-    if (const int sig = stop_signal(); sig != 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      end_by_signal(sig);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  BpeTraining out;
-  read_file(log.path(), out.log);
-  std::string record;
-  const bool exited = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0;
-  const size_t newline = exited && read_file(result.path(), record) ? record.find('\n') : 0;
-  if (!exited || newline == std::string::npos || newline < 2) {
-    out.ended_process = true;
-    out.killed_by = WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0;
-    return out;
-  }
-  const size_t status_size = std::stoul(record.substr(1, newline - 1));
-  out.ok = record[0] == '1';
-  out.status = record.substr(newline + 1, status_size);
-  out.model = record.substr(newline + 1 + status_size);
-  return out;
+  const size_t status_size = std::stoul(run.output.substr(1, newline - 1));
+  if (run.output[0] == '1') return run.output.substr(newline + 1 + status_size);
+  // Every line past the trainer's limits leaves it nothing to learn from, which it reports as
+  // an internal check ("!sentences_.empty()").
+  if (std::all_of(corpus.lines.begin(), corpus.lines.end(), [](const std::string& l) {
+        return l.size() > kMaxTrainingLine || has_overlong_word(l);
+      }))
+    throw InputError("data = '" + corpus.source + "': every line is longer than the " +
+                     std::to_string(kMaxTrainingLine) +
+                     " bytes the tokenizer trains on, or holds a word (characters between "
+                     "two spaces) longer than its " +
+                     std::to_string(kMaxTrainingWord) +
+                     " characters (it learns from lines and words); break the text into "
+                     "lines and words");
+  const std::string msg = run.output.substr(newline + 1, status_size);
+  // sentencepiece's own words for a vocabulary the corpus cannot fill: "... Vocabulary size too
+  // high (64). Please set it to a value <= 5."
+  const std::string bound = "Please set it to a value <= ";
+  if (const size_t at = msg.find(bound); at != std::string::npos)
+    throw InputError("data = '" + corpus.source + "': model.vocab = " + std::to_string(vocab) +
+                     " is larger than this corpus supports (at most " +
+                     std::to_string(std::atoll(msg.c_str() + at + bound.size())) + " BPE pieces)");
+  throw InputError("data = '" + corpus.source + "': cannot train a BPE tokenizer with " +
+                   "model.vocab = " + std::to_string(vocab) + ": " + msg);
 }
 }  // namespace
 
@@ -384,42 +371,7 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  BpeTraining trained = train_bpe_in_child(corpus.lines, vocab);
-  if (trained.killed_by != 0)  // the machine's doing (out of memory, say), not the corpus'
-    throw std::runtime_error("tokenizer: the process training the BPE model was killed (" +
-                             std::string(strsignal(trained.killed_by)) + ")");
-  if (trained.ended_process) {
-    const std::string said = trained.log.substr(0, trained.log.find('\n'));
-    throw InputError("data = '" + corpus.source +
-                     "': the BPE tokenizer's trainer (sentencepiece) " + "stopped on this corpus" +
-                     (said.empty() ? "" : ": " + said));
-  }
-  out.model = std::move(trained.model);
-  if (!trained.ok) {
-    // Every line past the trainer's limits leaves it nothing to learn from, which it reports as
-    // an internal check ("!sentences_.empty()").
-    if (std::all_of(corpus.lines.begin(), corpus.lines.end(), [](const std::string& l) {
-          return l.size() > kMaxTrainingLine || has_overlong_word(l);
-        }))
-      throw InputError("data = '" + corpus.source + "': every line is longer than the " +
-                       std::to_string(kMaxTrainingLine) +
-                       " bytes the tokenizer trains on, or holds a word (characters between "
-                       "two spaces) longer than its " +
-                       std::to_string(kMaxTrainingWord) +
-                       " characters (it learns from lines and words); break the text into "
-                       "lines and words");
-    const std::string& msg = trained.status;
-    // sentencepiece's own words for a vocabulary the corpus cannot fill: "... Vocabulary size too
-    // high (64). Please set it to a value <= 5."
-    const std::string bound = "Please set it to a value <= ";
-    if (const size_t at = msg.find(bound); at != std::string::npos)
-      throw InputError("data = '" + corpus.source + "': model.vocab = " + std::to_string(vocab) +
-                       " is larger than this corpus supports (at most " +
-                       std::to_string(std::atoll(msg.c_str() + at + bound.size())) +
-                       " BPE pieces)");
-    throw InputError("data = '" + corpus.source + "': cannot train a BPE tokenizer with " +
-                     "model.vocab = " + std::to_string(vocab) + ": " + msg);
-  }
+  out.model = train_bpe_isolated(corpus, vocab);
   sentencepiece::SentencePieceProcessor sp;
   if (!sp.LoadFromSerializedProto(out.model).ok())
     throw std::runtime_error("tokenizer: sentencepiece produced an unreadable model");

@@ -5,9 +5,12 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -189,6 +192,66 @@ TEST(Process, AProcessAToolStartsForUsDiesWithTheStarterWhileTheToolLivesOn) {
   ASSERT_EQ(waitpid(starter, nullptr, 0), starter);
   EXPECT_FALSE(outlives(target)) << "the target (pid " << target << ") outlived its starter";
   close(fds[0]), close(fds[1]);
+}
+
+// run_forked: what the function returns comes back, however large; what ends its process (an
+// exit() inside a library, an exception, a signal) is told apart, with what it wrote to stderr;
+// none of the parent's exit handlers runs in the child.
+TEST(Process, AForkedFunctionReturnsOrEndsItsOwnProcessAlone) {
+  static pid_t owner = 0;
+  static std::string marker;
+  owner = getpid();
+  marker = testing::temp_dir("forked") + "/a parent's exit handler ran in the child";
+  static const bool registered = [] {
+    return std::atexit([] {
+             if (getpid() != owner) std::ofstream(marker) << "ran\n";
+           }) == 0;
+  }();
+  ASSERT_TRUE(registered);
+
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char(i * 131 % 251);
+  ForkedRun r = run_forked([&] {
+    std::fputs("said on stderr\n", stderr);
+    return big;
+  });
+  EXPECT_TRUE(r.returned);
+  EXPECT_EQ(r.output, big);
+  EXPECT_EQ(r.log, "said on stderr\n");
+
+  r = run_forked([]() -> std::string {
+    std::fputs("a library's check failed\n", stderr);
+    std::exit(-1);
+  });
+  EXPECT_FALSE(r.returned);
+  EXPECT_EQ(r.killed_by, 0);
+  EXPECT_EQ(r.stopped_by, 0);
+  EXPECT_EQ(r.log, "a library's check failed\n");
+  EXPECT_FALSE(std::filesystem::exists(marker));
+
+  r = run_forked([]() -> std::string { throw std::runtime_error("out of the function"); });
+  EXPECT_FALSE(r.returned);
+  EXPECT_EQ(r.killed_by, 0);
+
+  r = run_forked([]() -> std::string {
+    raise(SIGKILL);
+    return "";
+  });
+  EXPECT_FALSE(r.returned);
+  EXPECT_EQ(r.killed_by, SIGKILL);
+
+  // Asked to stop: the child is killed and reaped at once, long before it would have ended.
+  int polls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run_forked(
+      [] {
+        std::this_thread::sleep_for(std::chrono::seconds(30));
+        return std::string("too late");
+      },
+      [&] { return ++polls == 5 ? SIGTERM : 0; });
+  EXPECT_EQ(r.stopped_by, SIGTERM);
+  EXPECT_FALSE(r.returned);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
 }
 
 }  // namespace
