@@ -165,12 +165,6 @@ class LineIterator : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
-// Sweep cells may train the same tokenizer at once: each writes its own file, then renames. An
-// unwritable cache only costs time later.
-void write_atomically(const std::string& path, const std::string& bytes) {
-  write_file_atomically(path, bytes);
-}
-
 void make_dirs(const std::string& path) {
   for (size_t p = 1; p <= path.size(); ++p)
     if (p == path.size() || path[p] == '/') mkdir(path.substr(0, p).c_str(), 0755);
@@ -389,14 +383,22 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
     out.tokens.push_back(kEndOfLine);
   }
   if (accept) accept(int64_t(out.tokens.size()));
+  // Sweep cells may train the same tokenizer at once: each writes its own file, then renames.
+  // An unwritable cache only costs time later.
   make_dirs(cache);
-  write_atomically(stem + ".model", out.model);
-  write_atomically(stem + ".tokens", std::string(reinterpret_cast<const char*>(out.tokens.data()),
-                                                 out.tokens.size() * sizeof(TokenId)));
+  const bool cached =
+      write_file_atomically(stem + ".model", out.model) &&
+      write_file_atomically(stem + ".tokens",
+                            std::string(reinterpret_cast<const char*>(out.tokens.data()),
+                                        out.tokens.size() * sizeof(TokenId)));
   if (verbose)
     std::cerr << "tokenizer: trained BPE model (vocab " << vocab << ") on " << corpus.lines.size()
-              << " lines in " << train_s << " s; " << out.tokens.size() << " tokens; cached as "
-              << stem << ".model\n";
+              << " lines in " << train_s << " s; " << out.tokens.size() << " tokens; "
+              << (cached ? "cached as " + stem + ".model"
+                         : "not cached: '" + cache +
+                               "' cannot be written (DIVLAB_CACHE moves "
+                               "the cache)")
+              << "\n";
   return out;
 }
 

@@ -29,6 +29,12 @@ class DataCommand(unittest.TestCase):
         for needle in ("tokens (training split)", "top-1 share", "top-10 share",
                        "fitted Zipf exponent", "max contributions to one row per step (B*T=256)"):
             self.assertIn(needle, first.stdout)
+        # A cache that cannot be written costs the next run the training, and says so.
+        not_a_folder = os.path.join(self.dir, "a file")
+        open(not_a_folder, "w").close()
+        third = run(*args, env={"DIVLAB_CACHE": not_a_folder}, check=True)
+        self.assertIn(f"not cached: '{not_a_folder}' cannot be written", third.stderr)
+        self.assertEqual(first.stdout, third.stdout)
 
     def test_data_parallel_ranks_cut_the_dose_per_kernel_call(self):
         # Each of four ranks sees a quarter of the batch: its hottest row gets about a quarter
