@@ -297,7 +297,7 @@ Command add_analyze_command(CLI::App& app) {
   auto* analyze_cmd =
       app.add_subcommand("analyze", "verdicts for a sweep folder, or several pooled");
   analyze_cmd
-      ->add_option("dirs", o->an.dirs,
+      ->add_option("sweep_folders", o->an.dirs,
                    "sweep output folder(s); several pool their seeds (a re-run with "
                    "--seed-offset) and need --out")
       ->required();
