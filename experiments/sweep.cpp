@@ -151,9 +151,6 @@ struct Record {
   double seconds = 0;
 };
 
-// Asked to stop: each running cell gets SIGTERM, finishes its step and records "interrupted"
-// (a re-run of the sweep runs it again); one that has not ended within the grace period is
-// killed. No cell outlives the sweep.
 std::string clock_text(double seconds) {
   const long s = std::lround(seconds);
   char buf[32];
@@ -206,6 +203,9 @@ class SweepProgress {
   Clock::time_point start_;
 };
 
+// Asked to stop: each running cell gets SIGTERM, finishes its step and records "interrupted"
+// (a re-run of the sweep runs it again); one that has not ended within --stop-grace is killed.
+// No cell outlives the sweep.
 void stop_cells(std::vector<Running>& running, std::vector<Record>& rec, const SweepOptions& opt) {
   if (opt.verbose && !running.empty())
     std::cout << "stopping " << running.size() << " running cell(s)" << std::endl;
