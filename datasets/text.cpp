@@ -308,7 +308,7 @@ std::string train_bpe_isolated(const Corpus& corpus, int vocab) {
   if (newline == std::string::npos || newline < 2) {
     const std::string said = run.log.substr(0, run.log.find('\n'));
     throw InputError("data = '" + corpus.source +
-                     "': the BPE tokenizer's trainer (sentencepiece) " + "stopped on this corpus" +
+                     "': the BPE tokenizer's trainer (sentencepiece) stopped on this corpus" +
                      (said.empty() ? "" : ": " + said));
   }
   const size_t status_size = std::stoul(run.output.substr(1, newline - 1));
