@@ -87,6 +87,15 @@ WriterLock::~WriterLock() {
   close(fd_);
 }
 
+void remove_dead_writers_lock(const std::string& path) {
+  if (access(path.c_str(), F_OK) != 0) return;
+  try {
+    WriterLock lock(path, "lock '" + path + "'");
+    lock.done();
+  } catch (const InputError&) {  // held: another writer's now
+  }
+}
+
 pid_t lock_holder(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;

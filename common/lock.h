@@ -34,6 +34,10 @@ class WriterLock {
   bool remove_ = false;  // created here, or done()
 };
 
+// After the writer that locked `path` has died: the lock file it left (the holder removes it
+// only when it ends on its own) goes. Nothing happens while another process holds the lock.
+void remove_dead_writers_lock(const std::string& path);
+
 // The PID holding the lock at `path`, or 0 when it is free (or the file does not exist).
 pid_t lock_holder(const std::string& path);
 

@@ -69,6 +69,14 @@ void run_supervised(const std::string& trace) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return;
   std::cout.flush(), std::cerr.flush(), std::fflush(nullptr);  // nothing is written twice
+  // A run ended by a signal (a stop while the tokenizer trains, which cannot stop part-way,
+  // ends it so) or a crash leaves the lock file it created, which goes once the run is dead; one
+  // that was there before stays, as every refused command leaves it.
+  const std::string lock = trace.empty() ? "" : trace + ".lock";
+  const bool lock_was_there = !lock.empty() && access(lock.c_str(), F_OK) == 0;
+  auto remove_its_lock = [&] {
+    if (!lock.empty() && !lock_was_there) remove_dead_writers_lock(lock);
+  };
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -98,6 +106,7 @@ void run_supervised(const std::string& trace) {
     // Exited inside the run (exit() in a kernel): the crash report's line came down the pipe.
     if (const std::string failure = crash_line(pipe_fds[0]); !failure.empty() && !trace.empty())
       record_in_trace(trace, failure);
+    remove_its_lock();
     std::fflush(nullptr);
     _exit(WEXITSTATUS(status));
   }
@@ -108,6 +117,7 @@ void run_supervised(const std::string& trace) {
                                                  " before the run's first op"
                                            : failure);
   }
+  remove_its_lock();
   die_of(sig);
 }
 
