@@ -138,7 +138,8 @@ int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt, d
       if (std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    kill(pid, SIGKILL);
+    // In a group of its own, what it started goes too (a tool's launcher and its target).
+    kill(opt.own_process_group ? -pid : pid, SIGKILL);
     if (timed_out) *timed_out = true;
   }
   while (waitpid(pid, &status, 0) < 0)

@@ -27,7 +27,8 @@ pid_t spawn_process(const std::vector<std::string>& argv, const SpawnOptions& op
 
 // Runs argv to its end: its wait status (WIFEXITED / WEXITSTATUS apply), or -1 when it could
 // not be started. With `seconds` > 0, a child still running that long after its start is killed
-// (SIGKILL) and `*timed_out` set; its wait status is then the kill's.
+// (SIGKILL; with own_process_group, its whole group: what it started too) and `*timed_out` set;
+// its wait status is then the kill's.
 int run_process(const std::vector<std::string>& argv, const SpawnOptions& opt = {},
                 double seconds = 0, bool* timed_out = nullptr);
 

@@ -331,6 +331,9 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     SpawnOptions so;
     so.log = log.path();
     so.setenv = {die_with_starter_env()};  // the checked divlab is compute-sanitizer's child
+    // Past the deadline the whole group is killed: compute-sanitizer's launcher and the checked
+    // divlab under it (killing the tool alone left both running until this check ended).
+    so.own_process_group = true;
     if (tool.shapes_only) so.setenv.push_back("DIVLAB_GEMM_TUNING=0");
     bool timed_out = false;
     const int rc = run_process(argv, so, limit, &timed_out);

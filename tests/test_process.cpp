@@ -71,6 +71,16 @@ TEST(Process, AChildPastItsDeadlineIsKilledAndSaidToBe) {
   EXPECT_TRUE(timed_out);
   ASSERT_TRUE(WIFSIGNALED(killed));
   EXPECT_EQ(WTERMSIG(killed), SIGKILL);
+  // In a group of its own, what it started is killed with it.
+  const std::string dir = testing::temp_dir("deadline");
+  SpawnOptions own;
+  own.own_process_group = true;
+  run_process({"sh", "-c", "sleep 30 & echo $! > '" + dir + "/pid'; wait"}, own, 0.5, &timed_out);
+  EXPECT_TRUE(timed_out);
+  pid_t grandchild = 0;
+  std::ifstream(dir + "/pid") >> grandchild;
+  ASSERT_GT(grandchild, 0);
+  EXPECT_FALSE(outlives(grandchild)) << "what the child started (pid " << grandchild << ")";
   const int done = run_process({"sh", "-c", "exit 4"}, {}, 30, &timed_out);
   EXPECT_FALSE(timed_out);
   ASSERT_TRUE(WIFEXITED(done));
