@@ -187,6 +187,15 @@ ForkedRun run_forked(const std::function<std::string()>& work, const std::functi
   return r;
 }
 
+std::string describe_wait_status(int status) {
+  if (status == -1) return "not started";
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  const int sig = WTERMSIG(status);
+  const char* name = sigabbrev_np(sig);
+  return std::string(name ? std::string("SIG") + name : "signal " + std::to_string(sig)) + " (" +
+         strsignal(sig) + ")";
+}
+
 bool on_path(const std::string& program) {
   return !find_on_path(program).empty();
 }

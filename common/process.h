@@ -52,6 +52,10 @@ struct ForkedRun {
 ForkedRun run_forked(
     const std::function<std::string()>& work, const std::function<int()>& stop = [] { return 0; });
 
+// How a process ended, from its wait status: "exit code 3", "SIGKILL (Killed)", or "not
+// started" for run_process's -1.
+std::string describe_wait_status(int status);
+
 // Whether `program` names an executable file on PATH.
 bool on_path(const std::string& program);
 

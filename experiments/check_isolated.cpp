@@ -147,11 +147,6 @@ std::string last_line_of(const std::string& path) {
   return last;
 }
 
-std::string signal_text(int sig) {
-  const char* name = sigabbrev_np(sig);
-  return std::string(name ? std::string("SIG") + name : "signal") + " (" + strsignal(sig) + ")";
-}
-
 }  // namespace
 
 int run_check_worker(const CheckOptions& opt) {
@@ -258,7 +253,7 @@ CheckReport run_check_isolated(const CheckOptions& opt) {
             ? "divlab's own work on this condition (not the kernel's calls) gave no word within " +
                   std::to_string(std::max(opt.time_limit, kOwnWorkLimit)) + " s"
         : hung ? "hang: no result within " + std::to_string(opt.time_limit) + " s (--time-limit)"
-        : WIFSIGNALED(status) ? "crashed: " + signal_text(WTERMSIG(status))
+        : WIFSIGNALED(status) ? "crashed: " + describe_wait_status(status)
         : WEXITSTATUS(status) == 0
             ? std::string("crashed: the process ended (exit code 0) inside the condition")
             : "crashed: exited with code " + std::to_string(WEXITSTATUS(status));
@@ -351,9 +346,13 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
     const SanitizerFindings findings = read_sanitizer_log(in, tool.summary);
     const bool errors_exit = WIFEXITED(rc) && WEXITSTATUS(rc) == 99;
     const bool found = findings.fails(errors_exit);
-    lines.emplace_back(
-        std::string(tool.name) + ": " + (found ? "ERRORS: " : "") + findings.line(errors_exit),
-        found);
+    std::string said = findings.line(errors_exit);
+    if (findings.summary.empty()) {  // the tool was killed, crashed, or never ran the check
+      const std::string last = last_line_of(log.path());
+      said += " (it ended with " + describe_wait_status(rc) + (found ? "" : "; not judged") +
+              (last.empty() ? "" : "; its log's last line: " + last.substr(0, 200)) + ")";
+    }
+    lines.emplace_back(std::string(tool.name) + ": " + (found ? "ERRORS: " : "") + said, found);
   }
   return lines;
 }

@@ -78,11 +78,6 @@ std::string random_nonce() {
   return out.str();
 }
 
-std::string describe_end(int status) {
-  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  return "signal " + std::to_string(WTERMSIG(status));
-}
-
 }  // namespace
 
 std::optional<RankLaunch> launched_rank() {
@@ -225,12 +220,12 @@ int launch_local_ranks(int ranks, bool gpus, const std::string& trace,
   const int reported = killed >= 0 ? killed : first_failure >= 0 ? first_failure : 0;
   if (first_failure >= 0)
     std::fprintf(stderr, "divlab: rank %d ended with %s; the other ranks were stopped\n", reported,
-                 describe_end(statuses[size_t(reported)]).c_str());
+                 describe_wait_status(statuses[size_t(reported)]).c_str());
   // Rank 0 killed (by a crash, or by this launcher after another rank failed) could not record
   // its end: the trace gets it here, where its writer lock is held.
   if (WIFSIGNALED(statuses[0]))
     record_crash(trace, "crashed: rank " + std::to_string(reported) + " ended with " +
-                            describe_end(statuses[size_t(reported)]) +
+                            describe_wait_status(statuses[size_t(reported)]) +
                             (reported == 0 ? "" : "; rank 0 was stopped"));
   const int status = statuses[size_t(reported)];
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);

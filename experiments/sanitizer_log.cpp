@@ -27,7 +27,7 @@ bool unmodelled(std::string_view kernel) {
 }  // namespace
 
 std::string SanitizerFindings::line(bool errors_exit) const {
-  std::string s = summary;
+  std::string s = summary.empty() ? "no summary line" : summary;
   if (races_unmodelled > 0)
     s += "; " + std::to_string(races_unmodelled) + " of " + std::to_string(races) +
          " race report(s) inside cuBLASLt's generated GEMMs (nvjet_sm*), whose TMA and mbarrier "

@@ -9,11 +9,11 @@
 namespace divlab {
 
 struct SanitizerFindings {
-  std::string summary = "no summary";  // the tool's counting line ("RACECHECK SUMMARY: ...")
-  std::string first;                   // the first finding that counts, quoted
-  int races = 0;                       // race reports, each for one pair of accesses
-  int races_unmodelled = 0;            // of them, inside kernels the tool cannot judge
-  bool internal_error = false;         // the sanitizer itself failed ("Internal Sanitizer Error")
+  std::string summary;       // the tool's counting line ("RACECHECK SUMMARY: ..."); "" if none came
+  std::string first;         // the first finding that counts, quoted
+  int races = 0;             // race reports, each for one pair of accesses
+  int races_unmodelled = 0;  // of them, inside kernels the tool cannot judge
+  bool internal_error = false;  // the sanitizer itself failed ("Internal Sanitizer Error")
   // Whether the run found something that fails the check, given that the tool exited with its
   // error code (`errors_exit`): a race outside the unmodelled kernels, the sanitizer's own
   // failure, or any other finding (an out-of-bounds access, or a form this reader does not know).

@@ -61,6 +61,16 @@ TEST(Process, RunsFromPathWithItsArgumentsUnquotedAndItsEnvironmentReplaced) {
   std::filesystem::remove_all(dir);
 }
 
+// Every command words a child's end alike (a check's crashed condition, a sanitizer that ended
+// without its summary, a rank that took the others down).
+TEST(Process, AnEndIsNamedByItsExitCodeOrItsSignal) {
+  EXPECT_EQ(describe_wait_status(run_process({"sh", "-c", "exit 3"})), "exit code 3");
+  EXPECT_EQ(describe_wait_status(run_process({"sh", "-c", "kill -9 $$"})), "SIGKILL (Killed)");
+  EXPECT_EQ(describe_wait_status(run_process({"sh", "-c", "kill -11 $$"})),
+            "SIGSEGV (Segmentation fault)");
+  EXPECT_EQ(describe_wait_status(run_process({"divlab-no-such-program"})), "not started");
+}
+
 // A deadline (check's sanitizer pass: a kernel that hangs only under the tool) kills the child
 // and says so; a child that ends in time is waited for as without one.
 TEST(Process, AChildPastItsDeadlineIsKilledAndSaidToBe) {

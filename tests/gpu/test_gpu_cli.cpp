@@ -584,4 +584,28 @@ TEST(GpuCheck, AKernelThatHangsEndsTheCheckWithoutTheSanitizerPass) {
   EXPECT_NE(text.find("compute-sanitizer not run (the kernel hung under '"), std::string::npos)
       << text;
 }
+
+// A sanitizer that ends without its summary (killed, crashed, unable to start the check) has its
+// line say how it ended and that nothing was judged ("no summary" alone said neither).
+TEST(GpuCheck, ASanitizerEndedBeforeItsSummarySaysHowAndJudgesNothing) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_check_killed_sanitizer");
+  const std::string tool = dir + "/compute-sanitizer";
+  std::ofstream(tool) << "#!/bin/sh\necho 'a tool killed at its start'\nkill -9 $$\n";
+  std::filesystem::permissions(tool, std::filesystem::perms::owner_all);
+  const std::string log = dir + "/check.log";
+  const std::string cmd = "PATH=" + dir + ":$PATH " + DIVLAB_BIN + " check add=reference " +
+                          "--backend cuda --seed " + std::to_string(test_seed()) + " > " + log +
+                          " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << text;
+  for (const char* tool_name : {"memcheck", "racecheck"})
+    EXPECT_NE(text.find(std::string("compute-sanitizer ") + tool_name +
+                        ": no summary line (it ended with SIGKILL (Killed); not judged; its "
+                        "log's last line: a tool killed at its start)"),
+              std::string::npos)
+        << text;
+}
 }  // namespace divlab

@@ -171,7 +171,7 @@ class RanksAsProcesses:
             os.kill(pid, signal.SIGKILL)
         _, err = p.communicate(timeout=120)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("rank 1 ended with signal 9; the other ranks were stopped", err)
+        self.assertIn("rank 1 ended with SIGKILL (Killed); the other ranks were stopped", err)
         with h5py.File(out, "r") as f:
             self.assertEqual(f.attrs["status"], "failed")
             self.assertGreaterEqual(len(f["/metrics/step"]), 3)  # what rank 0 wrote is kept
