@@ -32,6 +32,15 @@ inline const CLI::Validator kPathGiven(
     [](std::string& value) { return value.empty() ? std::string("an empty path") : std::string(); },
     "");
 
+// Every option that takes a number gets this (experiments/main.cpp): CLI11 reads '' as 0, which
+// most of them would take for "not given" (--jobs '': every core; --seed '': a fresh seed) and
+// --stop-grace for no grace at all.
+inline const CLI::Validator kNumberGiven(
+    [](std::string& value) {
+      return value.empty() ? std::string("an empty value (a number is expected)") : std::string();
+    },
+    "");
+
 // A command-line option's value from a closed set, parsed once; one line naming the option
 // and the valid values otherwise.
 template <class E>

@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
                                          add_sample_command(app),  add_export_command(app),
                                          add_kernels_command(app), add_sweep_command(app),
                                          add_analyze_command(app), add_reproduce_command(app)};
+  // Every option that takes a number refuses '' (experiments/cli.h's kNumberGiven).
+  for (CLI::App* sub : app.get_subcommands({}))
+    for (CLI::Option* option : sub->get_options())
+      for (const char* number : {"INT", "UINT", "FLOAT", "NUMBER"})
+        if (option->get_type_name().rfind(number, 0) == 0) option->check(kNumberGiven);
 
   app.set_version_flag("--version", std::string("divlab ") + kDivlabVersion + " (" + kGitCommit +
                                         ")\nresources (configs, plots, data): " + resource_dir());

@@ -462,7 +462,8 @@ SweepSummary run_sweep(const SweepOptions& opt) {
     if (!(seconds >= 0) || !std::isfinite(seconds)) {
       std::ostringstream given;  // as typed (-1, not std::to_string's -1.000000)
       given << seconds;
-      throw InputError(std::string(name) + " " + given.str() + ": must be >= 0 seconds");
+      throw InputError(std::string(name) + " " + given.str() +
+                       ": must be a number of seconds >= 0");
     }
   // Cells this machine cannot run would each fail the same way: refused before the folder is
   // touched, unless they are to run elsewhere (--emit-slurm, or one --cell from a job array).
