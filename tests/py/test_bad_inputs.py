@@ -100,12 +100,24 @@ def load_cases():
         return tomllib.load(f)["case"]
 
 
+def available_gib():
+    """MemAvailable from /proc/meminfo, in GiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
 def skip_reason(case):
     """Why a case cannot be judged here, or None."""
     if case.get("readonly") and os.geteuid() == 0:
         return "root can write anywhere"
     if case.get("no_gpu") and gpus() > 0:
         return "a GPU is present: the command runs here"
+    below = case.get("host_memory_below_gib")
+    if below is not None and available_gib() >= below:
+        return f"{available_gib():.0f} GiB available: the command fits here"
     return None
 
 
@@ -125,9 +137,9 @@ class BadInputCatalogue(unittest.TestCase):
         self.assertEqual(len(names), len(set(names)), "case names must be unique")
         # What setup_for and test_every_case read: a misspelled key would be ignored, and its
         # case would test another input than it says.
-        known = {"name", "args", "needle", "env", "no_gpu", "trace", "grid", "quick_grid", "files",
-                 "repeat", "bytes", "readonly", "fifo", "symlink", "truncate", "corrupt",
-                 "status", "loss_nan_at", "loss_kept"}
+        known = {"name", "args", "needle", "env", "no_gpu", "host_memory_below_gib", "trace",
+                 "grid", "quick_grid", "files", "repeat", "bytes", "readonly", "fifo", "symlink",
+                 "truncate", "corrupt", "status", "loss_nan_at", "loss_kept"}
         for c in cases:
             self.assertRegex(c["name"], r"^[a-z]+: ", "a case's name starts with its class")
             self.assertFalse(set(c) - known, c["name"])
