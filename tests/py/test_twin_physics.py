@@ -213,11 +213,14 @@ class TwinPhysics(unittest.TestCase):
         # Adam's update is invariant to a row's gradient scale, so the rows the bug shrinks move
         # almost as the reference's do. Measured over 41 seeds, the worst step's relative gap:
         # median 8.7e-5, 90th percentile 1.6e-4, and a tail to 1.5e-3 (seed 757282462 at step
-        # 28, a small consistent drop); the same seeds under SGD move by 0.45 to 4.0 at their
-        # worst step. Masked: at every step within 1e-2 and within a thirtieth of SGD's.
+        # 28, a small consistent drop). The same seeds under SGD move by 0.034 to 4.0 at their
+        # worst step (101 seeds, 2026-11-30: one in ten below 0.1, where this test once asked
+        # for more and so failed at seed 1063836651's 0.047), each at least 760 times as far as
+        # under AdamW (60 seeds). Masked: at every step within 1e-2 and within a thirtieth of
+        # SGD's, which moves by over 1 %.
         sgd = self.dump(SGD + [BUG], steps)["losses"][:] / self.dump(SGD, steps)["losses"][:]
         sgd_worst = float(np.abs(sgd - 1).max())
-        self.assertGreater(sgd_worst, 0.1, f"seed {self.seed}: the bug under SGD")
+        self.assertGreater(sgd_worst, 0.01, f"seed {self.seed}: the bug under SGD")
         for s in range(steps):
             for name, bug in (("divlab", ours[s]), ("twin", twin[s])):
                 gap = abs(bug - reference[s]) / reference[s]
