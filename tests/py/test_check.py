@@ -73,6 +73,15 @@ def failing(out):
     return re.findall(r"\[([^\]]+)\]", m.group(1)) if m else []
 
 
+def proc_file(path):
+    """A /proc file's text, or "" once its process is gone."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 class Check(unittest.TestCase):
     def test_seed_bug_flagged_by_skewed_tokens_only(self):
         r = check("embed_rmsnorm_backward=bf16_accum")
@@ -264,7 +273,7 @@ class Check(unittest.TestCase):
         workers = []
         for _ in range(200):  # the worker, started within moments
             time.sleep(0.05)
-            workers = [int(t) for t in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+            workers = [int(t) for t in proc_file(f"/proc/{p.pid}/task/{p.pid}/children").split()]
             if workers:
                 break
         self.assertTrue(workers, "check started no worker")
@@ -272,8 +281,9 @@ class Check(unittest.TestCase):
         p.send_signal(signal.SIGKILL)
         p.wait()
         for _ in range(100):
-            if not any(os.path.exists(f"/proc/{w}") and
-                       open(f"/proc/{w}/stat").read().split()[2] != "Z" for w in workers):
+            # A worker gone between two reads has no stat: gone, like one that is a zombie.
+            if not any(proc_file(f"/proc/{w}/stat").split()[2:3] not in ([], ["Z"])
+                       for w in workers):
                 break
             time.sleep(0.05)
         else:
