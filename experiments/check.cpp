@@ -360,7 +360,7 @@ struct Checker {
       // The scalars from a generator of their own, so a shrunk draw keeps the failing draw's.
       if (!cond.fixed_scalars) {
         std::mt19937_64 scalar_gen(draw_seed ^ kScalarStream);
-        x.scalars = random_scalars(scalar_gen);
+        x.scalars = random_scalars(scalar_gen, cond.values);
       }
       x.scalars.with_gradient = !cond.loss_only;
     }

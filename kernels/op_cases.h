@@ -66,9 +66,10 @@ OpInputs op_inputs(const std::string& op, const OpShape& s, const std::vector<To
                    Values values, std::mt19937_64& gen);
 
 // Scalar arguments drawn at random from the ranges training uses (eps 1e-7 to 1e-4, a soft-cap
-// of 5 to 100, RoPE bases 1e3 to 1e6, SGD with momentum off or 0.5 to 0.99, ...), so a kernel
-// that hard-codes the value it was tested with fails.
-OpScalars random_scalars(std::mt19937_64& gen);
+// of 5 to 100, RoPE bases 1e3 to 1e6, SGD with momentum and weight decay each off or on, ...),
+// so a kernel that hard-codes the value it was tested with fails. `values`: the inputs' value
+// condition (some scalars would leave nothing to judge under one).
+OpScalars random_scalars(std::mt19937_64& gen, Values values = Values::Normal);
 // The scalars `op` takes, as a report names them ("cap 15, eps 1e-06"; "" for an op with none).
 std::string scalars_text(const std::string& op, const OpScalars& c);
 

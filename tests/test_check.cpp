@@ -22,6 +22,7 @@
 #include "experiments/weights.h"
 #include "kernels/backend.h"
 #include "kernels/op_cases.h"
+#include "kernels/optimizer/optimizer.h"
 #include "kernels/registry.h"
 #include "tests/support/check.h"
 #include "tests/support/fixtures.h"
@@ -167,6 +168,15 @@ void adamw_without_bias_correction(float* p, float* m, float* v, const float* g,
     v[i] = beta2 * v[i] + (1 - beta2) * gi * gi;
     p[i] -= lr * m[i] / (std::sqrt(v[i]) + eps);
   }
+}
+
+// SGD with a path of its own for runs without weight decay (training's default) that forgets
+// the momentum there: exact whenever weight decay is on, as every draw of check's once had it.
+void sgd_no_decay_path_without_momentum(float* p, float* buf, const float* g, int64_t n, float lr,
+                                        float momentum, bool nesterov, float weight_decay,
+                                        float grad_scale) {
+  if (weight_decay == 0) momentum = 0;
+  sgd_step_reference<float>(p, buf, g, n, lr, momentum, nesterov, weight_decay, grad_scale);
 }
 
 // The reference linear layer with its output 5 % large: wrong on any values.
@@ -522,6 +532,22 @@ TEST(CheckHoles, AnOptimizerKernelIsCheckedLikeAnyOp) {
     EXPECT_TRUE(ref.pass) << format_check(ref);
     EXPECT_EQ(ref.grade, Grade::Fp32) << format_check(ref);
   }
+}
+
+// Training's default scalars are drawn too: SGD without weight decay (train.weight_decay = 0)
+// in about a third of the draws, so a kernel whose zero-decay path is wrong fails (the chance
+// that every draw of every condition misses it is below 1e-4); and the reference passes with
+// them, plain SGD on x1e-10 values included (there the draws keep momentum or decay).
+TEST(CheckHoles, AnSgdKernelWrongOnlyWithoutWeightDecayFails) {
+  Registered reg(mutable_cpu_catalogue().sgd_step, "no_decay_path",
+                 sgd_no_decay_path_without_momentum);
+  const CheckReport r = check("sgd_step=no_decay_path");
+  EXPECT_FALSE(r.pass) << format_check(r);
+  CheckOptions opt;
+  opt.target = "sgd_step=reference", opt.seed = testing::test_seed();
+  const CheckReport ref = run_check(opt);
+  EXPECT_TRUE(ref.pass) << format_check(ref);
+  EXPECT_EQ(ref.grade, Grade::Fp32) << format_check(ref);
 }
 
 TEST(CheckHoles, AShapeTunedKernelFailsOnRandomShapesAndIsShrunk) {
