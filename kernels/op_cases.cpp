@@ -432,7 +432,7 @@ OpScalars random_scalars(std::mt19937_64& gen, Values values) {
   c.lr = log_uniform(0.01, 0.3);
   c.momentum = one_in(3) ? 0.0 : uniform(0.5, 0.99);
   c.nesterov = one_in(2);
-  c.weight_decay = log_uniform(1e-3, 0.1);  // off one draw in three: below
+  c.weight_decay = log_uniform(1e-3, 0.1);  // off in a third of the draws (the last draw)
   c.grad_scale = one_in(3) ? 1.0 : uniform(0.1, 1.0);
   c.adam_lr = log_uniform(1e-4, 1e-2);
   c.beta1 = uniform(0.8, 0.95);

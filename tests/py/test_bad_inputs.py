@@ -116,8 +116,8 @@ def skip_reason(case):
     if case.get("no_gpu") and gpus() > 0:
         return "a GPU is present: the command runs here"
     below = case.get("host_memory_below_gib")
-    if below is not None and available_gib() >= below:
-        return f"{available_gib():.0f} GiB available: the command fits here"
+    if below is not None and (gib := available_gib()) >= below:
+        return f"{gib:.0f} GiB available: the command fits here"
     return None
 
 
