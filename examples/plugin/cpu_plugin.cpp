@@ -85,7 +85,8 @@ const divlab_variant2 kVariants[] = {
      "a frequent token's row stalls once its sum is 2^8 times a contribution",
      "skewed token streams (Zipf, real text), many tokens per step", "uniform tokens; AdamW"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION,
+                                sizeof(kVariants) / sizeof(kVariants[0]), kVariants};
 
 }  // namespace
 

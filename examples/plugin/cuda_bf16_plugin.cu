@@ -77,7 +77,8 @@ const divlab_variant2 kVariants[] = {
      "a hidden size 8 does not divide (check's odd and random shapes; model.mlp_hidden = 44)",
      "hidden sizes that are multiples of 8 (every size the benchmark used)"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 2, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION,
+                                sizeof(kVariants) / sizeof(kVariants[0]), kVariants};
 
 }  // namespace
 

@@ -118,7 +118,8 @@ const divlab_variant2 kVariants[] = {
      reinterpret_cast<void (*)(void)>(&sgd_step), "example CUDA plug-in: SGD, a thread a value", "",
      "", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 3, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION,
+                                sizeof(kVariants) / sizeof(kVariants[0]), kVariants};
 
 }  // namespace
 

@@ -315,7 +315,8 @@ const divlab_variant2 kVariants[] = {
     {"gelu_forward", "abi2_erf_gelu_control", "cpu", DIVLAB_FP32, DIVLAB_CONTROL,
      reinterpret_cast<void (*)(void)>(&erf_gelu), "the exact GELU, x Phi(x)", "", "", ""},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 15, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION,
+                                sizeof(kVariants) / sizeof(kVariants[0]), kVariants};
 
 }  // namespace
 

@@ -334,7 +334,8 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&gelu_chunks_of_2_20), "", "", "", ""},
     {"add", "vector_body_without_tail", "cpu",
      reinterpret_cast<void (*)(void)>(&add_vector_body_without_tail), "", "", "", ""}};
-const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, 22, kVariants};
+const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, sizeof(kVariants) / sizeof(kVariants[0]),
+                               kVariants};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
