@@ -48,7 +48,7 @@ struct CheckOptions {
   bool plots = true;
   uint64_t seed = 0;
   bool sanitizer = true;  // cuda: also run the conditions under compute-sanitizer (memcheck,
-                          // racecheck)
+                          // racecheck, synccheck)
   // `divlab check` runs the conditions in a worker process, so that a kernel that crashes or
   // hangs gets a verdict for the condition it was in instead of taking the check down.
   bool isolated = true;

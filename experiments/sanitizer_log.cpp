@@ -39,12 +39,23 @@ std::string SanitizerFindings::line(bool errors_exit) const {
 SanitizerFindings read_sanitizer_log(std::istream& log, const std::string& summary_key) {
   SanitizerFindings f;
   std::string line, first_other, pending_race;  // a race report's first access line
+  // The finding quoted last, which the lines after it place: "at KERNEL+0x.. in FILE:LINE" and
+  // "by thread (x,y,z) in block (x,y,z)".
+  std::string* placed = nullptr;
   while (std::getline(log, line)) {
     const auto at = line.find(summary_key);
     if (at != std::string::npos) f.summary = line.substr(at);
     const auto text = line.find_first_not_of("= ");
-    if (text == std::string::npos) continue;
+    if (text == std::string::npos) {
+      placed = nullptr;
+      continue;
+    }
     const std::string finding = line.substr(text);
+    if (placed && (finding.rfind("at ", 0) == 0 || finding.rfind("by thread ", 0) == 0)) {
+      *placed += " " + finding;
+      continue;
+    }
+    placed = nullptr;
     if (!pending_race.empty()) {
       // A race report's second line names the other access ("and Write access at ...").
       ++f.races;
@@ -62,13 +73,16 @@ SanitizerFindings read_sanitizer_log(std::istream& log, const std::string& summa
     } else if (finding.rfind("Internal Sanitizer Error", 0) == 0) {
       f.internal_error = true;
       f.first = finding;
-    } else if (f.first.empty() && finding.rfind("Invalid ", 0) == 0) {
-      f.first = finding;
+    } else if (f.first.empty() &&
+               (finding.rfind("Invalid ", 0) == 0 || finding.rfind("Barrier error", 0) == 0)) {
+      f.first = finding;  // memcheck's and synccheck's forms
+      placed = &f.first;
     } else if (first_other.empty() && at == std::string::npos &&
                (finding.rfind("Error", 0) == 0 || finding.rfind("Warning", 0) == 0)) {
       // A finding the tool words otherwise ("Error: Potential RAW hazard ..."), quoted where
       // the summary counts one in neither form.
       first_other = finding;
+      placed = &first_other;
     }
   }
   if (!pending_race.empty()) {  // a log cut after a report's first line

@@ -16,7 +16,8 @@ struct SanitizerFindings {
   bool internal_error = false;  // the sanitizer itself failed ("Internal Sanitizer Error")
   // Whether the run found something that fails the check, given that the tool exited with its
   // error code (`errors_exit`): a race outside the unmodelled kernels, the sanitizer's own
-  // failure, or any other finding (an out-of-bounds access, or a form this reader does not know).
+  // failure, or any other finding (an out-of-bounds access, a barrier some threads of a warp
+  // passed by, or a form this reader does not know).
   bool fails(bool errors_exit) const {
     if (internal_error) return true;
     if (races > 0) return races > races_unmodelled;

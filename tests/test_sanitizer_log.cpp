@@ -72,7 +72,7 @@ TEST(CheckSanitizerLog, RacesInsideCublasLtsGemmsAloneDoNotFailACheck) {
   std::istringstream memcheck(invalid);
   const SanitizerFindings oob = read_sanitizer_log(memcheck, "ERROR SUMMARY");
   EXPECT_TRUE(oob.fails(true));
-  EXPECT_EQ(oob.first, "Invalid __global__ read of size 4 bytes");
+  EXPECT_EQ(oob.first, "Invalid __global__ read of size 4 bytes at gelu_kernel+0x70");
   EXPECT_EQ(oob.summary, "ERROR SUMMARY: 1 error");
   const SanitizerFindings other = read(
       "========= Error: Potential RAW hazard detected at __shared__ 0x10\n"
@@ -81,6 +81,45 @@ TEST(CheckSanitizerLog, RacesInsideCublasLtsGemmsAloneDoNotFailACheck) {
   EXPECT_EQ(other.first, "Error: Potential RAW hazard detected at __shared__ 0x10");
   EXPECT_FALSE(read("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
                    .fails(false));
+}
+
+// synccheck's findings (an H200's lines, 2026-11-30: a barrier inside a branch that part of a warp
+// takes) fail a check and are quoted with the kernel, source line and thread they name. The
+// checked run's own exit code (a failing verdict) is no finding: the tool prints "Target
+// application returned an error", counts nothing and exits with the run's code, not its own.
+TEST(CheckSanitizerLog, SynccheckFindingsAreQuotedWhereTheyHappened) {
+  const auto read = [](const std::string& text) {
+    std::istringstream in(text);
+    return read_sanitizer_log(in, "ERROR SUMMARY");
+  };
+  const std::string barrier =
+      "========= COMPUTE-SANITIZER\n"
+      "========= Barrier error detected. Divergent thread(s) in warp.\n"
+      "=========     at p3(float *, const float *, int)+0xf0 in probe.cu:32\n"
+      "=========     by thread (96,0,0) in block (0,0,0)\n"
+      "=========     Saved host backtrace up to driver entry point at kernel launch time\n"
+      "=========         Host Frame: main [0x8ed1] in probe\n"
+      "========= \n"
+      "========= Barrier error detected. Divergent thread(s) in warp.\n"
+      "=========     at p3(float *, const float *, int)+0xf0 in probe.cu:32\n"
+      "=========     by thread (97,0,0) in block (0,0,0)\n"
+      "========= \n"
+      "========= ERROR SUMMARY: 2 errors\n";
+  const SanitizerFindings sync = read(barrier);
+  EXPECT_TRUE(sync.fails(true));
+  EXPECT_EQ(sync.summary, "ERROR SUMMARY: 2 errors");
+  EXPECT_EQ(sync.first,
+            "Barrier error detected. Divergent thread(s) in warp. at p3(float *, const float *, "
+            "int)+0xf0 in probe.cu:32 by thread (96,0,0) in block (0,0,0)");
+  EXPECT_NE(sync.line(true).find("; first: Barrier error detected."), std::string::npos)
+      << sync.line(true);
+
+  const SanitizerFindings verdict = read(
+      "========= COMPUTE-SANITIZER\n"
+      "========= Target application returned an error\n"
+      "========= ERROR SUMMARY: 0 errors\n");
+  EXPECT_FALSE(verdict.fails(false));
+  EXPECT_EQ(verdict.line(false), "ERROR SUMMARY: 0 errors");
 }
 
 // The pass runs every condition in one process, with no watchdog: after a hang under a

@@ -532,25 +532,31 @@ TEST(GpuCheck, OtherProcessesDeviceMemoryIsNotThisProcesss) {
   EXPECT_EQ(int64_t(cuda::device_bytes_in_use()), cuda::own_device_bytes());
 }
 
+// `divlab check TARGET --backend cuda` with the test plug-in and its sanitizer pass: the exit
+// code and everything it printed.
+namespace {
+std::pair<int, std::string> check_with_sanitizers(const std::string& dir,
+                                                  const std::string& target) {
+  const std::string log = dir + "/" + target + ".log";
+  const std::string cmd = std::string(DIVLAB_BIN) + " check " + target +
+                          " --backend cuda --plugins " + DIVLAB_RACY_CUDA_PLUGIN + " --seed " +
+                          std::to_string(test_seed()) + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
+          std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())};
+}
+}  // namespace
+
 // check's compute-sanitizer pass: a kernel that reuses a shared-memory tile without the barrier
 // after it is read computes the right values (the warps of a block keep close) and racecheck
 // reports the hazard: the check fails it as "sanitizer racecheck", naming the race. The
-// reference, its GEMM load and the pass's other tool stay clean.
+// reference, its GEMM load and the pass's other tools stay clean.
 TEST(GpuCheck, ASharedMemoryRaceFailsTheSanitizerPass) {
   REQUIRE_GPU();
   if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
   const std::string dir = temp_dir("gpu_check_racecheck");
-  const auto check = [&](const std::string& target) {
-    const std::string log = dir + "/" + target + ".log";
-    const std::string cmd = std::string(DIVLAB_BIN) + " check " + target +
-                            " --backend cuda --plugins " + DIVLAB_RACY_CUDA_PLUGIN + " --seed " +
-                            std::to_string(test_seed()) + " > " + log + " 2>&1";
-    const int rc = std::system(cmd.c_str());
-    std::ifstream in(log);
-    return std::make_pair(
-        WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
-        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
-  };
+  const auto check = [&](const std::string& target) { return check_with_sanitizers(dir, target); };
   const auto [racy_rc, racy] = check("rmsnorm_forward=missing_barrier");
   EXPECT_EQ(racy_rc, 1) << racy;
   EXPECT_NE(racy.find("[sanitizer racecheck]"), std::string::npos) << racy;
@@ -563,6 +569,45 @@ TEST(GpuCheck, ASharedMemoryRaceFailsTheSanitizerPass) {
   EXPECT_EQ(ok_rc, 0) << ok;
   EXPECT_NE(ok.find("compute-sanitizer racecheck: RACECHECK SUMMARY: 0 hazards"), std::string::npos)
       << ok;
+  EXPECT_NE(ok.find("compute-sanitizer synccheck: ERROR SUMMARY: 0 errors"), std::string::npos)
+      << ok;
+}
+
+// A barrier that the threads past a row's end pass by while the others wait at it (the rest of
+// their warp waiting at the next one) is undefined in CUDA and forgiven by today's GPUs: every
+// condition's values are right, and synccheck reports the split warp, naming the kernel and its
+// line. The check fails it under synccheck, and under no condition of values.
+TEST(GpuCheck, ABarrierPartOfAWarpPassesByFailsUnderSynccheck) {
+  REQUIRE_GPU();
+  if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
+  const auto [rc, text] =
+      check_with_sanitizers(temp_dir("gpu_check_synccheck"), "rmsnorm_forward=barrier_in_branch");
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("verdict: FAIL under: [sanitizer "), std::string::npos) << text;
+  EXPECT_NE(text.find("[sanitizer synccheck]"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute-sanitizer synccheck: ERRORS: ERROR SUMMARY: "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("first: Barrier error detected."), std::string::npos) << text;
+  EXPECT_NE(text.find("rmsnorm_barrier_in_branch"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute-sanitizer memcheck: ERROR SUMMARY: 0 errors"), std::string::npos)
+      << text;
+}
+
+// A candidate that fails on its values alone is no sanitizer finding: the checked run under each
+// tool ends with its failing verdict's exit code, which the tools report ("Target application
+// returned an error") without counting it, and none of the three lines fails.
+TEST(GpuCheck, ACandidateWrongOnlyInItsValuesHasNoSanitizerFinding) {
+  REQUIRE_GPU();
+  if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
+  const auto [rc, text] =
+      check_with_sanitizers(temp_dir("gpu_check_values_only"), "softcap_forward=omitted");
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("verdict: FAIL under: ["), std::string::npos) << text;
+  EXPECT_EQ(text.find("[sanitizer"), std::string::npos) << text;
+  for (const char* clean : {"compute-sanitizer memcheck: ERROR SUMMARY: 0 errors",
+                            "compute-sanitizer racecheck: RACECHECK SUMMARY: 0 hazards",
+                            "compute-sanitizer synccheck: ERROR SUMMARY: 0 errors"})
+    EXPECT_NE(text.find(clean), std::string::npos) << clean << "\n" << text;
 }
 
 // A kernel that hangs (a grid barrier past the resident blocks) fails the conditions it hangs
@@ -601,7 +646,7 @@ TEST(GpuCheck, ASanitizerEndedBeforeItsSummarySaysHowAndJudgesNothing) {
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << text;
-  for (const char* tool_name : {"memcheck", "racecheck"})
+  for (const char* tool_name : {"memcheck", "racecheck", "synccheck"})
     EXPECT_NE(text.find(std::string("compute-sanitizer ") + tool_name +
                         ": no summary line (it ended with SIGKILL (Killed); not judged; its "
                         "log's last line: a tool killed at its start)"),

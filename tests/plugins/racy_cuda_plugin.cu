@@ -18,6 +18,10 @@
 // And one launch that fails past the sizes tested: `rmsnorm_forward` one thread a channel, a
 // block a row, so past 1024 channels the launch is invalid and nothing is written; the error is
 // left pending. check names it under "channels wide" alone, and a run stops at the call.
+// And one misuse of a barrier that the GPU forgives: `rmsnorm_forward` with a barrier only the
+// threads holding a channel reach, the others waiting at the next one. Its values are right at
+// every shape; compute-sanitizer's synccheck reports the warp split between the two, and check's
+// sanitizer pass must fail it under synccheck alone.
 // And one index no array of the tested sizes wraps: a cross-entropy whose rows start at an
 // unsigned 32-bit offset, exact up to 2^32 values and, past them, reading and writing the first
 // rows' logits for the last rows'; check's "logits past 2^32" must fail it, alone.
@@ -167,6 +171,41 @@ __global__ void rmsnorm_thread_per_channel(float* y, float* rstd, const float* x
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
+// One block of kTile threads a row; thread 0 forms the row's scale and passes it through shared
+// memory. The barrier after the squares are published is inside the guard of the threads that
+// hold a channel: in a row narrower than the block the others wait at the next barrier instead,
+// and where the row's end falls inside a warp that warp is split between two barriers. The block
+// still meets (every thread arrives at one or the other, and the ones past the row need nothing
+// they read), so the values are right on the GPUs the lab runs on; CUDA leaves it undefined
+// (a barrier in code that threads of a block take differently).
+__global__ void rmsnorm_barrier_in_branch(float* y, float* rstd, const float* x, const float* w,
+                                          int C, float eps) {
+  __shared__ float squares[kTile];
+  __shared__ float scale;
+  const float* row = x + int64_t(blockIdx.x) * C;
+  float ss = 0;
+  for (int c = int(threadIdx.x); c < C; c += kTile) ss += row[c] * row[c];
+  squares[threadIdx.x] = ss;
+  if (int(threadIdx.x) < C) __syncthreads();  // the misuse: the threads past the row skip it
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int k = 0; k < kTile; ++k) total += squares[k];
+    scale = 1.0f / sqrtf(total / float(C) + eps);
+    rstd[blockIdx.x] = scale;
+  }
+  __syncthreads();
+  const float r = scale;
+  for (int c = int(threadIdx.x); c < C; c += kTile)
+    y[int64_t(blockIdx.x) * C + c] = row[c] * r * w[c];
+}
+
+void rmsnorm_forward_barrier_in_branch(const divlab_op_context* ctx, float* y, float* rstd,
+                                       const float* x, const float* w, int N, int C, float eps) {
+  if (N == 0) return;
+  rmsnorm_barrier_in_branch<<<N, kTile, 0, static_cast<cudaStream_t>(ctx->stream)>>>(y, rstd, x, w,
+                                                                                     C, eps);
+}
+
 // One block a row, one thread a channel (in whole warps).
 void rmsnorm_forward_thread_per_channel(const divlab_op_context* ctx, float* y, float* rstd,
                                         const float* x, const float* w, int N, int C, float eps) {
@@ -250,6 +289,12 @@ const divlab_variant2 kVariants[] = {
      "no grid-stride loop: values past 2^24 (65 535 x 256) are never written",
      "arrays past 16.8 M values (GPT-2 small's MLP activations, its parameters)",
      "every smaller array"},
+    {"rmsnorm_forward", "barrier_in_branch", "cuda", DIVLAB_FP32, 0,
+     reinterpret_cast<void (*)(void)>(&rmsnorm_forward_barrier_in_branch),
+     "one block of 128 threads a row, the scale passed through shared memory",
+     "a barrier only the threads holding a channel reach: undefined, forgiven by today's GPUs",
+     "a compiler or GPU that takes CUDA at its word (the values are right today)",
+     "rows of 128 channels or more"},
     {"rmsnorm_forward", "thread_per_channel", "cuda", DIVLAB_FP32, 0,
      reinterpret_cast<void (*)(void)>(&rmsnorm_forward_thread_per_channel),
      "one thread a channel, one block a row",
@@ -267,7 +312,8 @@ const divlab_variant2 kVariants[] = {
      "grids larger than the resident blocks (arrays of about 270 k values and more on an H200)",
      "small arrays"},
 };
-const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION, 9, kVariants};
+const divlab_plugin2 kPlugin = {DIVLAB_PLUGIN_ABI2_VERSION,
+                                sizeof(kVariants) / sizeof(kVariants[0]), kVariants};
 
 }  // namespace
 
