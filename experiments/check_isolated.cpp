@@ -287,11 +287,11 @@ namespace {
 // than 8 minutes on an H100, the GEMMs of "concurrent load" among them), so it runs the shape
 // conditions only, one draw each (a hazard needs the code path, not particular values), and
 // without the GEMM tuner's timing calls (DIVLAB_GEMM_TUNING=0: the same bits). synccheck (a
-// barrier that some threads of a warp reach and others pass by, a warp-synchronous call with a
-// mask that names absent lanes) over every kernel but cuDNN's generated ones: under it their
-// mbarrier pipelines overflowed the tool's tracking ("Detected overflow of tracked cuda::barrier
-// structures") and returned wrong values (H200, 2026-11-30). Such misuse is undefined behaviour
-// that current GPUs often forgive: the values come out right and no condition sees it.
+// barrier that some threads of a warp reach while the others wait at another) over every kernel
+// but cuDNN's generated ones: under it their mbarrier pipelines overflowed the tool's tracking
+// ("Detected overflow of tracked cuda::barrier structures") and returned wrong values (H200,
+// 2026-11-30). Such misuse is undefined behaviour that current GPUs often forgive: the values
+// come out right and no condition sees it.
 struct SanitizerTool {
   const char* name;
   std::vector<std::string> options;
