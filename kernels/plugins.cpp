@@ -26,6 +26,7 @@
 #include "common/sha256.h"
 #include "kernels/backend.h"
 #include "kernels/bf16_activations.h"
+#include "kernels/float_control.h"
 #include "kernels/fp16_activations.h"
 #ifdef DIVLAB_HAVE_CUDA
 #include "kernels/cuda/runtime.h"
@@ -338,15 +339,31 @@ void load_one(const std::string& path) {
   if (found && !S_ISREG(st.st_mode)) fail(special_file_kind(st.st_mode) + ", not a library");
   if (const std::string why = probe_in_child(file); !why.empty()) fail(why);
   dlerror();
+  // The library's constructors and its registration function run in this thread: what they do
+  // to its floating-point control, every op after them would compute under.
+  const FloatControl before = float_control();
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) fail(std::string("cannot load: ") + dlerror());
+  if (!handle) {
+    restore_float_control(before);
+    fail(std::string("cannot load: ") + dlerror());
+  }
   Loaded l{path, identity, file_sha256(identity), 0, handle, {}, {}};
   try {
     std::vector<Declared> table;
     try {
       table = read_table(handle, &l.abi);
     } catch (const TableError& e) {
+      restore_float_control(before);
       fail(e.what());
+    }
+    if (const FloatControl after = float_control(); after != before) {
+      restore_float_control(before);
+      fail("loading it changed the thread's floating-point control (" +
+           float_control_change(before, after) +
+           "), under which every op in the process would then compute: a library linked with "
+           "-ffast-math or -Ofast takes in crtfastmath.o (GCC 12 and older, among others), whose "
+           "constructor turns flush-to-zero and denormals-are-zero on; link it without them "
+           "(the compile flags may keep them)");
     }
     for (size_t i = 0; i < table.size(); ++i) {
       const Declared& v = table[i];

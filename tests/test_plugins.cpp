@@ -12,6 +12,7 @@
 
 #include "experiments/check.h"
 #include "kernels/bf16_activations.h"
+#include "kernels/float_control.h"
 #include "kernels/plugin_abi.h"
 #include "kernels/plugins.h"
 #include "kernels/registry.h"
@@ -121,6 +122,16 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
             std::string::npos);
   EXPECT_NE(error_of(DIVLAB_UNKNOWN_OP_PLUGIN).find("unknown op 'layernorm_backward'"),
             std::string::npos);
+  // A library whose constructor turns flush-to-zero and denormals-are-zero on (GCC 12's
+  // crtfastmath.o, linked in with -ffast-math) would have every op in the process compute
+  // under them: refused, and the thread's control is as it was before the load.
+  const FloatControl before = float_control();
+  const std::string fast = error_of(DIVLAB_FAST_MATH_PLUGIN);
+  EXPECT_NE(fast.find("loading it changed the thread's floating-point control ("),
+            std::string::npos)
+      << fast;
+  EXPECT_NE(fast.find("crtfastmath.o"), std::string::npos) << fast;
+  EXPECT_TRUE(float_control() == before) << float_control_change(before, float_control());
   // A library that crashes, in its registration or as it loads, crashes a probe, not us.
   for (const char* crashing : {DIVLAB_CRASHING_PLUGIN, DIVLAB_CRASHING_ON_LOAD_PLUGIN}) {
     const std::string crash = error_of(crashing);
@@ -131,6 +142,7 @@ TEST(Plugins, BrokenLibrariesAreRefusedWithTheReason) {
   EXPECT_TRUE(loaded_plugins().empty());
   EXPECT_EQ(cpu_catalogue<float>().rmsnorm_backward.find("from_the_future"), nullptr);
   EXPECT_EQ(cpu_catalogue<float>().add.find("broken_add"), nullptr);
+  EXPECT_EQ(cpu_catalogue<float>().add.find("fast_math_add"), nullptr);
 }
 
 // An ABI 2 library: each kernel lands in the modes its dtype runs in, receives the call's

@@ -8,8 +8,11 @@
 // for rows of fewer than 65 536 contributions, for arrays whose counts are multiples of 16; a
 // softmax that drops NaNs), and in ABI 2: 7 (an
 // unknown dtype), 8 (a benign control that says what is wrong with it), 9 (an ABI 2 table claiming
-// version 3), 10 (a flag bit no ABI defines). Another library, no_register.cpp, exports no
-// registration function.
+// version 3), 10 (a flag bit no ABI defines), 11 (a static constructor that turns flush-to-zero
+// and denormals-are-zero on for the thread that loads it, as GCC 12's crtfastmath.o does for a
+// library linked with -ffast-math). Another library, no_register.cpp, exports no registration
+// function.
+#include <cfenv>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -336,6 +339,26 @@ const divlab_variant kVariants[] = {
      reinterpret_cast<void (*)(void)>(&add_vector_body_without_tail), "", "", "", ""}};
 const divlab_plugin kPlugin = {DIVLAB_PLUGIN_ABI_VERSION, sizeof(kVariants) / sizeof(kVariants[0]),
                                kVariants};
+#elif BROKEN_KIND == 11
+void add_fast(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+// What crtfastmath.o's constructor does on x86-64 (MXCSR's FTZ and DAZ bits); elsewhere a
+// rounding direction stands in for it.
+__attribute__((constructor)) void set_fast_math_mode() {
+#if defined(__x86_64__)
+  unsigned csr = 0;
+  __asm__ volatile("stmxcsr %0" : "=m"(csr));
+  csr |= 0x8040u;
+  __asm__ volatile("ldmxcsr %0" : : "m"(csr));
+#else
+  std::fesetround(FE_TOWARDZERO);
+#endif
+}
+const divlab_variant2 kVariants2[] = {{"add", "fast_math_add", "cpu", DIVLAB_FP32, 0,
+                                       reinterpret_cast<void (*)(void)>(&add_fast), "", "", "",
+                                       ""}};
+const divlab_plugin2 kPlugin2 = {DIVLAB_PLUGIN_ABI2_VERSION, 1, kVariants2};
 #elif BROKEN_KIND >= 7
 void add2(const divlab_op_context*, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

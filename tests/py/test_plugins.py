@@ -44,6 +44,33 @@ class DocumentedSnippet(unittest.TestCase):
             self.assertEqual(again.returncode, 0, again.stderr)
             self.assertEqual(again.stdout.count("my_add"), 1, again.stdout)
 
+    def test_linked_with_fast_math_it_is_refused_where_that_changes_the_process(self):
+        # The same snippet linked with -ffast-math: where the toolchain links in crtfastmath.o
+        # (GCC 12, Debian 12's), whose constructor turns flush-to-zero on for whoever loads the
+        # library, every op of the run would compute under it, so divlab refuses the library;
+        # where it does not (GCC 13 and newer), the library loads and passes as before.
+        if not shutil.which("cc") or not shutil.which("nm"):
+            self.skipTest("no cc or nm")
+        with open(os.path.join(ROOT, "docs", "kernel-authors.md")) as f:
+            snippet = re.search(r"```c\n(.*?)```", f.read(), re.S).group(1)
+        d = tmpdir()
+        src, lib = os.path.join(d, "my_add.c"), os.path.join(d, "libmy_add.so")
+        with open(src, "w") as f:
+            f.write(snippet)
+        subprocess.run(["cc", "-O2", "-ffast-math", "-shared", "-fPIC", "-I", ROOT, src, "-o", lib],
+                       check=True)
+        symbols = subprocess.run(["nm", lib], capture_output=True, text=True, check=True).stdout
+        r = run("check", "add=my_add", "--plugins", lib, "--seed", "1")
+        if "set_fast_math" not in symbols:
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            return
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertRegex(r.stderr, r"^divlab: .*plug-in '%s': loading it changed the thread's "
+                                   r"floating-point control \(flush-to-zero on, denormals-are-zero "
+                                   r"on\).*crtfastmath\.o" % re.escape(lib))
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+
 
 class Plugins(unittest.TestCase):
     def test_listed_with_their_documentation(self):
