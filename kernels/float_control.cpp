@@ -68,10 +68,9 @@ std::string float_control_change(const FloatControl& before, const FloatControl&
   return text;
 }
 
-void throw_float_control_changed(const FloatControl& before, const FloatControl& after) {
+void throw_float_control_changed(const std::string& change) {
   throw std::runtime_error(
-      "a plug-in kernel returned with the thread's floating-point control changed (" +
-      float_control_change(before, after) +
+      "a plug-in kernel returned with the thread's floating-point control changed (" + change +
       "): every op after it in the process would compute differently; a kernel restores what "
       "it sets (restored here)");
 }

@@ -26,19 +26,32 @@ void restore_float_control(const FloatControl& c);
 // What differs, in words: "rounding toward +inf (SSE), flush-to-zero on".
 std::string float_control_change(const FloatControl& before, const FloatControl& after);
 
-[[noreturn]] void throw_float_control_changed(const FloatControl& before,
-                                              const FloatControl& after);
+// `change` is float_control_change's wording.
+[[noreturn]] void throw_float_control_changed(const std::string& change);
+
+// Calls `call` (plug-in code: a kernel, a library's constructors) and puts the control state back
+// as it found it, also when `call` throws; returns what `call` had changed, "" if nothing.
+template <class F>
+std::string call_restoring_float_control(F&& call) {
+  const FloatControl before = float_control();
+  try {
+    call();
+  } catch (...) {
+    restore_float_control(before);
+    throw;
+  }
+  const FloatControl after = float_control();
+  if (after == before) return "";
+  restore_float_control(before);
+  return float_control_change(before, after);
+}
 
 // Calls `call` (a plug-in kernel); if it leaves the control state changed, restores it and throws
 // std::runtime_error saying what changed.
 template <class F>
 void call_keeping_float_control(F&& call) {
-  const FloatControl before = float_control();
-  call();
-  if (const FloatControl after = float_control(); after != before) {
-    restore_float_control(before);
-    throw_float_control_changed(before, after);
-  }
+  if (const std::string change = call_restoring_float_control(call); !change.empty())
+    throw_float_control_changed(change);
 }
 
 }  // namespace divlab

@@ -341,25 +341,22 @@ void load_one(const std::string& path) {
   dlerror();
   // The library's constructors and its registration function run in this thread: what they do
   // to its floating-point control, every op after them would compute under.
-  const FloatControl before = float_control();
-  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    restore_float_control(before);
-    fail(std::string("cannot load: ") + dlerror());
-  }
+  void* handle = nullptr;
+  std::string changed =
+      call_restoring_float_control([&] { handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL); });
+  if (!handle) fail(std::string("cannot load: ") + dlerror());
   Loaded l{path, identity, file_sha256(identity), 0, handle, {}, {}};
   try {
     std::vector<Declared> table;
     try {
-      table = read_table(handle, &l.abi);
+      const std::string registering =
+          call_restoring_float_control([&] { table = read_table(handle, &l.abi); });
+      if (changed.empty()) changed = registering;
     } catch (const TableError& e) {
-      restore_float_control(before);
       fail(e.what());
     }
-    if (const FloatControl after = float_control(); after != before) {
-      restore_float_control(before);
-      fail("loading it changed the thread's floating-point control (" +
-           float_control_change(before, after) +
+    if (!changed.empty()) {
+      fail("loading it changed the thread's floating-point control (" + changed +
            "), under which every op in the process would then compute: a library linked with "
            "-ffast-math or -Ofast takes in crtfastmath.o (GCC 12 and older, among others), whose "
            "constructor turns flush-to-zero and denormals-are-zero on; link it without them "

@@ -19,13 +19,18 @@ ABI2 = os.environ["DIVLAB_ABI2_PLUGIN"]
 LLAMA = ["model.arch=llama", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=44"]
 
 
+def documented_snippet():
+    """The C plug-in docs/kernel-authors.md prints."""
+    with open(os.path.join(ROOT, "docs", "kernel-authors.md")) as f:
+        return re.search(r"```c\n(.*?)```", f.read(), re.S).group(1)
+
+
 class DocumentedSnippet(unittest.TestCase):
     """docs/kernel-authors.md's plug-in, as printed there, built as C and as C++, loads and
     passes `divlab check` (its symbol exported unmangled either way)."""
 
     def test_builds_as_c_and_cpp_and_passes_check(self):
-        with open(os.path.join(ROOT, "docs", "kernel-authors.md")) as f:
-            snippet = re.search(r"```c\n(.*?)```", f.read(), re.S).group(1)
+        snippet = documented_snippet()
         for compiler, lang in (("cc", "c"), ("c++", "c++")):
             if not shutil.which(compiler):
                 self.skipTest(f"no {compiler}")
@@ -51,12 +56,10 @@ class DocumentedSnippet(unittest.TestCase):
         # where it does not (GCC 13 and newer), the library loads and passes as before.
         if not shutil.which("cc") or not shutil.which("nm"):
             self.skipTest("no cc or nm")
-        with open(os.path.join(ROOT, "docs", "kernel-authors.md")) as f:
-            snippet = re.search(r"```c\n(.*?)```", f.read(), re.S).group(1)
         d = tmpdir()
         src, lib = os.path.join(d, "my_add.c"), os.path.join(d, "libmy_add.so")
         with open(src, "w") as f:
-            f.write(snippet)
+            f.write(documented_snippet())
         subprocess.run(["cc", "-O2", "-ffast-math", "-shared", "-fPIC", "-I", ROOT, src, "-o", lib],
                        check=True)
         symbols = subprocess.run(["nm", lib], capture_output=True, text=True, check=True).stdout
