@@ -21,6 +21,7 @@
 #include "experiments/check_judge.h"
 #include "experiments/config.h"
 #include "kernels/backend.h"
+#include "kernels/common/parallel.h"
 #include "kernels/harness.h"
 #include "kernels/memory.h"
 #include "kernels/op_cases.h"
@@ -156,6 +157,16 @@ struct Checker {
   }
   void kernel_calls_end() const {
     if (progress && progress->own_work) progress->own_work();
+  }
+  // A verdict under the draw's condition, not an internal error; the kernel's time ends here.
+  void kernel_threw(ConditionResult& r, const std::exception& e) const {
+    kernel_calls_end();
+    r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+  }
+  // The same marks inside call_op, around the kernel alone: staging and reading back its arrays
+  // (16.8 M values each under "arrays past 2^24") is divlab's work, which a busy host slows.
+  KernelCallMarks kernel_call_marks() const {
+    return {[this] { kernel_calls_begin(); }, [this] { kernel_calls_end(); }};
   }
 
   const TraceCapture& trace_calls() const {
@@ -322,7 +333,7 @@ struct Checker {
       r.ran = false, r.note = std::string(e.what()) + ": not run";
       return false;
     } catch (const std::exception& e) {
-      r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+      kernel_threw(r, e);
       return false;
     }
     return true;
@@ -384,7 +395,7 @@ struct Checker {
         kernel_calls_end();
         x = std::move(inputs[chosen]);
       } catch (const std::exception& e) {
-        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        kernel_threw(r, e);
         return r;
       }
     }
@@ -420,17 +431,18 @@ struct Checker {
       try {
         got = call_op_in_place_after(op, variant, first, cond.earlier_calls, x, s, &growth);
       } catch (const std::exception& e) {
-        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        kernel_threw(r, e);
         return r;
       }
     } else if (cond.copies > 0) {
       if (!run_tiled(cond, x, s, ref, got, r, tiled_copy)) return r;
     } else if (!cond.concurrent) {
-      kernel_calls_begin();
+      const KernelCallMarks marks = kernel_call_marks();
       try {
-        got = call_op(op, variant, x, s);
-      } catch (const std::exception& e) {  // a verdict under this condition, not an internal error
-        r.failed = true, r.finite = false, r.why = std::string("the kernel threw: ") + e.what();
+        const OmpTeam team(cond.threads);
+        got = call_op(op, variant, x, s, nullptr, &marks);
+      } catch (const std::exception& e) {
+        kernel_threw(r, e);
         return r;
       }
     }
@@ -487,9 +499,9 @@ struct Checker {
     if (cond.repeat) {
       OpRun again;
       bool threw = false;
-      kernel_calls_begin();
+      const KernelCallMarks marks = kernel_call_marks();
       try {
-        again = call_op(op, variant, x, s);
+        again = call_op(op, variant, x, s, nullptr, &marks);
       } catch (const std::exception& e) {
         r.note = std::string("threw on the repeat: ") + e.what(), threw = true;
       }
@@ -530,6 +542,9 @@ struct Checker {
     if (cond.earlier_calls > 1 && r.failed)
       r.why += " (after " + std::to_string(cond.earlier_calls) +
                " calls on other values: a path taken after warm-up? state built up over calls?)";
+    if (cond.threads > 0 && r.failed)
+      r.why += " (in a team of " + std::to_string(cond.threads) +
+               " OpenMP threads: work divided, or partial sums combined, by the team?)";
     if (const std::string leak = memory_leak_finding(growth); !leak.empty())
       r.failed = true, r.why = r.why.empty() ? leak : r.why + "; " + leak;
     if (!moved.empty()) {  // a race fails on its error; a varying order within it is noted
@@ -617,6 +632,8 @@ struct Checker {
     if (!cond.applies_to(which)) return cond.not_for;
     if (cond.device_only && variant.memory->host_accessible)
       return std::string("a GPU condition (") + cond.device_only + "): --backend cuda";
+    if (cond.threads > 0 && !variant.memory->host_accessible)
+      return "a CPU condition (the host's OpenMP team does not divide a GPU kernel's work)";
     if (std::string short_of = host_memory_shortfall(cond, available_host_memory());
         !short_of.empty())
       return short_of;

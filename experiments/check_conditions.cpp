@@ -260,6 +260,19 @@ std::vector<Condition> check_condition_list(bool with_trace) {
       past("sequence 2^14+", kLongerSequence,
            {Op::embedding_forward, Op::rope_forward, Op::rope_backward, Op::embed_rmsnorm_backward},
            "the op sees positions only as rows (attention: 'sequence long')"));
+  // The OpenMP team a CPU kernel runs in is the run's `train.threads`: every core by default, one
+  // in a sweep with as many cells at a time as cores, and whatever OMP_NUM_THREADS the machine
+  // checking the kernel had. A kernel that divides its work or combines its partial sums by
+  // the team (a tree over a power-of-two team, a table of partials for 32 threads, a remainder
+  // left to a thread that one thread never has) is right on the machine it was written on
+  // and wrong on another. One thread, an odd team, and a team past 64, at the odd shape (111
+  // rows: every thread of 67 has one or two; 9 sequence-head pairs, so most of a team over
+  // those idles), each judged as any draw.
+  for (int team : {1, 3, 67}) {
+    Condition k = c("OpenMP threads " + std::to_string(team), kOdd);
+    k.shrink = true, k.threads = team;
+    list.push_back(k);
+  }
   if (with_trace) {
     Condition traced = c("values from trace", kTiny);
     traced.from_trace = true;

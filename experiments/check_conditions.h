@@ -38,6 +38,9 @@ struct Condition {
   bool judge_rows = false;
   // The GPU's side it tests ("streams"); set, it is skipped on the host backend.
   const char* device_only = nullptr;
+  // The OpenMP team the kernel's calls run in (0: the process's, OMP_NUM_THREADS or every core),
+  // as `train.threads` sets it in a run. A host condition: skipped for a kernel on the device.
+  int threads = 0;
   // The most host memory a check of any op took at this condition (measured, the process's peak;
   // 0: small), asked of the host before it runs: a worker killed for memory would read as a
   // kernel's crash.

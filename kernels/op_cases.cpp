@@ -539,12 +539,14 @@ ActivationStorage activation_storage(const std::string& op, const KS& k, const O
 
 template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
-              std::vector<ArgSpec>* written) {
+              std::vector<ArgSpec>* written, const KernelCallMarks* marks) {
   // A plug-in's writes past the scratch it asked for join the call's writes outside its outputs.
   GuardedContexts contexts(*k.memory, kPluginWorkspaceSlot);
   const OpContext ctx = contexts.next();
   OpRun r = run_op(k, x, [&](const KS& kk, auto& in, const TokenId* ids, auto& out) {
+    if (marks) marks->begin();
     invoke_op(op_named(op), kk, ctx, in, ids, out, s, x.scalars, written);
+    if (marks) kk.memory->synchronize(ctx.stream), marks->end();
   });
   contexts.add_stray_writes(&r.stray_writes);
   return r;
@@ -649,11 +651,11 @@ OpRun PreparedCall<KS>::read() {
 }
 
 template OpRun call_op(const std::string&, const KernelSet<double>&, const OpInputs&,
-                       const OpShape&, std::vector<ArgSpec>*);
+                       const OpShape&, std::vector<ArgSpec>*, const KernelCallMarks*);
 template OpRun call_op(const std::string&, const KernelSet<float>&, const OpInputs&, const OpShape&,
-                       std::vector<ArgSpec>*);
+                       std::vector<ArgSpec>*, const KernelCallMarks*);
 template OpRun call_op(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
-                       const OpShape&, std::vector<ArgSpec>*);
+                       const OpShape&, std::vector<ArgSpec>*, const KernelCallMarks*);
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<double>&, const OpInputs&,
                                       int, const OpInputs&, const OpShape&, MemoryGrowth*);
 template OpRun call_op_in_place_after(const std::string&, const KernelSet<float>&, const OpInputs&,

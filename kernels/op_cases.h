@@ -82,11 +82,19 @@ OpScalars scalars_of_call(const std::string& op, const std::vector<double>& valu
 // input attention_backward is checked with (each backend's backward reads its own forward's).
 std::vector<double> reference_attention_state(const std::vector<double>& qkv, const OpShape& s);
 
+// Marks around the kernel's own work inside call_op: `begin` once its arrays are staged, `end`
+// once its work is done (the device's stream waited for), before its outputs are read back. A
+// clock that times a kernel between them does not count divlab staging or reading millions of
+// values on a busy host.
+struct KernelCallMarks {
+  std::function<void()> begin, end;
+};
+
 // Runs `op` of `k` on `x` at shape `s`; `written`, when given, receives the op spec of every
 // array the call writes, in the order of x.outputs (kernels/op_spec.h).
 template <class KS>
 OpRun call_op(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
-              std::vector<ArgSpec>* written = nullptr);
+              std::vector<ArgSpec>* written = nullptr, const KernelCallMarks* marks = nullptr);
 
 // Which of `x`'s arrays `k`'s kernel for `op` takes in the activations' storage (bf16 in the
 // bf16 mode): its inputs in the order of x.values, its outputs in the order of x.outputs; the

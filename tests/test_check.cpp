@@ -21,6 +21,7 @@
 #include "experiments/train.h"
 #include "experiments/weights.h"
 #include "kernels/backend.h"
+#include "kernels/common/parallel.h"
 #include "kernels/op_cases.h"
 #include "kernels/optimizer/optimizer.h"
 #include "kernels/registry.h"
@@ -314,6 +315,40 @@ void linear_forward_tensor_fixed_point(float* y, const float* x, const float* W,
       for (int k = 0; k < in; ++k) acc += held[size_t(n * in + k)] * W[int64_t(o) * in + k];
       y[n * out + o] = float(acc);
     }
+}
+
+// RMSNorm's backward with each thread's partial weight gradient, combined in a halving tree that
+// takes the team for a power of two: every team of 1, 2, 4, ... threads (CI's, most laptops')
+// adds every partial, and a team of 3 drops one. The textbook per-thread reduction, its bound
+// check left out.
+void rmsnorm_backward_tree_over_team(float* dresid, float* dw, const float* dy, const float* x,
+                                     const float* w, const float* rstd, int N, int C) {
+  std::vector<std::vector<double>> partial(size_t(omp_get_max_threads()),
+                                           std::vector<double>(size_t(C), 0.0));
+  int team = 1;
+#pragma omp parallel
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    std::vector<double>& mine = partial[size_t(omp_get_thread_num())];
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const float* xr = x + size_t(n) * C;
+      const float* g = dy + size_t(n) * C;
+      double dot = 0;
+      for (int c = 0; c < C; ++c) dot += double(w[c]) * g[c] * xr[c];
+      const double r = rstd[n];
+      for (int c = 0; c < C; ++c) {
+        dresid[size_t(n) * C + c] += float(r * w[c] * g[c] - r * r * r / C * xr[c] * dot);
+        mine[size_t(c)] += double(g[c]) * xr[c] * r;
+      }
+    }
+  }
+  for (int stride = team / 2; stride > 0; stride /= 2)
+    for (int t = 0; t < stride; ++t)
+      for (int c = 0; c < C; ++c)
+        partial[size_t(t)][size_t(c)] += partial[size_t(t) + size_t(stride)][size_t(c)];
+  for (int c = 0; c < C; ++c) dw[c] += float(partial[0][size_t(c)]);
 }
 
 // A short run on Zipfian tokens whose trace keeps its final weights.
@@ -668,6 +703,29 @@ TEST(CheckHoles, ABenignReorderingPassesAtTheFp32Grade) {
   const CheckReport r = check("rmsnorm_backward=reversed");
   EXPECT_TRUE(r.pass) << format_check(r);
   EXPECT_EQ(r.grade, Grade::Fp32) << format_check(r);
+}
+
+// A CPU kernel runs in the run's OpenMP team (`train.threads`: every core, or one a cell in a
+// sweep): one right in the team of the machine it was checked on and wrong in another fails
+// where the team is odd, and nowhere else; the reference passes in every team.
+TEST(CheckHoles, ATreeOverAPowerOfTwoTeamFailsInATeamOfThree) {
+  const OmpTeam two(2);  // the checking process's team: a power of two, as where it was written
+  Registered reg(mutable_cpu_catalogue().rmsnorm_backward, "tree_over_team",
+                 rmsnorm_backward_tree_over_team);
+  const CheckReport r = check("rmsnorm_backward=tree_over_team");
+  EXPECT_EQ(r.failing, (std::vector<std::string>{"OpenMP threads 3", "OpenMP threads 67"}))
+      << format_check(r);
+  EXPECT_TRUE(fails_under(r, "OpenMP threads 3", "in a team of 3 OpenMP threads"))
+      << format_check(r);
+  EXPECT_TRUE(r.benchmark_verifier_passes) << "seed " << testing::test_seed();
+  CheckOptions opt;
+  opt.target = "rmsnorm_backward=reference", opt.seed = testing::test_seed();
+  const CheckReport ref = run_check(opt);
+  EXPECT_TRUE(ref.pass) << format_check(ref);
+  int teams = 0;
+  for (const auto& c : ref.conditions)
+    if (c.name.rfind("OpenMP threads ", 0) == 0) teams += c.ran && !c.failed;
+  EXPECT_EQ(teams, 3) << format_check(ref);
 }
 
 TEST(CheckHoles, TheSameSeedReplaysTheSameReportAndFreshSeedsDiffer) {

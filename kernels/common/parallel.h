@@ -5,6 +5,8 @@
 // on 1 thread or 16: results are bitwise identical for every OMP_NUM_THREADS.
 #pragma once
 
+#include <omp.h>
+
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cstdint>
@@ -21,6 +23,24 @@ void parallel_chunks(int64_t n, int64_t chunk, F&& body) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
 }
+
+// The calling thread's OpenMP team for a scope, as `train.threads` sets it for a run (0: left as
+// it is); the team before is restored at the end.
+class OmpTeam {
+ public:
+  explicit OmpTeam(int threads) : before_(omp_get_max_threads()), set_(threads > 0) {
+    if (set_) omp_set_num_threads(threads);
+  }
+  ~OmpTeam() {
+    if (set_) omp_set_num_threads(before_);
+  }
+  OmpTeam(const OmpTeam&) = delete;
+  OmpTeam& operator=(const OmpTeam&) = delete;
+
+ private:
+  int before_;
+  bool set_;
+};
 
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
