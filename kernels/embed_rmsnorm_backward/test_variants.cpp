@@ -1,12 +1,11 @@
 // Each embed_rmsnorm_backward variant differs from the reference in its documented way.
 // Inputs: dy_norm = 0, so dx0 = dresid exactly and every token row's true gradient is the sum
 // of its positions' dresid rows, computed here in fp64.
-#include <omp.h>
-
 #include <cmath>
 #include <map>
 
 #include "kernels/common/lowp.h"
+#include "kernels/common/parallel.h"
 #include "kernels/embed_rmsnorm_backward/embed_rmsnorm_backward.h"
 #include "tests/support/check.h"
 
@@ -161,14 +160,15 @@ TEST(RacyScatter, LosesUpdatesWithTwoThreadsExactWithOne) {
   // both cores busy: a thread could finish inside one slice.)
   const int count = 1 << 22;
   Scatter s({count}, 4, 1.0, 1.0, gen);
-  omp_set_num_threads(1);
-  for (float v : s.run("racy_scatter")) EXPECT_EQ(v, float(count));
-  omp_set_num_threads(2);
+  {
+    const OmpTeam one(1);
+    for (float v : s.run("racy_scatter")) EXPECT_EQ(v, float(count));
+  }
+  const OmpTeam two(2);
   bool lost = false;
   int attempts = 0;
   for (; attempts < 20 && !lost; ++attempts)
     for (float v : s.run("racy_scatter")) lost = lost || v < float(count);
-  omp_set_num_threads(omp_get_num_procs());
   EXPECT_TRUE(lost) << "no update lost in " << attempts << " runs with 2 threads";
 }
 

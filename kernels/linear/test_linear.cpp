@@ -1,8 +1,7 @@
-#include <omp.h>
-
 #include <array>
 #include <cstring>
 
+#include "kernels/common/parallel.h"
 #include "kernels/linear/linear.h"
 #include "tests/support/check.h"
 
@@ -63,12 +62,11 @@ TEST(Linear, SlicedWeightGradientIsTheProductOnAnyThreadCount) {
     const auto xf = to_float(x), Wf = to_float(W), dyf = to_float(dy);
     std::vector<float> dWf[2], dxf(N * in);
     for (int k = 0; k < 2; ++k) {
-      omp_set_num_threads(k == 0 ? 1 : 3);
+      const OmpTeam team(k == 0 ? 1 : 3);
       dWf[k] = to_float(before);
       linear_backward_reference<float>(dxf.data(), dWf[k].data(), dyf.data(), xf.data(), Wf.data(),
                                        N, in, out);
     }
-    omp_set_num_threads(omp_get_num_procs());
     EXPECT_EQ(0, std::memcmp(dWf[0].data(), dWf[1].data(), dWf[0].size() * sizeof(float)))
         << "out " << out << ", seed " << test_seed();
   }

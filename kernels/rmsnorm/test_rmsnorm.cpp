@@ -1,7 +1,6 @@
-#include <omp.h>
-
 #include <cstring>
 
+#include "kernels/common/parallel.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "tests/support/check.h"
 
@@ -78,7 +77,7 @@ TEST(Rmsnorm, WeightGradientSumsEachColumnInRowOrderOnAnyThreadCount) {
 #endif
       }
     for (const int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      const OmpTeam team(threads);
       std::vector<float> dw(before.begin(), before.end());
       rmsnorm_weight_grad<float>(dw.data(), dyf.data(), xf.data(), rf.data(), N, C);
       EXPECT_CLOSE(dw, exact, 1e-5, "dw");
@@ -86,6 +85,5 @@ TEST(Rmsnorm, WeightGradientSumsEachColumnInRowOrderOnAnyThreadCount) {
           << "C " << C << ", " << threads << " threads, seed " << test_seed();
     }
   }
-  omp_set_num_threads(omp_get_num_procs());
 }
 }  // namespace divlab
