@@ -322,10 +322,9 @@ struct Checker {
       r.ran = false, r.note = std::string(e.what()) + ": not run";
       return false;
     }
-    kernel_calls_begin();
+    const KernelCallMarks marks = kernel_call_marks();  // staging and reading 4.3 G values: ours
     try {
-      got = call_op_tiled(op, variant, x, s, cond.copies, ref, &copy,
-                          [this] { kernel_calls_end(); });  // reading 4.3 G values is ours
+      got = call_op_tiled(op, variant, x, s, cond.copies, ref, &copy, &marks);
       r.note = std::to_string(s.tokens()) + " rows of fresh values repeated " +
                std::to_string(cond.copies) + " times; copy " + std::to_string(copy) +
                " judged, the furthest from the reference";

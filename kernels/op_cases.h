@@ -111,12 +111,12 @@ ActivationStorage activation_storage(const std::string& op, const KS& k, const O
 // the host could hold in doubles need only the base call's fp64 reference, `expect`. Returns
 // the copy whose outputs lie furthest from `expect` (its index in `chosen`), an output summed
 // over the rows (a weight's gradient) as the base call's share of the sum, and every write
-// outside the arrays. `called`, when given, runs once the call has finished, before the
-// copies are read and compared (check's hang clock stops there).
+// outside the arrays. `marks`, when given, mark the kernel's call as call_op's do: after the
+// copies are staged, and once the call has finished, before they are read and compared.
 template <class KS>
 OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
                     int copies, const OpRun& expect, int* chosen = nullptr,
-                    const std::function<void()>& called = {});
+                    const KernelCallMarks* marks = nullptr);
 // `s` with `copies` times its sequences: the shape call_op_tiled calls the kernel at.
 OpShape tiled_shape(const OpShape& s, int copies);
 // The bytes of k's memory that call takes (with an adapter's copies of its arrays, at most).

@@ -61,18 +61,18 @@ size_t tiled_call_bytes(const std::string& op, const KS& k, const OpInputs& x, c
 
 template <class KS>
 OpRun call_op_tiled(const std::string& op, const KS& k, const OpInputs& x, const OpShape& s,
-                    int copies, const OpRun& expect, int* chosen,
-                    const std::function<void()>& called) {
+                    int copies, const OpRun& expect, int* chosen, const KernelCallMarks* marks) {
   std::vector<TiledArray> in, out;
   for (const auto& v : x.values) in.emplace_back(*k.memory, v, kGuardValues);
   for (const auto& v : x.outputs) out.emplace_back(*k.memory, v, kGuardValues);
   BoundIds ids(*k.memory, tiled_ids(x.ids, copies), kGuardValues);
   GuardedContexts contexts(*k.memory, kPluginWorkspaceSlot);
   const OpContext ctx = contexts.next();
+  if (marks) marks->begin();
   invoke_op(op_named(op), k, ctx, in, ids.data(), out, tiled_shape(s, copies),
             tiled_scalars(x.scalars, copies), nullptr);
   k.memory->synchronize(ctx.stream);
-  if (called) called();
+  if (marks) marks->end();
 
   // Each copy's largest distance from the base call's outputs, over every output that grows
   // with the rows; a copy with the same bits as the first is as far.
@@ -125,10 +125,10 @@ template size_t tiled_call_bytes(const std::string&, const KernelSet<float>&, co
 template size_t tiled_call_bytes(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
                                  const OpShape&, int);
 template OpRun call_op_tiled(const std::string&, const KernelSet<double>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
+                             const OpShape&, int, const OpRun&, int*, const KernelCallMarks*);
 template OpRun call_op_tiled(const std::string&, const KernelSet<float>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
+                             const OpShape&, int, const OpRun&, int*, const KernelCallMarks*);
 template OpRun call_op_tiled(const std::string&, const KernelSet<float, bf16>&, const OpInputs&,
-                             const OpShape&, int, const OpRun&, int*, const std::function<void()>&);
+                             const OpShape&, int, const OpRun&, int*, const KernelCallMarks*);
 
 }  // namespace divlab

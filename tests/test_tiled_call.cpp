@@ -123,8 +123,8 @@ TEST(TiledCall, AWrappingIndexIsJudgedOnTheCopyItBreaks) {
   // At the base size (7 rows) it is right.
   EXPECT_LE(largest_relative_difference(call_op("cross_entropy", k, x, kBase), base), 1e-6);
   int chosen = -1, finished = 0;
-  const OpRun got =
-      call_op_tiled("cross_entropy", k, x, kBase, kCopies, base, &chosen, [&] { ++finished; });
+  const KernelCallMarks marks{[] {}, [&] { ++finished; }};
+  const OpRun got = call_op_tiled("cross_entropy", k, x, kBase, kCopies, base, &chosen, &marks);
   EXPECT_EQ(finished, 1);          // once, after the call (check's hang clock stops there)
   EXPECT_EQ(chosen, kCopies - 1);  // rows 30 to 34: the last copy's
   EXPECT_GT(largest_relative_difference(got, base), 1e-2) << "seed " << seed;
