@@ -59,6 +59,11 @@ std::string describe_wait_status(int status);
 // Whether `program` names an executable file on PATH.
 bool on_path(const std::string& program);
 
+// `s` as one word a POSIX shell reads back unchanged, for command lines divlab prints or writes
+// for a person or a script (a replay line, a Slurm script): as it is where it holds only
+// characters no shell treats specially, else in single quotes (a quote inside as '\'').
+std::string shell_word(const std::string& s);
+
 // A divlab started by another tool that divlab started (the check's compute-sanitizer pass runs
 // divlab under compute-sanitizer) is the tool's child, not ours, so spawn_process's tie does not
 // reach it. The starting divlab puts kDieWithStarter=<its pid> in the tool's environment

@@ -649,6 +649,7 @@ struct Checker {
     this->progress = &progress;
     for (size_t i = from; i < list.size(); ++i) {
       const Condition& cond = list[i];
+      if (!rep.conditions[i].selected) continue;  // left out by --condition
       if (progress.begin) progress.begin(i);
       ConditionResult r;
       if (const std::string why = why_not_run(cond, which); !why.empty()) {
@@ -658,6 +659,11 @@ struct Checker {
       }
       if (progress.result) progress.result(i, r);
       rep.conditions[i] = std::move(r);
+    }
+    // The verifier's emulation belongs to the whole table: not run for a few conditions.
+    if (!rep.selected.empty()) {
+      rep.benchmark_verifier_passes = false;
+      return;
     }
     if (progress.begin) progress.begin(list.size());
     rep.benchmark_verifier_passes = !opt.shape_conditions_only && benchmark_verifier();
@@ -712,7 +718,19 @@ CheckReport new_check_report(const CheckOptions& opt) {
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;
-  rep.conditions.resize(check_condition_list(!opt.trace.empty()).size());
+  rep.draws = opt.draws, rep.grade_asked = opt.grade;
+  const std::vector<Condition> list = check_condition_list(!opt.trace.empty());
+  rep.conditions.resize(list.size());
+  if (!opt.conditions.empty()) {
+    rep.selected = select_conditions(opt.conditions, list);
+    for (size_t i = 0; i < list.size(); ++i) {
+      ConditionResult& r = rep.conditions[i];
+      r.name = list[i].name, r.shape = list[i].shape.text();
+      r.selected =
+          std::find(rep.selected.begin(), rep.selected.end(), r.name) != rep.selected.end();
+      r.ran = r.selected;
+    }
+  }
   return rep;
 }
 

@@ -37,8 +37,11 @@ struct CheckOptions {
   // fp32: the fp32 catalogue; bf16: the bf16-mode catalogue (activations stored in bf16), whose
   // activation inputs are bf16 values (its other inputs fp32 values), for the reference too.
   Precision precision = Precision::Fp32;
-  Grade grade = Grade::Fp32;         // bf16 precision judges ops with activations at the bf16 grade
-  int draws = 3;                     // independent draws per condition (random shapes: 3x)
+  Grade grade = Grade::Fp32;  // bf16 precision judges ops with activations at the bf16 grade
+  int draws = 3;              // independent draws per condition (random shapes: 3x)
+  // --condition: run only these (names as the table prints them, any case); empty: every one.
+  // A condition's draws do not depend on which others run, so the same seed gives its same rows.
+  std::vector<std::string> conditions;
   std::vector<std::string> plugins;  // libraries to load first
   // A run's trace: its op's recorded inputs become one more condition (check_capture.h).
   std::string trace;
@@ -61,9 +64,10 @@ struct CheckOptions {
 };
 
 struct ConditionResult {
-  std::string name;   // e.g. "tokens zipf:1.1"
-  std::string shape;  // e.g. "B16 T128 C64 NH4 V512": the failing (or worst) draw's
-  bool ran = true;    // false: skipped (note says why)
+  std::string name;      // e.g. "tokens zipf:1.1"
+  std::string shape;     // e.g. "B16 T128 C64 NH4 V512": the failing (or worst) draw's
+  bool ran = true;       // false: skipped (note says why)
+  bool selected = true;  // false: left out by --condition (neither run, printed nor judged)
   std::string note;
   double row_error = 0;   // max over rows of ||v - r|| / ||r||
   double norm_error = 0;  // max |v - r| / max |r|
@@ -118,8 +122,14 @@ struct CheckReport {
   // large), |v - r| <= 1e-2 + 1e-2 |r| on 99 % of elements. What the kernel passed before.
   bool benchmark_verifier_passes = true;
   uint64_t seed = 0;
-  std::string trace;                 // --trace: the run whose recorded values were one condition
-  std::vector<std::string> plugins;  // --plugins, for the replay line
+  // What else the replay line must repeat to give the same table: --trace (the run whose
+  // recorded values were one condition), --plugins, --draws, --grade as asked, --condition's
+  // names as the table prints them (empty: every condition).
+  std::string trace;
+  std::vector<std::string> plugins;
+  int draws = 3;
+  Grade grade_asked = Grade::Fp32;
+  std::vector<std::string> selected;
   // The variant is a benign control (documented so, or a plug-in's DIVLAB_CONTROL): analyses
   // take its runs as the noise floor, so failing here says it is none.
   bool declared_control = false;

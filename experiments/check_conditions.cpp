@@ -1,8 +1,12 @@
 #include "experiments/check_conditions.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <initializer_list>
+
+#include "common/errors.h"
+#include "experiments/config.h"
 
 namespace divlab {
 
@@ -279,6 +283,41 @@ std::vector<Condition> check_condition_list(bool with_trace) {
     list.push_back(traced);
   }
   return list;
+}
+
+std::vector<std::string> select_conditions(const std::vector<std::string>& asked,
+                                           const std::vector<Condition>& list) {
+  auto lower = [](std::string s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  std::vector<bool> chosen(list.size(), false);
+  for (const std::string& name : asked) {
+    const auto at = std::find_if(list.begin(), list.end(),
+                                 [&](const Condition& c) { return lower(c.name) == lower(name); });
+    if (at != list.end()) {
+      chosen[size_t(at - list.begin())] = true;
+      continue;
+    }
+    if (lower(name) == "values from trace")
+      throw InputError("check --condition '" + name +
+                       "': only with --trace (the run whose recorded values it judges)");
+    std::vector<std::string> names, lowered;
+    for (const Condition& c : list) names.push_back(c.name), lowered.push_back(lower(c.name));
+    const std::string best = closest_name(lower(name), lowered);
+    std::string all;
+    for (const std::string& n : names) all += (all.empty() ? "'" : ", '") + n + "'";
+    const auto best_at = std::find(lowered.begin(), lowered.end(), best);
+    throw InputError("check --condition '" + name + "': no such condition" +
+                     (best.empty()
+                          ? ""
+                          : " (did you mean '" + names[size_t(best_at - lowered.begin())] + "'?)") +
+                     "; conditions: " + all);
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (chosen[i]) out.push_back(list[i].name);
+  return out;
 }
 
 std::string host_memory_shortfall(const Condition& cond, size_t available) {

@@ -60,6 +60,11 @@ struct Condition {
 // replays every older condition's draws.
 std::vector<Condition> check_condition_list(bool with_trace);
 
+// --condition's names (any case) as the list `list` spells them, each once, in the list's order;
+// InputError for a name it lacks (the nearest one suggested; "values from trace" needs --trace).
+std::vector<std::string> select_conditions(const std::vector<std::string>& asked,
+                                           const std::vector<Condition>& list);
+
 // Why `cond` is not run on a host with `available` bytes of memory left ("" when it fits, or
 // when nothing is known: available 0).
 std::string host_memory_shortfall(const Condition& cond, size_t available);

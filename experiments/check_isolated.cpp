@@ -18,6 +18,7 @@
 #include "common/process.h"
 #include "common/signals.h"
 #include "experiments/check.h"
+#include "experiments/check_conditions.h"
 #include "experiments/check_train.h"
 #include "experiments/config.h"
 #include "experiments/reproduce.h"
@@ -136,6 +137,7 @@ std::vector<std::string> check_argv(const CheckOptions& opt, uint64_t seed) {
   if (opt.backend == Backend::Cuda) argv.push_back("--no-sanitizer");
   for (const auto& p : opt.plugins) argv.insert(argv.end(), {"--plugins", p});
   if (!opt.trace.empty()) argv.insert(argv.end(), {"--trace", opt.trace});
+  for (const auto& c : opt.conditions) argv.insert(argv.end(), {"--condition", c});
   return argv;
 }
 
@@ -309,6 +311,15 @@ const SanitizerTool kSanitizerTools[] = {
 // Error: Race reported between Write access at ..."), and whether it found anything. After a
 // hang in `r`'s conditions it does not run; a tool still running sanitizer_tool_seconds after
 // it started (the conditions took `conditions_seconds`) is killed, and its line says so.
+bool any_shape_condition_selected(const CheckOptions& opt, const CheckReport& r) {
+  if (r.selected.empty()) return true;
+  for (const Condition& c : check_condition_list(!opt.trace.empty()))
+    if (c.shapes_only &&
+        std::find(r.selected.begin(), r.selected.end(), c.name) != r.selected.end())
+      return true;
+  return false;
+}
+
 std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt,
                                                          const CheckReport& r,
                                                          double conditions_seconds) {
@@ -318,6 +329,12 @@ std::vector<std::pair<std::string, bool>> sanitizer_pass(const CheckOptions& opt
   const double limit = sanitizer_tool_seconds(conditions_seconds);
   std::vector<std::pair<std::string, bool>> lines;
   for (const SanitizerTool& tool : kSanitizerTools) {
+    if (tool.shapes_only && !any_shape_condition_selected(opt, r)) {
+      lines.emplace_back(std::string(tool.name) +
+                             ": not run (it runs the shape conditions, and --condition names none)",
+                         false);
+      continue;
+    }
     std::vector<std::string> argv = {"compute-sanitizer", "--tool", tool.name, "--error-exitcode",
                                      "99"};
     argv.insert(argv.end(), tool.options.begin(), tool.options.end());

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "experiments/check.h"
 #include "experiments/check_judge.h"
 #include "kernels/op_cases.h"
@@ -103,18 +104,37 @@ std::string fp32_outputs_diagnosis(const CheckReport& r) {
          "' (worst element " + worst->fp32_outputs_worst +
          "): computed, summed or stored in bf16 on the way? --grade bf16 accepts it";
 }
+
+// The command that gives `r`'s table again; with `alone`, only that condition's row.
+std::string replay_command(const CheckReport& r, const std::string& alone) {
+  std::string c =
+      "divlab check " + shell_word(r.op + "=" + r.variant) + " --seed " + std::to_string(r.seed);
+  if (r.backend != Backend::Cpu) c += std::string(" --backend ") + name_of(r.backend);
+  if (r.precision != Precision::Fp32) c += std::string(" --precision ") + name_of(r.precision);
+  if (r.grade_asked != Grade::Fp32) c += std::string(" --grade ") + name_of(r.grade_asked);
+  if (r.draws != CheckOptions{}.draws) c += " --draws " + std::to_string(r.draws);
+  if (!r.trace.empty()) c += " --trace " + shell_word(r.trace);
+  for (const std::string& p : r.plugins) c += " --plugins " + shell_word(p);
+  if (!alone.empty()) return c + " --condition " + shell_word(alone);
+  for (const std::string& name : r.selected) c += " --condition " + shell_word(name);
+  return c;
+}
 }  // namespace
 
 std::string format_check(const CheckReport& r) {
   std::ostringstream o;
   char line[640];
   o << "divlab check " << r.op << "=" << r.variant << " (" << name_of(r.backend) << ", "
-    << name_of(r.precision) << ", seed " << r.seed
-    << "): every condition against the op's reference in fp64\n";
+    << name_of(r.precision) << ", seed " << r.seed << "): "
+    << (r.selected.empty() ? "every condition"
+                           : std::to_string(r.selected.size()) + " of " +
+                                 std::to_string(r.conditions.size()) + " conditions (--condition)")
+    << " against the op's reference in fp64\n";
   std::snprintf(line, sizeof line, "%-22s %-24s %5s %9s %9s %8s %10s  %s\n", "condition", "shape",
                 "draws", "error", "row err", "verifier", "bias", "result");
   o << line;
   for (const auto& c : r.conditions) {
+    if (!c.selected) continue;
     if (!c.ran || c.crashed) {
       if (c.crashed) {
         std::snprintf(line, sizeof line, "%-22s %-24s %5s %9s %9s %8s %10s  FAIL: %s\n",
@@ -169,12 +189,13 @@ std::string format_check(const CheckReport& r) {
       if (!c.smallest.empty())
         o << "  [" << c.name << "] smallest failing shape: " << c.smallest << "\n";
     }
-    o << "replay: divlab check " << r.op << "=" << r.variant << " --seed " << r.seed
-      << (r.backend != Backend::Cpu ? std::string(" --backend ") + name_of(r.backend) : "")
-      << (r.precision != Precision::Fp32 ? std::string(" --precision ") + name_of(r.precision) : "")
-      << (r.trace.empty() ? "" : " --trace " + r.trace);
-    for (const std::string& p : r.plugins) o << " --plugins " << p;
-    o << "\n";
+    o << "replay: " << replay_command(r, "") << "\n";
+    // A kernel's author fixing the first failure reruns its condition alone: seconds, not the
+    // whole table's minutes, and the same draws.
+    const auto first = std::find_if(r.conditions.begin(), r.conditions.end(),
+                                    [](const ConditionResult& c) { return c.failed; });
+    if (first != r.conditions.end() && r.selected.size() != 1)
+      o << "its first failure alone: " << replay_command(r, first->name) << "\n";
     if (r.benchmark_verifier_passes)
       o << "note: the benchmark verifier (Gaussian inputs, one fixed seed, its shapes, |v - r| <= "
            "1e-2 + 1e-2 |r| for 99 % of elements), emulated, passes it: it would have accepted "

@@ -151,6 +151,11 @@ Command add_check_command(CLI::App& app) {
       ->capture_default_str();
   check->add_option("--draws", ck.draws, "independent draws per condition")->capture_default_str();
   check
+      ->add_option("--condition", ck.conditions,
+                   "run only this condition (its name as the table prints it; repeatable): "
+                   "its rows as the whole check gives them for the same --seed")
+      ->allow_extra_args(false);  // one name per --condition: OP=VARIANT may follow it
+  check
       ->add_option("--time-limit", ck.time_limit,
                    "seconds a draw's kernel calls may run before they are a hang")
       ->capture_default_str()

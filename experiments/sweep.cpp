@@ -265,12 +265,6 @@ pid_t spawn_cell(const Grid& g, size_t cell, const std::string& dir, int threads
   return spawn_process(args, so);
 }
 
-std::string shell_quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 // The resources of the emitted scripts: the command line's, else the grid's [slurm] table's.
 std::map<std::string, std::string> slurm_resources(const Grid& g, const SlurmResources& cli) {
   std::map<std::string, std::string> r = g.slurm;
@@ -325,7 +319,7 @@ std::string directive_value(const std::string& v) {
 
 void emit_slurm(const Grid& g, const SweepOptions& opt,
                 const std::map<std::string, std::string>& res) {
-  const std::string exe = shell_quoted(self_exe()), out = shell_quoted(opt.out);
+  const std::string exe = shell_word(self_exe()), out = shell_word(opt.out);
   auto directives = [&](std::ostream& s, bool cells) {
     for (const auto& [key, flag] :
          std::vector<std::pair<std::string, std::string>>{{"time", "time"},

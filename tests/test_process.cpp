@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,32 @@ TEST(Process, RunsFromPathWithItsArgumentsUnquotedAndItsEnvironmentReplaced) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 3);
   EXPECT_EQ(read_all(log), "a b; $(false)|/nowhere 'quoted'\noops\n");
+  std::filesystem::remove_all(dir);
+}
+
+// A command line divlab prints for a person to paste (check's replay lines) or writes into a
+// script (Slurm's): every word a shell reads back as it was, whatever it holds; plain words stay
+// bare so the line reads as typed. Fresh random words each run, the seed printed on failure.
+TEST(Process, AShellWordIsReadBackAsItWas) {
+  EXPECT_EQ(shell_word("add=reference"), "add=reference");
+  EXPECT_EQ(shell_word("/a/b-c_d.so"), "/a/b-c_d.so");
+  EXPECT_EQ(shell_word("values NaN"), "'values NaN'");
+  EXPECT_EQ(shell_word(""), "''");
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 gen(seed);
+  const std::string alphabet = "ab9 '\"\\$`!*?[]{}()<>|&;#~=%,:@+-_./\t\n";
+  const std::string dir = testing::temp_dir("shell_word");
+  for (int k = 0; k < 40; ++k) {
+    std::string word;
+    const size_t length = std::uniform_int_distribution<size_t>(0, 12)(gen);
+    for (size_t i = 0; i < length; ++i)
+      word += alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(gen)];
+    SpawnOptions so;
+    so.log = dir + "/out";
+    ASSERT_EQ(run_process({"sh", "-c", "printf '%s|' " + shell_word(word)}, so), 0)
+        << "seed " << seed << ", word " << shell_word(word);
+    EXPECT_EQ(read_all(so.log), word + "|") << "seed " << seed << ", word " << shell_word(word);
+  }
   std::filesystem::remove_all(dir);
 }
 

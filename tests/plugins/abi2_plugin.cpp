@@ -33,6 +33,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/plugin_abi.h"
 
@@ -174,19 +175,22 @@ void sgd_momentum_09(const divlab_op_context* ctx, float* p, float* buf, const f
 // off by one at sizes past the tested ones). Sums in double: exact to fp32 otherwise.
 void dw_drops_last_row(const divlab_op_context*, float* dx, float* dW, const float* dy,
                        const float* x, const float* W, int N, int in, int out) {
-  for (int64_t r = 0; r < N; ++r)
-    for (int i = 0; i < in; ++i) {
-      double acc = 0;
-      for (int o = 0; o < out; ++o) acc += double(dy[r * out + o]) * W[int64_t(o) * in + i];
-      dx[r * in + i] = float(acc);
-    }
+  // Each sum in fp64 in ascending order, rounded once; the loops walk the arrays in memory order
+  // (a sum per element in strides took this test's check 80 s at its large shapes).
+  std::vector<double> acc(static_cast<size_t>(in));
+  for (int64_t r = 0; r < N; ++r) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int o = 0; o < out; ++o)
+      for (int i = 0; i < in; ++i) acc[i] += double(dy[r * out + o]) * W[int64_t(o) * in + i];
+    for (int i = 0; i < in; ++i) dx[r * in + i] = float(acc[i]);
+  }
   const int64_t rows = N > 4096 ? N - 1 : N;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      double acc = 0;
-      for (int64_t r = 0; r < rows; ++r) acc += double(dy[r * out + o]) * x[r * in + i];
-      dW[int64_t(o) * in + i] += float(acc);
-    }
+  std::vector<double> dw(size_t(out) * size_t(in), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int o = 0; o < out; ++o)
+      for (int i = 0; i < in; ++i)
+        dw[size_t(o) * in + i] += double(dy[r * out + o]) * x[r * in + i];
+  for (size_t k = 0; k < dw.size(); ++k) dW[k] += float(dw[k]);
 }
 
 void adamw_bf16_moments(const divlab_op_context*, float* p, float* m, float* v, const float* g,

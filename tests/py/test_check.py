@@ -6,6 +6,7 @@ import csv
 import glob
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -148,6 +149,44 @@ class Check(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")
         self.assertEqual(failing(r.stdout), ["shape large"], r.stdout)
+
+    def test_one_condition_alone_gives_its_row_of_the_whole_table(self):
+        # A kernel's author fixing a failure reruns that condition alone. Its draws follow from
+        # the seed and its place in the list, not from which others run, so the whole table's
+        # row comes back (shrunk shape and worst element included); the replay lines repeat
+        # every option that changes the table (--grade, --draws). Fresh seed, printed on failure.
+        seed = str(int.from_bytes(os.urandom(4), "little") or 1)
+        whole = check("rmsnorm_forward=eps_outside_sqrt", "--seed", seed, "--grade", "bf16",
+                      "--draws", "2")
+        self.assertEqual(whole.returncode, 1, whole.stdout + whole.stderr)
+        replay = re.search(r"^replay: (.*)$", whole.stdout, re.M).group(1)
+        self.assertEqual(replay, "divlab check rmsnorm_forward=eps_outside_sqrt --seed " + seed
+                         + " --grade bf16 --draws 2")
+        first = failing(whole.stdout)[0]
+        alone_line = re.search(r"^its first failure alone: (.*)$", whole.stdout, re.M).group(1)
+        self.assertEqual(shlex.split(alone_line), shlex.split(replay) + ["--condition", first])
+        alone = run(*shlex.split(alone_line)[1:])
+        self.assertEqual(alone.returncode, 1, alone.stdout + alone.stderr)
+        self.assertIn("1 of 37 conditions (--condition)", alone.stdout)
+        rows = lambda out: [l for l in out.splitlines() if re.match(r"\S.*?  +B\d", l)]
+        self.assertEqual(rows(alone.stdout), [l for l in rows(whole.stdout) if l.startswith(first)],
+                         f"seed {seed}")
+        details = lambda out: [l for l in out.splitlines() if l.startswith(f"  [{first}] ")]
+        self.assertTrue(details(whole.stdout), whole.stdout)  # its smallest failing shape
+        self.assertEqual(details(alone.stdout), details(whole.stdout), f"seed {seed}")
+        self.assertEqual(failing(alone.stdout), [first])  # and no verifier note: not its table
+        self.assertNotIn("benchmark verifier", alone.stdout)
+        self.assertNotIn("its first failure alone", alone.stdout)
+        # A crash inside the condition named is still that condition's verdict (the isolated
+        # worker gets --condition too), and the conditions not named have no row.
+        lib = os.environ["DIVLAB_CRASHING_KERNELS_PLUGIN"]
+        r = check("add=segfaults_on_large", "--plugins", lib, "--condition", "SHAPE ALIGNED",
+                  "--condition", "shape tiny")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual([l.split("  ")[0] for l in rows(r.stdout)], ["shape tiny", "shape aligned"])
+        self.assertRegex(r.stdout, r"shape aligned .* FAIL: crashed: SIGSEGV")
+        self.assertRegex(r.stdout, r"replay: .* --plugins \S+ --condition 'shape tiny' "
+                                   r"--condition 'shape aligned'\n")
 
     def test_divlab_s_own_work_is_not_the_kernel_s_time(self):
         # --time-limit times a draw's kernel calls; the fp64 work between them (AdamW's reference
