@@ -532,15 +532,15 @@ TEST(GpuCheck, OtherProcessesDeviceMemoryIsNotThisProcesss) {
   EXPECT_EQ(int64_t(cuda::device_bytes_in_use()), cuda::own_device_bytes());
 }
 
-// `divlab check TARGET --backend cuda` with the test plug-in and its sanitizer pass: the exit
-// code and everything it printed.
+// `divlab check TARGET --backend cuda` with the test plug-in and its sanitizer pass (`extra`:
+// more arguments, shell-quoted): the exit code and everything it printed.
 namespace {
-std::pair<int, std::string> check_with_sanitizers(const std::string& dir,
-                                                  const std::string& target) {
+std::pair<int, std::string> check_with_sanitizers(const std::string& dir, const std::string& target,
+                                                  const std::string& extra = "") {
   const std::string log = dir + "/" + target + ".log";
   const std::string cmd = std::string(DIVLAB_BIN) + " check " + target +
                           " --backend cuda --plugins " + DIVLAB_RACY_CUDA_PLUGIN + " --seed " +
-                          std::to_string(test_seed()) + " > " + log + " 2>&1";
+                          std::to_string(test_seed()) + " " + extra + " > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
@@ -571,6 +571,31 @@ TEST(GpuCheck, ASharedMemoryRaceFailsTheSanitizerPass) {
       << ok;
   EXPECT_NE(ok.find("compute-sanitizer synccheck: ERROR SUMMARY: 0 errors"), std::string::npos)
       << ok;
+}
+
+// --condition: the sanitizer pass runs over the conditions named. racecheck, which runs the shape
+// conditions alone, still finds the race where one that reaches it is named (rows of 256: two
+// tiles of 128, the second overwriting the first), and says it did not run where none is (the
+// race is in no condition's values: that check passes, its line telling why).
+TEST(GpuCheck, TheSanitizerPassRunsOverTheConditionsNamed) {
+  REQUIRE_GPU();
+  if (!on_path("compute-sanitizer")) GTEST_SKIP() << "compute-sanitizer is not on PATH";
+  const std::string dir = temp_dir("gpu_check_condition");
+  const auto [shape_rc, shape] =
+      check_with_sanitizers(dir, "rmsnorm_forward=missing_barrier", "--condition 'shape large'");
+  EXPECT_EQ(shape_rc, 1) << shape;
+  EXPECT_NE(shape.find("1 of "), std::string::npos) << shape;
+  EXPECT_NE(shape.find("[sanitizer racecheck]"), std::string::npos) << shape;
+  const auto [values_rc, values] =
+      check_with_sanitizers(dir, "rmsnorm_forward=missing_barrier", "--condition 'values NaN'");
+  EXPECT_EQ(values_rc, 0) << values;
+  EXPECT_NE(values.find("compute-sanitizer racecheck: not run (it runs the shape conditions, and "
+                        "--condition names none)"),
+            std::string::npos)
+      << values;
+  for (const char* clean : {"compute-sanitizer memcheck: ERROR SUMMARY: 0 errors",
+                            "compute-sanitizer synccheck: ERROR SUMMARY: 0 errors"})
+    EXPECT_NE(values.find(clean), std::string::npos) << clean << "\n" << values;
 }
 
 // A barrier that the threads past a row's end pass by while the others wait at it (the rest of
