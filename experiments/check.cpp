@@ -718,7 +718,7 @@ CheckReport new_check_report(const CheckOptions& opt) {
   rep.seed = opt.seed ? opt.seed : std::random_device{}();
   if (!opt.trace.empty()) check_capture_source(opt.trace, rep.op);
   rep.trace = opt.trace, rep.plugins = opt.plugins;
-  rep.draws = opt.draws, rep.grade_asked = opt.grade;
+  rep.draws = opt.draws, rep.grade_asked = opt.grade, rep.time_limit = opt.time_limit;
   const std::vector<Condition> list = check_condition_list(!opt.trace.empty());
   rep.conditions.resize(list.size());
   if (!opt.conditions.empty()) {

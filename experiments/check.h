@@ -123,11 +123,11 @@ struct CheckReport {
   bool benchmark_verifier_passes = true;
   uint64_t seed = 0;
   // What else the replay line must repeat to give the same table: --trace (the run whose
-  // recorded values were one condition), --plugins, --draws, --grade as asked, --condition's
-  // names as the table prints them (empty: every condition).
+  // recorded values were one condition), --plugins, --draws, --grade as asked, --time-limit (a
+  // hang's row names it), --condition's names as the table prints them (empty: every condition).
   std::string trace;
   std::vector<std::string> plugins;
-  int draws = 3;
+  int draws = 3, time_limit = 120;
   Grade grade_asked = Grade::Fp32;
   std::vector<std::string> selected;
   // The variant is a benign control (documented so, or a plug-in's DIVLAB_CONTROL): analyses

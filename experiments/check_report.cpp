@@ -113,6 +113,8 @@ std::string replay_command(const CheckReport& r, const std::string& alone) {
   if (r.precision != Precision::Fp32) c += std::string(" --precision ") + name_of(r.precision);
   if (r.grade_asked != Grade::Fp32) c += std::string(" --grade ") + name_of(r.grade_asked);
   if (r.draws != CheckOptions{}.draws) c += " --draws " + std::to_string(r.draws);
+  if (r.time_limit != CheckOptions{}.time_limit)
+    c += " --time-limit " + std::to_string(r.time_limit);
   if (!r.trace.empty()) c += " --trace " + shell_word(r.trace);
   for (const std::string& p : r.plugins) c += " --plugins " + shell_word(p);
   if (!alone.empty()) return c + " --condition " + shell_word(alone);

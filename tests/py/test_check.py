@@ -149,6 +149,9 @@ class Check(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"shape large .* FAIL: hang: no result within 2 s")
         self.assertEqual(failing(r.stdout), ["shape large"], r.stdout)
+        # Its replay waits as long: the hang's row names the limit.
+        self.assertRegex(r.stdout, r"\nreplay: divlab check add=hangs_on_one_size --seed \d+ "
+                                   r"--time-limit 2 --plugins \S+\n")
 
     def test_one_condition_alone_gives_its_row_of_the_whole_table(self):
         # A kernel's author fixing a failure reruns that condition alone. Its draws follow from
