@@ -15,6 +15,7 @@
 #include "common/fault.h"
 #include "common/files.h"
 #include "common/lock.h"
+#include "common/utf8.h"
 
 namespace divlab {
 
@@ -401,6 +402,7 @@ bool record_crash(const std::string& path, const std::string& failure) {
     std::string now;
     {
       H5::Attribute status = root.openAttribute("status");
+      if (status.getTypeClass() != H5T_STRING) return false;
       status.read(status.getStrType(), now);
     }
     if (now != name_of(RunStatus::Running)) return false;
@@ -484,30 +486,44 @@ bool TraceReader::has_attr(const std::string& object, const std::string& name) c
   return H5Aexists_by_name(impl_->file.getId(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
 }
 
+// Attributes another tool rewrote (h5py writes whatever type it is handed) are read by their
+// type class: a number read as text gave its raw bytes (a status of -7 printed as 8 bytes of
+// invalid UTF-8), text read as a number failed as "missing".
 std::string TraceReader::string_attr(const std::string& object, const std::string& name) const {
+  std::string value;
   try {
     H5::Attribute a = open_attr(impl_->file, object, name);
-    std::string value;
+    if (a.getTypeClass() != H5T_STRING)
+      throw InputError("trace '" + path_ + "': attribute " + object + "@" + name +
+                       " is not text (rewritten by another tool, or corrupt?)");
     a.read(a.getStrType(), value);
-    return value;
   } catch (const H5::Exception&) {
     throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);
   }
+  if (first_invalid_utf8(value) != std::string::npos)
+    throw InputError("trace '" + path_ + "': attribute " + object + "@" + name +
+                     " is not UTF-8 text (corrupt?)");
+  return value;
 }
 
 RunStatus TraceReader::status() const {
   const std::string text = string_attr("/", "status");
   RunStatus s{};
   if (!parse_name(text, &s))
-    throw InputError("trace '" + path_ + "': status '" + text + "' is none divlab writes (" +
-                     names_text<RunStatus>() + ")");
+    throw InputError("trace '" + path_ + "': status '" + one_line(text) +
+                     "' is none divlab writes (" + names_text<RunStatus>() + ")");
   return s;
 }
 
 double TraceReader::number_attr(const std::string& object, const std::string& name) const {
   try {
+    H5::Attribute a = open_attr(impl_->file, object, name);
+    const H5T_class_t type = a.getTypeClass();
+    if (type != H5T_INTEGER && type != H5T_FLOAT)
+      throw InputError("trace '" + path_ + "': attribute " + object + "@" + name +
+                       " is not a number (rewritten by another tool, or corrupt?)");
     double v = 0;
-    open_attr(impl_->file, object, name).read(H5::PredType::NATIVE_DOUBLE, &v);
+    a.read(H5::PredType::NATIVE_DOUBLE, &v);
     return v;
   } catch (const H5::Exception&) {
     throw InputError("trace '" + path_ + "': missing attribute " + object + "@" + name);

@@ -84,6 +84,10 @@ def setup_for(case):
         for name, word in case.get("status", {}).items():  # a trace another tool rewrote
             with edited(d, name) as f:
                 f.attrs["status"] = word
+        for name, values in case.get("attrs", {}).items():  # root attributes, any TOML type
+            with edited(d, name) as f:
+                for key, value in values.items():
+                    f.attrs[key] = value
         for name, step in case.get("loss_nan_at", {}).items():  # a loss edited by hand
             with edited(d, name) as f:
                 f["metrics/loss"][step] = float("nan")
@@ -139,7 +143,7 @@ class BadInputCatalogue(unittest.TestCase):
         # case would test another input than it says.
         known = {"name", "args", "needle", "env", "no_gpu", "host_memory_below_gib", "trace",
                  "grid", "quick_grid", "files", "repeat", "bytes", "readonly", "fifo", "symlink",
-                 "truncate", "corrupt", "status", "loss_nan_at", "loss_kept"}
+                 "truncate", "corrupt", "status", "attrs", "loss_nan_at", "loss_kept"}
         for c in cases:
             self.assertRegex(c["name"], r"^[a-z]+: ", "a case's name starts with its class")
             self.assertFalse(set(c) - known, c["name"])
