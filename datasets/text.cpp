@@ -338,31 +338,75 @@ std::string train_bpe_isolated(const Corpus& corpus, int vocab) {
 }
 }  // namespace
 
+namespace {
+std::string file_bytes(const std::string& path, bool* found) {
+  std::ifstream in(path, std::ios::binary);
+  *found = bool(in);
+  std::ostringstream s;
+  if (in) s << in.rdbuf();
+  return s.str();
+}
+
+std::string tokens_sha256(const std::vector<TokenId>& tokens) {
+  return sha256_hex(
+      std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(TokenId)));
+}
+
+// The cache entry at `stem` (.model, .tokens and the tokens' .sha256) into `out`, after the
+// checks a damaged or hand-copied entry fails: a model sentencepiece loads at `vocab` pieces,
+// whole ids each inside the vocabulary (an id past it indexed the embedding out of bounds: a
+// crash, or a row of another tensor), and the tokens' recorded SHA-256 (a token file cut short
+// at a whole id is another data set under the same name). "" when it is usable, else why not;
+// nothing read (an entry not written yet) is "absent". An entry older than the .sha256 file
+// passes on the other checks (`*unrecorded` set: its caller records the hash).
+std::string read_cache_entry(const std::string& stem, int vocab, TokenizedCorpus* out,
+                             bool* unrecorded) {
+  bool model_found = false, tokens_found = false, sha_found = false;
+  std::string model = file_bytes(stem + ".model", &model_found);
+  const std::string tb = file_bytes(stem + ".tokens", &tokens_found);
+  const std::string sha = file_bytes(stem + ".sha256", &sha_found);
+  if (!model_found || !tokens_found) return "absent";
+  sentencepiece::SentencePieceProcessor sp;
+  if (!sp.LoadFromSerializedProto(model).ok()) return "its model is no sentencepiece model";
+  if (sp.GetPieceSize() != vocab)
+    return "its model has " + std::to_string(sp.GetPieceSize()) + " pieces, not " +
+           std::to_string(vocab);
+  if (tb.empty() || tb.size() % sizeof(TokenId) != 0)
+    return "its token file holds " + std::to_string(tb.size()) + " bytes, no whole number of ids";
+  std::vector<TokenId> tokens(tb.size() / sizeof(TokenId));
+  std::memcpy(tokens.data(), tb.data(), tb.size());
+  const auto bad = std::find_if(tokens.begin(), tokens.end(),
+                                [vocab](TokenId id) { return id < 0 || id >= vocab; });
+  if (bad != tokens.end())
+    return "token " + std::to_string(bad - tokens.begin()) + " is id " + std::to_string(*bad) +
+           ", outside 0.." + std::to_string(vocab - 1);
+  const std::string hash = tokens_sha256(tokens);
+  if (sha_found && sha.substr(0, 64) != hash)
+    return "its tokens' SHA-256 is not the one recorded with them (cut short or changed?)";
+  *unrecorded = !sha_found;
+  out->model = std::move(model), out->tokens = std::move(tokens), out->tokens_sha256 = hash;
+  return "";
+}
+}  // namespace
+
 TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::string& cache,
                                 bool verbose, const std::function<void(int64_t)>& accept) {
   const std::string key =
       sha256_hex(corpus.sha256 + "|" + std::to_string(vocab) + "|" + kTokenizerSettings);
   const std::string stem = cache + "/bpe-" + key.substr(0, 24);
   TokenizedCorpus out;
-  {
-    std::ifstream model(stem + ".model", std::ios::binary),
-        toks(stem + ".tokens", std::ios::binary);
-    if (model && toks) {
-      std::ostringstream m, t;
-      m << model.rdbuf(), t << toks.rdbuf();
-      const std::string tb = t.str();
-      if (tb.size() % sizeof(TokenId) == 0 && !tb.empty()) {
-        out.model = m.str();
-        out.tokens.resize(tb.size() / sizeof(TokenId));
-        std::memcpy(out.tokens.data(), tb.data(), tb.size());
-        out.from_cache = true;
-        if (accept) accept(int64_t(out.tokens.size()));
-        if (verbose)
-          std::cerr << "tokenizer: reusing cached BPE model " << stem << ".model ("
-                    << out.tokens.size() << " tokens)\n";
-        return out;
-      }
-    }
+  bool unrecorded = false;
+  if (const std::string why = read_cache_entry(stem, vocab, &out, &unrecorded); why.empty()) {
+    out.from_cache = true;
+    if (accept) accept(int64_t(out.tokens.size()));
+    if (unrecorded) write_file_atomically(stem + ".sha256", out.tokens_sha256 + "\n");
+    if (verbose)
+      std::cerr << "tokenizer: reusing cached BPE model " << stem << ".model (" << out.tokens.size()
+                << " tokens)\n";
+    return out;
+  } else if (why != "absent") {  // derived data: trained again and replaced
+    std::cerr << "tokenizer: the cached tokenizer " << stem << ".* is damaged (" << why
+              << "): training it again\n";
   }
   const auto t0 = std::chrono::steady_clock::now();
   out.model = train_bpe_isolated(corpus, vocab);
@@ -386,11 +430,13 @@ TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::stri
   // Sweep cells may train the same tokenizer at once: each writes its own file, then renames.
   // An unwritable cache only costs time later.
   make_dirs(cache);
+  out.tokens_sha256 = tokens_sha256(out.tokens);
   const bool cached =
       write_file_atomically(stem + ".model", out.model) &&
       write_file_atomically(stem + ".tokens",
                             std::string(reinterpret_cast<const char*>(out.tokens.data()),
-                                        out.tokens.size() * sizeof(TokenId)));
+                                        out.tokens.size() * sizeof(TokenId))) &&
+      write_file_atomically(stem + ".sha256", out.tokens_sha256 + "\n");
   if (verbose)
     std::cerr << "tokenizer: trained BPE model (vocab " << vocab << ") on " << corpus.lines.size()
               << " lines in " << train_s << " s; " << out.tokens.size() << " tokens; "
@@ -435,8 +481,7 @@ TextDataset::TextDataset(const std::string& spec, const Corpus& corpus, const Da
   info_.corpus_sha256 = corpus.sha256;
   info_.corpus_tokens = train_end_;
   info_.tokenizer_model = std::move(tc.model);
-  info_.tokens_sha256 = sha256_hex(
-      std::string(reinterpret_cast<const char*>(tokens_.data()), tokens_.size() * sizeof(TokenId)));
+  info_.tokens_sha256 = std::move(tc.tokens_sha256);
   info_.zipf_exponent = fit_zipf_exponent(unigram());
 }
 

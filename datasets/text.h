@@ -41,12 +41,15 @@ std::string cache_dir();
 struct TokenizedCorpus {
   std::vector<TokenId> tokens;  // every line's pieces followed by the end-of-line id
   std::string model;            // serialized sentencepiece model
+  std::string tokens_sha256;    // of the tokens' bytes, as the cache records it
   bool from_cache = false;
 };
 
 // BPE at `vocab` pieces with settings that make decode(encode(line)) == line for the corpus'
 // characters (identity normalisation, whitespace kept, full character coverage). Cached under
-// cache_dir() by sha256(corpus, vocab, settings); a second call reads the cache and logs it.
+// cache_dir() by sha256(corpus, vocab, settings); a second call reads the cache and logs it. A
+// damaged entry (a model that does not load at `vocab` pieces, an id outside the vocabulary,
+// tokens whose SHA-256 is not the one recorded) is said on stderr and trained again.
 // `accept(tokens)` may throw InputError; it runs before anything is cached or logged, so a
 // rejected corpus leaves no files behind.
 TokenizedCorpus tokenize_cached(const Corpus& corpus, int vocab, const std::string& cache,

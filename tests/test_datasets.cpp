@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -246,6 +248,57 @@ TEST_F(Text, CacheIsReusedAndIdentical) {
   EXPECT_EQ(first.model, second.model);
   // Another vocabulary is another cache entry.
   EXPECT_FALSE(tokenize_cached(c, 280, dir_ + "/cache", false).from_cache);
+}
+
+// The cache is derived data that outlives the run that wrote it: copied between machines, cut
+// short, edited. An entry that would train on something else than its corpus (an id past the
+// vocabulary crashed the run as it indexed the embedding; tokens cut short at a whole id are
+// another data set) is trained again and replaced; one written before the recorded hash gets it.
+TEST_F(Text, ADamagedCacheEntryIsTrainedAgainAndReplaced) {
+  const Corpus c = read_text_corpus(corpus_path_);
+  const std::string cache = dir_ + "/damaged";
+  const TokenizedCorpus good = tokenize_cached(c, 300, cache, false);
+  std::string stem;
+  for (const auto& e : std::filesystem::directory_iterator(cache))
+    if (e.path().extension() == ".model")
+      stem = e.path().string().substr(0, e.path().string().size() - 6);
+  ASSERT_FALSE(stem.empty());
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const auto put = [](const std::string& path, const std::string& b) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
+  };
+  const std::string tokens = bytes(stem + ".tokens"), model = bytes(stem + ".model");
+  ASSERT_EQ(good.tokens_sha256 + "\n", bytes(stem + ".sha256"));
+  const auto with_id = [&](size_t at, TokenId id) {
+    std::string t = tokens;
+    std::memcpy(&t[at * sizeof(TokenId)], &id, sizeof id);
+    return t;
+  };
+  const std::vector<std::pair<std::string, std::pair<std::string, std::string>>> damages = {
+      {"an id past the vocabulary", {".tokens", with_id(17, 300)}},
+      {"a negative id", {".tokens", with_id(good.tokens.size() - 1, -5)}},
+      {"cut short by one id", {".tokens", tokens.substr(0, tokens.size() - sizeof(TokenId))}},
+      {"cut inside an id", {".tokens", tokens.substr(0, tokens.size() - 1)}},
+      {"no tokens", {".tokens", ""}},
+      {"a model cut short", {".model", model.substr(0, model.size() / 2)}},
+      {"another vocabulary's model", {".model", tokenize_cached(c, 280, cache, false).model}}};
+  for (const auto& [what, damage] : damages) {
+    put(stem + damage.first, damage.second);
+    const TokenizedCorpus again = tokenize_cached(c, 300, cache, false);
+    EXPECT_FALSE(again.from_cache) << what;
+    EXPECT_EQ(again.tokens, good.tokens) << what;
+    EXPECT_EQ(again.model, good.model) << what;
+    EXPECT_EQ(bytes(stem + ".tokens"), tokens) << what << ": not replaced";
+    EXPECT_TRUE(tokenize_cached(c, 300, cache, false).from_cache) << what;
+  }
+  std::filesystem::remove(stem + ".sha256");  // an entry older than its recorded hash
+  const TokenizedCorpus older = tokenize_cached(c, 300, cache, false);
+  EXPECT_TRUE(older.from_cache);
+  EXPECT_EQ(older.tokens_sha256, good.tokens_sha256);
+  EXPECT_EQ(bytes(stem + ".sha256"), good.tokens_sha256 + "\n");
 }
 
 TEST_F(Text, TokenizationIdenticalForOneAndTwoThreads) {
