@@ -154,7 +154,10 @@ Sample sample(const SampleOptions& opt) {
   const std::string tokenizer =
       r.exists("/dataset/tokenizer_model") ? r.blob("/dataset/tokenizer_model") : "";
   std::vector<int> context = prompt_ids(opt.prompt, tokenizer, m.vocab);
-  if (context.empty()) context.push_back(0);  // an empty prompt starts from token 0
+  // A prompt of no tokens (empty, or only spaces between token ids) starts from token 0, which
+  // is no part of the text.
+  const bool from_token_0 = context.empty();
+  if (from_token_0) context.push_back(0);
 
   Transformer<float> model(m, cpu_catalogue<float>().select(cfg.kernels), 1);
   model.params().assign(w.params);
@@ -202,7 +205,7 @@ Sample sample(const SampleOptions& opt) {
   }
   // The prompt and its continuation decoded together: a piece's leading space survives only
   // inside a sequence.
-  if (opt.prompt.empty()) context.erase(context.begin());  // the token 0 it started from
+  if (from_token_0) context.erase(context.begin());
   if (!tokenizer.empty()) {
     out.text = bpe_decode(tokenizer, context);
   } else {

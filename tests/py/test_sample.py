@@ -68,6 +68,12 @@ class Sample(unittest.TestCase):
         r = run("sample", bare, "--prompt", "3 x", "--tokens", "5")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--prompt: 'x' is not a token id", r.stderr)
+        # A prompt of no ids, empty or spaces: the model starts from id 0, which is not written
+        # (after spaces it was, as if the user had asked for it).
+        texts = [run("sample", bare, "--prompt", p, "--tokens", "5").stdout.splitlines()[1]
+                 for p in ("", "   ")]
+        self.assertEqual(texts[0], texts[1])
+        self.assertEqual(len(texts[0].split()), 5)
 
     def test_a_prompt_that_is_not_utf8_is_refused(self):
         # Bytes no UTF-8 text holds: the tokenizer read them as unknown pieces and wrote on.
