@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "common/errors.h"
@@ -203,8 +204,10 @@ bool on_path(const std::string& program) {
 }
 
 std::string shell_word(const std::string& s) {
-  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_-+./:=@%,", c);
+  // (A leading '=' is zsh's command-path expansion.)
+  const bool plain = !s.empty() && s[0] != '=' && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) ||
+           std::string_view("_-+./:=@%,").find(c) != std::string_view::npos;
   });
   if (plain) return s;
   std::string out = "'";

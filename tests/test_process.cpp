@@ -70,6 +70,7 @@ TEST(Process, AShellWordIsReadBackAsItWas) {
   EXPECT_EQ(shell_word("/a/b-c_d.so"), "/a/b-c_d.so");
   EXPECT_EQ(shell_word("values NaN"), "'values NaN'");
   EXPECT_EQ(shell_word(""), "''");
+  EXPECT_EQ(shell_word("=ls"), "'=ls'");  // zsh would expand it to ls's path
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 gen(seed);
   const std::string alphabet = "ab9 '\"\\$`!*?[]{}()<>|&;#~=%,:@+-_./\t\n";
