@@ -8,7 +8,8 @@
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
 # real text at 262 k and 1 M tokens per step), which needs the Brown corpus carried along: data/;
 # --gpt2-small profiles 12 steps at GPT-2 small's shape (configs/bench-gpt2-small.toml: V 50304,
-# C 768, 12 blocks, T 1024, 16 sequences, tied head), each op timed on the device between two timing marks, and times it unprofiled against PyTorch eager
+# C 768, 12 blocks, T 1024, 16 sequences, tied head), each op timed on the device between two
+# timing marks, PyTorch's step by kernel category beside it (bench/torch_profile.py), and times it unprofiled against PyTorch eager
 # and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
 # where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
 # alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
@@ -88,6 +89,9 @@ if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpt2-small.toml --set train.steps=12 \
     --profile --quiet --force --out "$out/profile-gpt2.h5"
   step gemm_tuning_gpt2 build/cuda/bench/bench_gemm_tuning  # GPT-2 small's shapes by default
+  # PyTorch's step in the profile's categories (GEMMs, attention, the rest), beside divlab's.
+  step torch_profile_gpt2 timeout 300 "$py" bench/torch_profile.py --divlab build/cuda/divlab \
+    --config configs/bench-gpt2-small.toml --mode default
   step bench_gpt2 "$py" bench/gpu_vs_torch.py --divlab build/cuda/divlab --config configs/bench-gpt2-small.toml \
     --steps 30 --shadow-steps 0 --torch-timeout 200 $torch_modes "${llmc[@]}"
 fi
@@ -103,7 +107,8 @@ echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
 for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu profile_gpu \
-  bench_gpu bench_gpu_small profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests bench_nccl; do
+  bench_gpu bench_gpu_small profile_gpt2 torch_profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests \
+  bench_nccl; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
@@ -113,6 +118,7 @@ grep -E "max relative loss gap" "$out/gpu_bands.log" 2>/dev/null
 grep -E "^(tokens|verdict|compute-sanitizer)" "$out/check_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpt2.log" 2>/dev/null
+grep -A16 "^PyTorch" "$out/torch_profile_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null

@@ -1,0 +1,140 @@
+"""Where PyTorch's step time goes, in the categories `divlab train --profile` reports, so that a
+speed ratio against torch.compile can be read per kind of work (issue #19: is the gap in the
+GEMMs, in attention, or in everything else?).
+
+    python3 bench/torch_profile.py --divlab build/cuda/divlab --config configs/bench-gpt2-small.toml \
+        --mode default
+
+The model, batch and precision of bench/gpu_vs_torch.py's PyTorch run (tests/py/divlab_torch.py,
+fused SDPA attention, SGD with momentum, bf16 autocast in bf16 mode, random tokens); a few
+warm-up steps, then --steps steps under torch.profiler (CUDA activity from CUPTI: no nsys
+needed). Each GPU kernel is put in one category by its name: GEMM (cuBLAS, cuBLASLt, CUTLASS,
+Triton matmul templates), attention (flash, memory-efficient and cuDNN SDPA kernels), and the
+rest (Triton's fused elementwise and reduction kernels, PyTorch's own, the optimizer). Prints
+device milliseconds per step by category and the kernels that take the most time, with the SDPA
+backend PyTorch chose. Kernels inside CUDA graphs (mode reduce-overhead) are counted where the
+CUPTI in use reports graph nodes; the line "kernels seen" says how many it saw per step.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py"))
+import divlab_torch  # noqa: E402
+
+GEMM = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "triton_tem", "mm_", "_mm", "matmul")
+ATTENTION = ("flash", "fmha", "attention", "sdpa", "cudnn", "mha")
+
+
+def category(name):
+    low = name.lower()
+    if any(k in low for k in ATTENTION):
+        return "attention"
+    if any(k in low for k in GEMM):
+        return "GEMM"
+    return "other"
+
+
+def toml_value(text):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word, as divlab's --set takes it
+
+
+def load_config(divlab, path, overrides):
+    """The config's keys over divlab's own defaults (`divlab train --help-config`)."""
+    help_text = subprocess.run([divlab, "train", "--help-config"], capture_output=True,
+                               text=True, check=True)
+    flat = {m.group(1): toml_value(m.group(2)) for m in re.finditer(
+        r"^\s+(\S+) \(\w+, default ([^)]*)\)", help_text.stdout + help_text.stderr, re.M)}
+    with open(path, "rb") as f:
+        cfg = tomllib.load(f)
+    for section, table in cfg.items():
+        if isinstance(table, dict):
+            for k, v in table.items():
+                flat[f"{section}.{k}"] = v
+        else:
+            flat[section] = table
+    for o in overrides:
+        k, v = o.split("=", 1)
+        flat[k] = toml_value(v)
+    return flat
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--divlab", required=True, help="the divlab binary (for its defaults)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides, as divlab's")
+    ap.add_argument("--mode", default="default", help="eager | default | reduce-overhead | "
+                    "max-autotune")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    cfg = load_config(args.divlab, args.config, args.set)
+    model_cfg = {k.split(".", 1)[1]: v for k, v in cfg.items() if k.startswith("model.")}
+    V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
+    bf16 = cfg.get("train.precision", "fp32") == "bf16"
+    torch.manual_seed(0)
+    model = divlab_torch.from_config(model_cfg, sdpa=True).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=float(cfg.get("train.lr", 0.1)),
+                          momentum=float(cfg.get("train.momentum", 0.0)))
+    step_fn = model if args.mode == "eager" else torch.compile(model, mode=args.mode)
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def step():
+        idx = torch.randint(0, V, (B, T), device="cuda")
+        tgt = torch.randint(0, V, (B, T), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = step_fn(idx, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.get("train.grad_clip", 0))
+                                       or 1e9)
+        opt.step()
+        loss.item()
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    by_cat, by_name, kernels = collections.Counter(), collections.Counter(), 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.device_time_total <= 0:
+            continue
+        if "memcpy" in e.name.lower() or "memset" in e.name.lower():
+            cat = "other"
+        else:
+            cat = category(e.name)
+            kernels += 1
+        by_cat[cat] += e.device_time_total
+        by_name[e.name] += e.device_time_total
+    n = args.steps
+    total = sum(by_cat.values()) / 1000 / n
+    flash = torch.backends.cuda.flash_sdp_enabled()
+    cudnn = getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)()
+    print(f"PyTorch {torch.__version__}, {torch.cuda.get_device_name()}, mode {args.mode}, "
+          f"{B} x {T} tokens, {'bf16' if bf16 else 'fp32'}; SDPA backends enabled: flash {flash}, "
+          f"cuDNN {cudnn}")
+    print(f"kernels seen: {kernels / n:.0f} per step; device time {total:.2f} ms per step")
+    for cat in ("GEMM", "attention", "other"):
+        print(f"  {cat:10s} {by_cat[cat] / 1000 / n:8.2f} ms per step")
+    print(f"top {args.top} kernels (ms per step):")
+    for name, t in by_name.most_common(args.top):
+        print(f"  {t / 1000 / n:8.3f}  [{category(name)}] {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
