@@ -79,6 +79,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--gemm-shapes", action="store_true",
+                    help="also each GEMM call's device time by operand shapes (aten::mm and "
+                    "kin; host activity recorded too)")
     args = ap.parse_args()
     cfg = load_config(args.divlab, args.config, args.set)
     model_cfg = {k.split(".", 1)[1]: v for k, v in cfg.items() if k.startswith("model.")}
@@ -106,7 +109,8 @@ def main():
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.gemm_shapes else [])
+    with profile(activities=activities, record_shapes=args.gemm_shapes) as prof:
         for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
@@ -134,6 +138,13 @@ def main():
     print(f"top {args.top} kernels (ms per step):")
     for name, t in by_name.most_common(args.top):
         print(f"  {t / 1000 / n:8.3f}  [{category(name)}] {name[:110]}")
+    if args.gemm_shapes:
+        print("GEMM calls by operand shapes (device us per call, calls per step):")
+        rows = [e for e in prof.key_averages(group_by_input_shape=True)
+                if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")]
+        for e in sorted(rows, key=lambda e: -e.device_time_total):
+            print(f"  {e.device_time_total / e.count:9.1f} us  x{e.count / n:5.1f}  {e.key} "
+                  f"{e.input_shapes}")
 
 
 if __name__ == "__main__":
