@@ -19,6 +19,7 @@
 #include "common/paths.h"
 #include "common/process.h"
 #include "common/sha256.h"
+#include "common/utf8.h"
 #include "io/sweep_folder.h"
 #include "io/toml_reader.h"
 #include "io/trace.h"
@@ -146,12 +147,22 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
   check_losses(path, c, r.exists("/metrics/step") ? int64_t(r.ints("/metrics/step").size()) : -1);
   c.seed = std::stoll(c.config.count("train.seed") ? c.config["train.seed"] : "0");
   // Roles as the run recorded them (its own catalogue, plug-ins and GPU-only variants
-  // included); older traces ask the caller.
+  // included); older traces ask the caller. A run records one line per swapped kernel, so roles
+  // that miss one or name another role were edited: guessing from this binary's catalogue would
+  // judge a GPU-only or plug-in control as a candidate.
   std::map<std::string, bool> recorded_benign;  // "op=variant" -> control
-  if (r.has_attr("/", "kernel_roles")) {
+  const bool roles_recorded = r.has_attr("/", "kernel_roles");
+  if (roles_recorded) {
     std::istringstream lines(r.string_attr("/", "kernel_roles"));
-    for (std::string kernel, role; lines >> kernel >> role;)
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string kernel, role, extra;
+      if (!(words >> kernel)) continue;
+      if (!(words >> role) || (role != "control" && role != "candidate") || (words >> extra))
+        throw InputError("trace '" + path + "': kernel_roles line '" + one_line(line) +
+                         "' is not 'op=variant control' or 'op=variant candidate' (edited?)");
       recorded_benign[kernel] = role == "control";
+    }
   }
   std::vector<std::string> swapped;
   bool all_benign = true;
@@ -160,6 +171,9 @@ Cell load_cell(const std::string& path, const AnalyzeOptions& opt) {
     const std::string op = key.substr(8), kernel = op + "=" + value;
     swapped.push_back(kernel);
     const auto it = recorded_benign.find(kernel);
+    if (roles_recorded && it == recorded_benign.end())
+      throw InputError("trace '" + path + "': kernel_roles does not name " + kernel +
+                       ", which its config swaps in (edited?)");
     const bool benign = it != recorded_benign.end() ? it->second
                         : opt.is_benign             ? opt.is_benign(op, value)
                                                     : false;

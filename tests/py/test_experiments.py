@@ -257,6 +257,21 @@ class AnalysisSelfTest(unittest.TestCase):
         self.assertEqual(run("analyze", d, "--no-plots").returncode, 0)
         control = {row["variant"].split("=")[1]: row["control"] for row in verdicts(d)}
         self.assertEqual(control, {"gpu_only_sum": "1", "fp32_reordered": "0"})
+        # Roles edited by another tool (a line lost, another word) are refused by name: the
+        # catalogue's guess would judge the GPU-only control as a candidate.
+        cell = os.path.join(d, "cells", "0001.h5")  # seed 0's gpu_only_sum
+        with h5py.File(cell, "r") as f:
+            recorded = f.attrs["kernel_roles"]
+        for edit, needle in [("", "kernel_roles does not name embed_rmsnorm_backward=gpu_only_sum"),
+                             (recorded.replace("control", "benign"), "kernel_roles line '")]:
+            with h5py.File(cell, "a") as f:
+                f.attrs["kernel_roles"] = edit
+            r = run("analyze", d, "--no-plots")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(needle, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        with h5py.File(cell, "a") as f:
+            f.attrs["kernel_roles"] = recorded
         # Without recorded roles (older traces) the CPU catalogue decides.
         for name in sorted(os.listdir(os.path.join(d, "cells"))):
             with h5py.File(os.path.join(d, "cells", name), "a") as f:
