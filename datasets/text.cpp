@@ -339,14 +339,6 @@ std::string train_bpe_isolated(const Corpus& corpus, int vocab) {
 }  // namespace
 
 namespace {
-std::string file_bytes(const std::string& path, bool* found) {
-  std::ifstream in(path, std::ios::binary);
-  *found = bool(in);
-  std::ostringstream s;
-  if (in) s << in.rdbuf();
-  return s.str();
-}
-
 std::string tokens_sha256(const std::vector<TokenId>& tokens) {
   return sha256_hex(
       std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(TokenId)));
@@ -361,10 +353,10 @@ std::string tokens_sha256(const std::vector<TokenId>& tokens) {
 // passes on the other checks (`*unrecorded` set: its caller records the hash).
 std::string read_cache_entry(const std::string& stem, int vocab, TokenizedCorpus* out,
                              bool* unrecorded) {
-  bool model_found = false, tokens_found = false, sha_found = false;
-  std::string model = file_bytes(stem + ".model", &model_found);
-  const std::string tb = file_bytes(stem + ".tokens", &tokens_found);
-  const std::string sha = file_bytes(stem + ".sha256", &sha_found);
+  std::string model, tb, sha;
+  const bool model_found = read_file(stem + ".model", model);
+  const bool tokens_found = read_file(stem + ".tokens", tb);
+  const bool sha_found = read_file(stem + ".sha256", sha);
   if (!model_found || !tokens_found) return "absent";
   sentencepiece::SentencePieceProcessor sp;
   if (!sp.LoadFromSerializedProto(model).ok()) return "its model is no sentencepiece model";
