@@ -107,7 +107,9 @@ def run_torch_child(cfg, steps, mode, timeout):
     return float(done.stdout.split()[-1])
 
 
-def run_torch(cfg, steps, mode):
+def torch_step(cfg, mode):
+    """One training step of the PyTorch model in `mode` (eager or a torch.compile mode), as a
+    function of fresh random tokens: (tokens(), step(tokens)). Also bench/torch_profile.py's."""
     V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
     bf16 = as_str(cfg["train.precision"]) == "bf16"
     model = torch_model(cfg).cuda()
@@ -115,19 +117,30 @@ def run_torch(cfg, steps, mode):
                           momentum=float(cfg["train.momentum"]))
     step_fn = model if mode == "eager" else torch.compile(model, mode=mode)
     torch.backends.cuda.matmul.allow_tf32 = False
-    times = []
-    for s in range(steps):
-        idx = torch.randint(0, V, (B, T), device="cuda")
-        tgt = torch.randint(0, V, (B, T), device="cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def tokens():
+        return (torch.randint(0, V, (B, T), device="cuda"),
+                torch.randint(0, V, (B, T), device="cuda"))
+
+    def step(batch):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = step_fn(idx, tgt)
+            loss = step_fn(*batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["train.grad_clip"]) or 1e9)
         opt.step()
         loss.item()
+    return tokens, step
+
+
+def run_torch(cfg, steps, mode):
+    tokens, step = torch_step(cfg, mode)
+    times = []
+    for s in range(steps):
+        batch = tokens()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(batch)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[max(5, steps // 4):])
 

@@ -17,17 +17,14 @@ CUPTI in use reports graph nodes; the line "kernels seen" says how many it saw p
 """
 import argparse
 import collections
-import os
 import re
 import subprocess
-import sys
 import tomllib
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py"))
-import divlab_torch  # noqa: E402
+from gpu_vs_torch import torch_step  # bench/, beside this file: the timed run's step
 
 GEMM = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "triton_tem", "mm_", "_mm", "matmul")
 ATTENTION = ("flash", "fmha", "attention", "sdpa", "cudnn", "mha")
@@ -84,35 +81,16 @@ def main():
                     "kin; host activity recorded too)")
     args = ap.parse_args()
     cfg = load_config(args.divlab, args.config, args.set)
-    model_cfg = {k.split(".", 1)[1]: v for k, v in cfg.items() if k.startswith("model.")}
-    V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
-    bf16 = cfg.get("train.precision", "fp32") == "bf16"
-    torch.manual_seed(0)
-    model = divlab_torch.from_config(model_cfg, sdpa=True).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=float(cfg.get("train.lr", 0.1)),
-                          momentum=float(cfg.get("train.momentum", 0.0)))
-    step_fn = model if args.mode == "eager" else torch.compile(model, mode=args.mode)
-    torch.backends.cuda.matmul.allow_tf32 = False
-
-    def step():
-        idx = torch.randint(0, V, (B, T), device="cuda")
-        tgt = torch.randint(0, V, (B, T), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = step_fn(idx, tgt)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.get("train.grad_clip", 0))
-                                       or 1e9)
-        opt.step()
-        loss.item()
-
+    B, T = int(cfg["train.batch"]), int(cfg["model.seq_len"])
+    bf16 = cfg["train.precision"] == "bf16"
+    tokens, step = torch_step(cfg, args.mode)
     for _ in range(args.warmup):
-        step()
+        step(tokens())
     torch.cuda.synchronize()
     activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.gemm_shapes else [])
     with profile(activities=activities, record_shapes=args.gemm_shapes) as prof:
         for _ in range(args.steps):
-            step()
+            step(tokens())
         torch.cuda.synchronize()
     by_cat, by_name, kernels = collections.Counter(), collections.Counter(), 0
     for e in prof.events():
