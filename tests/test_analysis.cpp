@@ -2,6 +2,7 @@
 // and the dose-response, on inputs with known answers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -146,7 +147,8 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   EXPECT_EQ(bug.compared_with, "controls");
   EXPECT_EQ(bug.seeds, 4);
   EXPECT_NEAR(bug.gap, 0.05, 0.01) << "seed " << testing::test_seed();
-  EXPECT_GE(bug.onset, 280) << "seed " << testing::test_seed();
+  // How early an onset may come is a rate (the next test); a 0.05 gap is past the band at once.
+  EXPECT_GE(bug.onset, 0) << "seed " << testing::test_seed();
   EXPECT_LE(bug.onset, 420) << "seed " << testing::test_seed();
   EXPECT_EQ(bug.tokens_per_step, 512);
   EXPECT_EQ(bug.seed_traces.size(), 4u);
@@ -155,6 +157,28 @@ TEST(Verdicts, AnInjectedGapDivergesWithItsOnsetAndTheRestHold) {
   EXPECT_EQ(flat.verdict, Outcome::NoDivergence) << "seed " << testing::test_seed();
   EXPECT_EQ(flat.onset, -1);
   EXPECT_TRUE(find_verdict(verdicts, "data=flat", "fp32_reordered").control);
+}
+
+TEST(Verdicts, AnOnsetBeforeTheGapStartsIsAsRareAsItsBandSays) {
+  // Before step 300 the candidate's gap is a drift like the controls', so its mean stays past the
+  // band from there on (an early onset) at about the band's one-sided level (0.135 %; 19 of
+  // 20 000 grids measured). A single grid cannot assert it (that is a 1-in-1000 flake): of 300
+  // grids, 5 early onsets would be P < 1e-4 at that rate. The median onset (315 measured) follows
+  // the gap's start.
+  std::mt19937_64 gen(testing::test_seed());
+  const int grids = 300;
+  int early = 0;
+  std::vector<long long> onsets;
+  for (int grid = 0; grid < grids; ++grid) {
+    const auto verdicts = compute_verdicts(two_groups(gen, 0.05, 2e-5), 0.05);
+    const long long onset = find_verdict(verdicts, "data=skewed", "bf16_accum").onset;
+    early += onset >= 0 && onset < 280;
+    onsets.push_back(onset);
+  }
+  EXPECT_LE(early, 4) << "of " << grids << ", seed " << testing::test_seed();
+  std::nth_element(onsets.begin(), onsets.begin() + grids / 2, onsets.end());
+  EXPECT_GE(onsets[grids / 2], 300) << "seed " << testing::test_seed();
+  EXPECT_LE(onsets[grids / 2], 330) << "seed " << testing::test_seed();
 }
 
 TEST(Verdicts, WithoutAGapDivergenceIsAsRareAsAlphaSays) {
