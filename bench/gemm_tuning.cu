@@ -3,8 +3,11 @@
 // of cuBLASLt's first choice against the tuned choice, how many candidates cuBLASLt offered and
 // how many the probe found to give the first one's bits. bf16 operands (divlab's bf16 mode),
 // random operands (a constant fill draws less power and flatters every GEMM), one GPU.
+// `--explore-splits S` also lists every candidate (tile, stages, split-K count, cluster, time,
+// whether it gives the first choice's bits), with the first choice's split-K variants 2..S added:
+// what a rule other than "the first choice's bits" could buy, and where.
 //   build/cuda/bench/bench_gemm_tuning [--tokens N] [--d-model C] [--vocab V] [--layers L]
-//                                      [--reps R]
+//                                      [--reps R] [--explore-splits S]
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -30,16 +33,44 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
     p[i] = __float2bfloat16((float(x & 0xffffu) / 32768.0f - 1.0f));
   }
 }
+// Every candidate of `s` with its configuration, time and bits (added split variants past
+// `offered`, marked +).
+void list_candidates(const OpContext& ctx, const GemmShape& s, const void* a, const void* b,
+                     float beta, void* c, int offered, int reps) {
+  const int count = gemm_candidate_count(s);
+  for (int i = 0; i < count; ++i) {
+    const GemmAlgoInfo info = gemm_candidate_info(s, i);
+    const float ms = mean_ms([&] { gemm_with_candidate(ctx, s, i, 1.0f, a, b, beta, c); }, reps, 2);
+    std::printf(
+        "    %s%-3d algo %-3d tile %-4d stages %-4d split %-2d reduction %d swizzle %d "
+        "cluster %-3d %-9s %10.1f us\n",
+        i < offered ? " " : "+", i, info.id, info.tile, info.stages, info.split_k, info.reduction,
+        info.swizzle, info.cluster,
+        i == 0 || gemm_candidate_agrees(ctx, s, i) ? "same bits" : "other", 1e3 * ms);
+  }
+}
+// A softmax-like gradient: 1/V with 1 % noise, what the LM head's gradients see early in training
+// (a nearly constant operand draws less power than a uniform one; bench/torch_gemm.py says why).
+__global__ void fill_softmax_like(__nv_bfloat16* p, size_t n, int V, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    unsigned x = unsigned(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = __float2bfloat16((1.0f + 0.01f * (float(x & 0xffffu) / 32768.0f - 1.0f)) / float(V));
+  }
+}
 }  // namespace
 
 static int run(int argc, char** argv) {
   int tokens = 16384, C = 768, V = 50304, L = 12, reps = 20;  // GPT-2 small, 16 x 1024 tokens
+  int explore_splits = 0;
   if (const int rc = parse_int_options("bench_gemm_tuning", argc, argv,
                                        {{"--tokens", &tokens},
                                         {"--d-model", &C},
                                         {"--vocab", &V},
                                         {"--layers", &L},
-                                        {"--reps", &reps}}))
+                                        {"--reps", &reps},
+                                        {"--explore-splits", &explore_splits}}))
     return rc;
   struct Layer {
     const char* name;
@@ -80,20 +111,33 @@ static int run(int argc, char** argv) {
       void* c;
       float beta;
     };
-    const Gemm gemms[] = {{"forward",
-                           gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, l.out, tokens, l.in, w, l.in,
-                                      CUDA_R_16BF, x, l.in, CUDA_R_16BF, y, l.out, false),
-                           w, x, y, 0.0f},
-                          {"dx",
-                           gemm_shape(CUBLAS_OP_N, CUBLAS_OP_N, l.in, tokens, l.out, w, l.in,
-                                      CUDA_R_16BF, dy, l.out, CUDA_R_16BF, y, l.in, false),
-                           w, dy, y, 0.0f},
-                          {"dW",
-                           gemm_shape(CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, tokens, x, l.in,
-                                      CUDA_R_16BF, dy, l.out, CUDA_R_32F, dw, l.in, true),
-                           x, dy, dw, 1.0f}};
+    std::vector<Gemm> gemms = {{"forward",
+                                gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, l.out, tokens, l.in, w, l.in,
+                                           CUDA_R_16BF, x, l.in, CUDA_R_16BF, y, l.out, false),
+                                w, x, y, 0.0f},
+                               {"dx",
+                                gemm_shape(CUBLAS_OP_N, CUBLAS_OP_N, l.in, tokens, l.out, w, l.in,
+                                           CUDA_R_16BF, dy, l.out, CUDA_R_16BF, y, l.in, false),
+                                w, dy, y, 0.0f},
+                               {"dW",
+                                gemm_shape(CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, tokens, x, l.in,
+                                           CUDA_R_16BF, dy, l.out, CUDA_R_32F, dw, l.in, true),
+                                x, dy, dw, 1.0f}};
+    if (explore_splits > 0)  // the weight gradient written, not added: into fp32, and into bf16
+      for (const cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF})
+        gemms.push_back(
+            {out == CUDA_R_32F ? "dW=f32" : "dW=bf16",
+             gemm_shape(CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, tokens, x, l.in, CUDA_R_16BF, dy,
+                        l.out, out, out == CUDA_R_32F ? static_cast<void*>(dw) : y, l.in, false),
+             x, dy, out == CUDA_R_32F ? static_cast<void*>(dw) : y, 0.0f});
     for (const Gemm& g : gemms) {
       const int offered = gemm_candidate_count(g.s);
+      if (explore_splits > 1) {
+        std::vector<int> splits;
+        for (int k = 2; k <= explore_splits; ++k) splits.push_back(k);
+        gemm_add_split_variants(g.s, 0, splits.data(), int(splits.size()));
+        gemm_add_heuristic_candidates(g.s, CUBLASLT_REDUCTION_SCHEME_MASK, 32);
+      }
       int agreeing = 0;
       for (int i = 1; i < offered; ++i) agreeing += gemm_candidate_agrees(ctx, g.s, i);
       const int chosen = gemm_chosen_candidate(ctx, g.s, 1.0f, g.a, g.b, g.beta, g.c);
@@ -103,7 +147,20 @@ static int run(int argc, char** argv) {
       const float first = mean_ms(with(0), reps, 2), tuned = mean_ms(with(chosen), reps, 2);
       std::printf("%-10s %-8s %8d %8d %10.1f %10.1f %7.1f%%\n", l.name, g.name, offered, agreeing,
                   1e3 * first, 1e3 * tuned, 100.0 * (first - tuned) / first);
-      first_total += double(l.per_step) * first, tuned_total += double(l.per_step) * tuned;
+      if (g.name[2] != '=')  // the explored weight gradients are not the step's
+        first_total += double(l.per_step) * first, tuned_total += double(l.per_step) * tuned;
+      if (explore_splits > 0) list_candidates(ctx, g.s, g.a, g.b, g.beta, g.c, offered, reps);
+    }
+    if (explore_splits > 0 && l.out == V) {  // the head's gradients on what training feeds them
+      fill_softmax_like<<<1024, 256>>>(dy, most, V, 4);
+      for (const Gemm& g : gemms) {
+        if (g.name[0] != 'd') continue;
+        const int chosen = gemm_chosen_candidate(ctx, g.s, 1.0f, g.a, g.b, g.beta, g.c);
+        const float ms = mean_ms(
+            [&] { gemm_with_candidate(ctx, g.s, chosen, 1.0f, g.a, g.b, g.beta, g.c); }, reps, 2);
+        std::printf("%-10s %-8s softmax-like dy: tuned %.1f us\n", l.name, g.name, 1e3 * ms);
+      }
+      fill<<<1024, 256>>>(dy, most, 2);
     }
   }
   std::printf("per step (%d blocks and the head): first choices %.2f ms, tuned %.2f ms\n", L,

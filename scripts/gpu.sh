@@ -89,6 +89,8 @@ if [ $gpt2 = 1 ]; then
   step profile_gpt2 build/cuda/divlab train --config configs/bench-gpt2-small.toml --set train.steps=12 \
     --profile --quiet --force --out "$out/profile-gpt2.h5"
   step gemm_tuning_gpt2 build/cuda/bench/bench_gemm_tuning  # GPT-2 small's shapes by default
+  # PyTorch's GEMMs at the same shapes on the same kind of operands (a GEMM's time depends on them).
+  step torch_gemm_gpt2 timeout 120 "$py" bench/torch_gemm.py
   # PyTorch's step in the profile's categories (GEMMs, attention, the rest), beside divlab's.
   step torch_profile_gpt2 timeout 300 "$py" bench/torch_profile.py --divlab build/cuda/divlab \
     --config configs/bench-gpt2-small.toml --mode default
@@ -107,7 +109,7 @@ echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
 for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu profile_gpu \
-  bench_gpu bench_gpu_small profile_gpt2 torch_profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests \
+  bench_gpu bench_gpu_small profile_gpt2 torch_gemm_gpt2 torch_profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests \
   bench_nccl; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
@@ -119,6 +121,7 @@ grep -E "^(tokens|verdict|compute-sanitizer)" "$out/check_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpt2.log" 2>/dev/null
 grep -A16 "^PyTorch" "$out/torch_profile_gpt2.log" 2>/dev/null
+grep -A17 "^PyTorch" "$out/torch_gemm_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
 tail -6 "$out/bench_gpu_small.log" 2>/dev/null
 tail -6 "$out/bench_gpu.log" 2>/dev/null

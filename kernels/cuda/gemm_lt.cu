@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -108,17 +110,15 @@ std::map<GemmShape, Plan>& plans() {
   return p;
 }
 
-Plan make_plan(const GemmShape& s) {
-  Plan p;
-  p.real = std::make_unique<Descriptors>(s, s.m, s.n, s.lda, s.ldb, s.ldc);
+// The algorithms cuBLASLt's heuristic offers for the problem `d` describes (at most `most`), in its
+// order, with split-K partial sums reduced by one of `schemes`.
+std::vector<cublasLtMatmulAlgo_t> heuristic(const GemmShape& s, const Descriptors& d,
+                                            uint32_t schemes, int most) {
   cublasLtMatmulPreference_t pref = nullptr;
   DIVLAB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t workspace = kCublasWorkspaceBytes;
-  // Split K only with the partial sums kept in fp32 (the compute type) in the workspace: the
-  // in-place and output-type schemes add them in the output's type (bf16 for activations).
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   const uint32_t align[] = {uint32_t(s.align_a), uint32_t(s.align_b), uint32_t(s.align_c)};
-  std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(most));
   int found = 0;
   const auto set = [&](cublasLtMatmulPreferenceAttributes_t a, const void* v, size_t bytes) {
     return cublasLtMatmulPreferenceSetAttribute(pref, a, v, bytes);
@@ -135,14 +135,25 @@ Plan make_plan(const GemmShape& s) {
   if (st == CUBLAS_STATUS_SUCCESS)
     st = set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof align[2]);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(cublas_lt(), p.real->op(), p.real->a(), p.real->b(),
-                                        p.real->c(), p.real->c(), pref, kCandidates, results.data(),
-                                        &found);
+    st = cublasLtMatmulAlgoGetHeuristic(cublas_lt(), d.op(), d.a(), d.b(), d.c(), d.c(), pref, most,
+                                        results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   DIVLAB_CUBLAS_CHECK(st);
+  std::vector<cublasLtMatmulAlgo_t> algos;
   for (int i = 0; i < found; ++i)
-    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS)
-      p.candidates.push_back(results[size_t(i)].algo);
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[size_t(i)].algo);
+  return algos;
+}
+
+// Split K only with the partial sums kept in fp32 (the compute type) in the workspace: the
+// in-place and output-type schemes add them in the output's type (bf16 for activations).
+constexpr uint32_t kFullPrecisionSchemes =
+    CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+
+Plan make_plan(const GemmShape& s) {
+  Plan p;
+  p.real = std::make_unique<Descriptors>(s, s.m, s.n, s.lda, s.ldb, s.ldc);
+  p.candidates = heuristic(s, *p.real, kFullPrecisionSchemes, kCandidates);
   if (p.candidates.empty())
     throw CudaError("cuBLASLt offers no algorithm for a " + std::to_string(s.m) + " x " +
                     std::to_string(s.n) + " x " + std::to_string(s.k) + " GEMM");
@@ -343,6 +354,65 @@ void gemm_with_candidate(const OpContext& ctx, const GemmShape& s, int i, float 
   if (i < 0 || i >= int(p.candidates.size()))
     throw std::out_of_range("gemm_with_candidate: no candidate " + std::to_string(i));
   p.real->run(ctx, p.candidates[size_t(i)], alpha, A, B, beta, C);
+}
+
+GemmAlgoInfo gemm_candidate_info(const GemmShape& s, int i) {
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  const Plan& p = plan_for(s);
+  if (i < 0 || i >= int(p.candidates.size()))
+    throw std::out_of_range("gemm_candidate_info: no candidate " + std::to_string(i));
+  const cublasLtMatmulAlgo_t& algo = p.candidates[size_t(i)];
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
+    decltype(zero) v = zero;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
+    return int(v);
+  };
+  GemmAlgoInfo info;
+  info.id = get(CUBLASLT_ALGO_CONFIG_ID, int32_t(0));
+  info.tile = get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t(0));
+  info.stages = get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t(0));
+  info.split_k = get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, uint32_t(1));
+  info.reduction = get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t(0));
+  info.swizzle = get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t(0));
+  info.cluster = get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t(0));
+  return info;
+}
+
+int gemm_add_split_variants(const GemmShape& s, int of, const int* splits, int count) {
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  Plan& p = plan_for(s);
+  if (of < 0 || of >= int(p.candidates.size()))
+    throw std::out_of_range("gemm_add_split_variants: no candidate " + std::to_string(of));
+  int added = 0;
+  for (int i = 0; i < count; ++i) {
+    cublasLtMatmulAlgo_t algo = p.candidates[size_t(of)];
+    const uint32_t split = uint32_t(splits[i]);
+    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                             sizeof split) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof scheme) != CUBLAS_STATUS_SUCCESS ||
+        !p.real->takes(algo))
+      continue;
+    p.candidates.push_back(algo);
+    ++added;
+  }
+  return added;
+}
+
+int gemm_add_heuristic_candidates(const GemmShape& s, uint32_t schemes, int most) {
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  Plan& p = plan_for(s);
+  int added = 0;
+  for (const cublasLtMatmulAlgo_t& algo : heuristic(s, *p.real, schemes, most)) {
+    const auto same = [&](const cublasLtMatmulAlgo_t& a) {
+      return std::memcmp(&a, &algo, sizeof a) == 0;
+    };
+    if (std::none_of(p.candidates.begin(), p.candidates.end(), same))
+      p.candidates.push_back(algo), ++added;
+  }
+  return added;
 }
 
 int gemm_chosen_candidate(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,

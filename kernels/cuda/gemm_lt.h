@@ -56,6 +56,19 @@ int gemm_candidate_count(const GemmShape& s);
 bool gemm_candidate_agrees(const OpContext& ctx, const GemmShape& s, int i);
 void gemm_with_candidate(const OpContext& ctx, const GemmShape& s, int i, float alpha,
                          const void* A, const void* B, float beta, void* C);
+// How cuBLASLt describes candidate i (its algorithm configuration's attributes), for benchmarks.
+struct GemmAlgoInfo {
+  int id = 0, tile = 0, stages = 0, split_k = 1, reduction = 0, swizzle = 0, cluster = 0;
+};
+GemmAlgoInfo gemm_candidate_info(const GemmShape& s, int i);
+// For benchmarks that look past the tuner's rule: appends to s's candidates the variants of
+// candidate `of` with each split-K count in `splits` (partial sums in fp32) that cuBLASLt takes
+// for s; returns how many. Call before anything probes s (the probe does not see later ones).
+int gemm_add_split_variants(const GemmShape& s, int of, const int* splits, int count);
+// For benchmarks too: appends what cuBLASLt's heuristic offers for s with split-K partial sums
+// reduced by `schemes` (a cublasLtReductionScheme_t mask; the tuner's own candidates keep them in
+// fp32), at most `most`, that s's candidates do not hold yet; returns how many.
+int gemm_add_heuristic_candidates(const GemmShape& s, uint32_t schemes, int most);
 // The candidate gemm_lt uses for `s` (tuning it first where it would be tuned).
 int gemm_chosen_candidate(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,
                           const void* B, float beta, void* C);
