@@ -10,7 +10,10 @@
    GPT-2 small), each in a child process with a time limit (a mode that does not finish in it is
    reported, not waited for); SGD with momentum; bf16 autocast when divlab runs bf16;
    loss.item() every step (divlab records every step's loss too). The ratios are against eager
-   and against the fastest compile mode that ran.
+   and against the fastest compile mode that ran. A mode suffixed `+deterministic` (for example
+   reduce-overhead+deterministic) runs under torch.use_deterministic_algorithms, as divlab's
+   references run (a repeated run gives the same bits): the like-for-like peer, rated on its own
+   line against the fastest such mode.
 3. llm.c, where --llmc names a checkout and the config has the shape of one of its GPT-2 models
    (bench/llmc.py: built in a scratch copy with cuDNN attention, its default flags, uniform
    random tokens; its own per-step times).
@@ -107,11 +110,23 @@ def run_torch_child(cfg, steps, mode, timeout):
     return float(done.stdout.split()[-1])
 
 
+def split_mode(mode):
+    """'reduce-overhead+deterministic' -> ('reduce-overhead', True)."""
+    base, plus, rest = mode.partition("+")
+    return base, plus == "+" and rest == "deterministic"
+
+
 def torch_step(cfg, mode):
     """One training step of the PyTorch model in `mode` (eager or a torch.compile mode), as a
     function of fresh random tokens: (tokens(), step(tokens)). Also bench/torch_profile.py's."""
     V, T, B = int(cfg["model.vocab"]), int(cfg["model.seq_len"]), int(cfg["train.batch"])
     bf16 = as_str(cfg["train.precision"]) == "bf16"
+    mode, deterministic = split_mode(mode)
+    if deterministic:
+        # cuBLAS reads this when its handle is made (the first GEMM, after this).
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
     model = torch_model(cfg).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=float(cfg["train.lr"]),
                           momentum=float(cfg["train.momentum"]))
@@ -129,7 +144,7 @@ def torch_step(cfg, mode):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["train.grad_clip"]) or 1e9)
         opt.step()
-        loss.item()
+        return loss.item()
     return tokens, step
 
 
@@ -155,9 +170,11 @@ def main():
     p.add_argument("--shadow-references", default="fp32_device,fp64",
                    help="the shadow.reference values whose cost is measured, comma-separated")
     p.add_argument("--set", action="append", default=[])
-    p.add_argument("--torch-modes", default="eager,default,reduce-overhead",
+    p.add_argument("--torch-modes",
+                   default="eager,default,reduce-overhead,reduce-overhead+deterministic",
                    help="comma-separated: eager and torch.compile modes (default, "
-                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)")
+                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs), each "
+                        "optionally +deterministic (torch.use_deterministic_algorithms)")
     p.add_argument("--torch-timeout", type=float, default=900,
                    help="seconds one PyTorch mode may take, compilation included")
     p.add_argument("--llmc", help="an llm.c checkout (github.com/karpathy/llm.c) to build and time")
@@ -174,8 +191,10 @@ def main():
     modes = [m for m in args.torch_modes.split(",") if m]
     known = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     for m in modes:
-        if m not in known:
-            p.error(f"--torch-modes: unknown mode '{m}' (known: {', '.join(known)})")
+        base, deterministic = split_mode(m)
+        if base not in known or ("+" in m and not deterministic):
+            p.error(f"--torch-modes: unknown mode '{m}' (known: {', '.join(known)}, each "
+                    "optionally +deterministic)")
     for ref in args.shadow_references.split(","):
         if ref and ref not in ("auto", "fp64", "fp32_device"):
             p.error(f"--shadow-references: unknown reference '{ref}' (known: auto, fp64, "
@@ -191,7 +210,15 @@ def main():
     flops_per_token = 6 * matmul_params(cfg) + 12 * L * T * C
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    t_torch = {m: run_torch_child(cfg, args.steps, m, args.torch_timeout) for m in modes}
+    t_torch, failed = {}, {}
+    for m in modes:
+        try:
+            t_torch[m] = run_torch_child(cfg, args.steps, m, args.torch_timeout)
+        except RuntimeError as e:
+            if not split_mode(m)[1]:
+                raise
+            # PyTorch refuses an op it has no deterministic kernel for: a finding, not a crash.
+            t_torch[m], failed[m] = None, str(e).strip().splitlines()[-1][:200]
     t_llmc, llmc_note = None, None
     if args.llmc:
         model, llmc_note = llmc.descriptor(L, C, H, V, T, as_str(cfg["model.arch"]),
@@ -226,27 +253,34 @@ def main():
             every10[ref].append(100 * (mean_shadow10 / mean_plain - 1))
 
     t_eager = t_torch.get("eager")
-    compiled = {m: t for m, t in t_torch.items() if m != "eager" and t is not None}
-    best = min(compiled, key=compiled.get) if compiled else None
-    peers = [("eager", t_eager), (f"best compile ({best})" if best else "best compile",
-                                  compiled.get(best)), ("llm.c", t_llmc)]
+    peers = [("eager", t_eager)]
+    for kind in (False, True):  # the fastest compile mode, then the fastest deterministic one
+        compiled = {m: t for m, t in t_torch.items()
+                    if split_mode(m)[0] != "eager" and split_mode(m)[1] == kind and t is not None}
+        best = min(compiled, key=compiled.get) if compiled else None
+        label = "best deterministic compile" if kind else "best compile"
+        peers.append((f"{label} ({best})" if best else label, compiled.get(best)))
+    peers += [("eager+deterministic", t_torch.get("eager+deterministic")), ("llm.c", t_llmc)]
     peers = [(label, t) for label, t in peers if t is not None]
 
-    def row(label, t):
+    def row(label, t, why=None):
         if t is None:
-            print(f"{label:38s} {'did not finish in --torch-timeout':>40s}")
+            print(f"{label:54s} {why or 'did not finish in --torch-timeout'}")
             return
         mfu = f"{100 * flops_per_token * tokens / t / peak:5.1f}%" if peak else "   n/a"
-        print(f"{label:38s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s}")
+        print(f"{label:54s} {tokens / t:12.0f} {1e3 * t:9.2f} {mfu:>7s}")
 
     print(f"\nGPU speed: {name} ({as_str(device)}); torch {torch.__version__}, CUDA "
           f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}; "
           f"{as_str(cfg['model.arch'])} V={V} C={C} L={L} H={H} T={T} B={B}, precision "
           f"{as_str(cfg['train.precision'])}, {args.steps} steps, median step")
-    print(f"{'implementation':38s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s}")
+    print(f"{'implementation':54s} {'tokens/s':>12s} {'ms/step':>9s} {'MFU':>7s}")
     row("divlab cuda", t_div)
     for m in modes:
-        row("PyTorch eager (SDPA)" if m == "eager" else f"PyTorch torch.compile {m}", t_torch[m])
+        base, deterministic = split_mode(m)
+        label = "PyTorch eager (SDPA)" if base == "eager" else f"PyTorch torch.compile {base}"
+        row(label + (", deterministic" if deterministic else ""), t_torch[m],
+            f"failed: {failed[m]}" if m in failed else None)
     if args.llmc:
         if t_llmc is None:
             print(f"llm.c: not run: {llmc_note}")

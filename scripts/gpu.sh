@@ -2,7 +2,7 @@
 # The GPU machine's one call: build the cuda preset, run the gpu-labelled tests and the
 # benchmarks, print a short table last.
 # Usage: scripts/gpu.sh [--all-tests] [--sanitize] [--reproduce] [--gpt2-small] [--no-shadow-cost]
-#                       [--torch-modes=eager,default,reduce-overhead,max-autotune] [--gpt2-only]
+#                       [--torch-modes=eager,default,reduce-overhead,max-autotune,...] [--gpt2-only]
 #                       [--nccl] [--nccl-only]
 # (--all-tests also runs the CPU-labelled suite there: the Ubuntu 24.04 / CMake 4 / CLI11 2.4
 # build check; --reproduce times `divlab reproduce --backend cuda` (configs/reproduce-gpu.toml,
@@ -10,7 +10,8 @@
 # --gpt2-small profiles 12 steps at GPT-2 small's shape (configs/bench-gpt2-small.toml: V 50304,
 # C 768, 12 blocks, T 1024, 16 sequences, tied head), each op timed on the device between two
 # timing marks, PyTorch's step by kernel category beside it (bench/torch_profile.py), and times it unprofiled against PyTorch eager
-# and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead) and llm.c
+# and torch.compile's modes (--torch-modes; default: eager, default, reduce-overhead and
+# reduce-overhead+deterministic, PyTorch held to repeatable bits as divlab's references are) and llm.c
 # where .deps/llmc and .deps/cudnn-frontend hold its source; --gpt2-only runs those two steps
 # alone, after the build: a machine call has 10 minutes, the full list and GPT-2 small take
 # more; --no-shadow-cost leaves out the benchmarks' shadow-mode rounds, most of their time;
