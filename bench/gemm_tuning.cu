@@ -49,6 +49,36 @@ void list_candidates(const OpContext& ctx, const GemmShape& s, const void* a, co
         i == 0 || gemm_candidate_agrees(ctx, s, i) ? "same bits" : "other", 1e3 * ms);
   }
 }
+// cuBLAS's own default algorithm (cublasGemmEx, as PyTorch's torch.mm calls it) on the same
+// problem: its time, and whether its output at full size has the bits of cuBLASLt's first choice
+// (from the same C where C is added to).
+void cublas_default_row(const OpContext& ctx, const GemmShape& s, const void* a, const void* b,
+                        float beta, void* c, int reps) {
+  const size_t bytes =
+      (size_t(s.ldc) * size_t(s.n - 1) + size_t(s.m)) * (s.out == CUDA_R_16BF ? 2 : 4);
+  void* start = nullptr;
+  DIVLAB_CUDA_CHECK(cudaMalloc(&start, bytes));
+  DIVLAB_CUDA_CHECK(cudaMemcpy(start, c, bytes, cudaMemcpyDeviceToDevice));
+  const float alpha = 1.0f;
+  const auto lt = [&] { gemm_with_candidate(ctx, s, 0, alpha, a, b, beta, c); };
+  const auto blas = [&] {
+    DIVLAB_CUBLAS_CHECK(cublasGemmEx(cublas(ctx), s.ta, s.tb, s.m, s.n, s.k, &alpha, a, s.in, s.lda,
+                                     b, s.in, s.ldb, &beta, c, s.out, s.ldc, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+  };
+  std::vector<unsigned char> first(bytes), other(bytes);
+  for (auto [call, into] : {std::pair{+0, &first}, std::pair{+1, &other}}) {
+    DIVLAB_CUDA_CHECK(cudaMemcpy(c, start, bytes, cudaMemcpyDeviceToDevice));
+    call == 0 ? lt() : blas();
+    DIVLAB_CUDA_CHECK(cudaMemcpy(into->data(), c, bytes, cudaMemcpyDeviceToHost));
+  }
+  const float ms = mean_ms(blas, reps, 2);
+  DIVLAB_CUDA_CHECK(cudaMemcpy(c, start, bytes, cudaMemcpyDeviceToDevice));
+  DIVLAB_CUDA_CHECK(cudaFree(start));
+  std::printf("    cuBLAS default (cublasGemmEx) %s %10.1f us\n",
+              first == other ? "same bits as the first choice" : "other bits", 1e3 * ms);
+}
+
 // A softmax-like gradient: 1/V with 1 % noise, what the LM head's gradients see early in training
 // (a nearly constant operand draws less power than a uniform one; bench/torch_gemm.py says why).
 __global__ void fill_softmax_like(__nv_bfloat16* p, size_t n, int V, unsigned seed) {
@@ -149,7 +179,10 @@ static int run(int argc, char** argv) {
                   1e3 * first, 1e3 * tuned, 100.0 * (first - tuned) / first);
       if (g.name[2] != '=')  // the explored weight gradients are not the step's
         first_total += double(l.per_step) * first, tuned_total += double(l.per_step) * tuned;
-      if (explore_splits > 0) list_candidates(ctx, g.s, g.a, g.b, g.beta, g.c, offered, reps);
+      if (explore_splits > 0) {
+        list_candidates(ctx, g.s, g.a, g.b, g.beta, g.c, offered, reps);
+        cublas_default_row(ctx, g.s, g.a, g.b, g.beta, g.c, reps);
+      }
     }
     if (explore_splits > 0 && l.out == V) {  // the head's gradients on what training feeds them
       fill_softmax_like<<<1024, 256>>>(dy, most, V, 4);
