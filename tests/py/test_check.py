@@ -195,11 +195,15 @@ class Check(unittest.TestCase):
         # --time-limit times a draw's kernel calls; the fp64 work between them (AdamW's reference
         # over 16.8 M values, its rounding allowances, the next draw) is bounded apart. With the
         # cores busy it took past 1 s, and a correct kernel was called hung ("arrays past 2^24").
-        # Each busy loop ends with the test's process, should that be killed first.
+        # The limit sits between the two: on CI's 2 cores, busy, the kernel's AdamW over those
+        # values takes 0.5 s and the own work before it 6.7 s (a limit of 1 s failed CI once, with
+        # another test running beside this one), so 3 s passes the kernel 6 times over and still
+        # fails a clock that counted the own work. Each busy loop ends with the test's process,
+        # should that be killed first.
         spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
         load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 2)]
         try:
-            r = check("adamw_step=reference", "--time-limit", "1")
+            r = check("adamw_step=reference", "--time-limit", "3")
         finally:
             for p in load:
                 p.kill()
