@@ -25,13 +25,17 @@ namespace {
 using divlab::OpContext;
 using namespace divlab::cuda;
 
+// A value in [-1, 1) from a hash of the index (the same draws on every run).
+__device__ float hashed_unit(size_t i, unsigned seed) {
+  unsigned x = unsigned(i) * 2654435761u ^ seed;
+  x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+  return float(x & 0xffffu) / 32768.0f - 1.0f;
+}
+
 __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = unsigned(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = __float2bfloat16((float(x & 0xffffu) / 32768.0f - 1.0f));
-  }
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(hashed_unit(i, seed));
 }
 // Every candidate of `s` with its configuration, time and bits (added split variants past
 // `offered`, marked +).
@@ -83,11 +87,8 @@ void cublas_default_row(const OpContext& ctx, const GemmShape& s, const void* a,
 // (a nearly constant operand draws less power than a uniform one; bench/torch_gemm.py says why).
 __global__ void fill_softmax_like(__nv_bfloat16* p, size_t n, int V, unsigned seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = unsigned(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = __float2bfloat16((1.0f + 0.01f * (float(x & 0xffffu) / 32768.0f - 1.0f)) / float(V));
-  }
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16((1.0f + 0.01f * hashed_unit(i, seed)) / float(V));
 }
 }  // namespace
 
