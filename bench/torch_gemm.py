@@ -2,7 +2,7 @@
 (divlab's cuBLASLt choices), on operands of the same kind, so that a per-GEMM ratio compares
 algorithms and not inputs.
 
-    python3 bench/torch_gemm.py [--tokens 16384 --d-model 768 --vocab 50304 --layers 12]
+    python3 bench/torch_gemm.py [--tokens 16384 --d-model 768 --vocab 50304 --reps 20]
 
 A GEMM's time on an H100 or H200 depends on its operands: the tensor cores draw less power
 on values with few bits set or repeating (zeros, a constant), so the clocks stay higher. A
@@ -15,8 +15,23 @@ operands and, for the LM head's two gradients, on a softmax-like gradient (1/V p
 hundredth of it), which is what a profiled early step feeds them.
 """
 import argparse
+import sys
 
 import torch
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad command line: one line naming what is wrong, exit 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"torch_gemm.py: {message}\n")
+        sys.exit(2)
+
+
+def positive(text):
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return int(text)
 
 
 def mean_us(call, reps=20, warmups=3):
@@ -36,33 +51,31 @@ def uniform(*shape):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--d-model", type=int, default=768)
-    ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--reps", type=int, default=20)
+    ap = Parser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=positive, default=16384)
+    ap.add_argument("--d-model", type=positive, default=768)
+    ap.add_argument("--vocab", type=positive, default=50304)
+    ap.add_argument("--reps", type=positive, default=20)
     args = ap.parse_args()
     N, C, V = args.tokens, args.d_model, args.vocab
     print(f"PyTorch {torch.__version__} GEMMs on {torch.cuda.get_device_name()}: tokens {N}, C {C},"
-          f" V {V}, L {args.layers}, {args.reps} reps, bf16 operands (us per call)")
+          f" V {V}, {args.reps} reps, bf16 operands (us per call)")
     print(f"{'layer':10s} {'gemm':8s} {'uniform':>10s} {'softmax-like dy':>16s}")
     layers = [("qkv", C, 3 * C), ("attn proj", C, C), ("mlp up", C, 4 * C),
               ("mlp down", 4 * C, C), ("lm head", C, V)]
     for name, fan_in, fan_out in layers:
         x, w, dy = uniform(N, fan_in), uniform(fan_out, fan_in), uniform(N, fan_out)
-        gemms = {"forward": lambda: x @ w.t(), "dx": lambda: dy @ w, "dW": lambda: dy.t() @ x}
+        # Each GEMM of the output gradient g (the forward ignores it).
+        gemms = {"forward": lambda g: x @ w.t(), "dx": lambda g: g @ w, "dW": lambda g: g.t() @ x}
         soft = None
         if name == "lm head":
             soft = (1.0 / V) * (1 + 0.01 * torch.randn(N, fan_out, device="cuda"))
             soft = soft.to(torch.bfloat16)
         for gemm, call in gemms.items():
-            t = mean_us(call, args.reps)
+            t = mean_us(lambda: call(dy), args.reps)
             extra = ""
             if soft is not None and gemm != "forward":
-                keep, dy = dy, soft
-                extra = f"{mean_us(call, args.reps):16.1f}"
-                dy = keep
+                extra = f"{mean_us(lambda: call(soft), args.reps):16.1f}"
             print(f"{name:10s} {gemm:8s} {t:10.1f} {extra}")
         del x, w, dy, soft
         torch.cuda.empty_cache()
