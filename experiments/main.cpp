@@ -76,9 +76,10 @@ int main(int argc, char** argv) {
     // The GEMM tuner reads it (kernels/cuda/gemm_lt.h); a value it would not take is refused
     // here, before anything runs, instead of leaving tuning silently on.
     if (const char* v = std::getenv("DIVLAB_GEMM_TUNING");
-        v && std::string(v) != "0" && std::string(v) != "1")
+        v && std::string(v) != "0" && std::string(v) != "1" && std::string(v) != "log")
       throw InputError(std::string("environment variable DIVLAB_GEMM_TUNING='") + v +
-                       "': expected 0 (GEMMs run cuBLASLt's first choice) or 1 (tuned)");
+                       "': expected 0 (GEMMs run cuBLASLt's first choice), 1 (tuned) or log "
+                       "(tuned, each choice on stderr)");
     // Every command may run OpenMP loops (check's references, analyze's statistics), and one
     // asked for more threads than start crashes in the first: refused here for all of them.
     default_threads();

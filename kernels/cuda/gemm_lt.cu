@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -249,18 +251,49 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Times the agreeing candidates on the real problem and keeps the fastest: two rounds, each
-// candidate's best round, and the first choice kept unless another beats it by kMargin (a
-// timing's noise must not swap algorithms for nothing). A GEMM that only writes C runs into C
-// itself (the final call overwrites it with the same bits); one that adds to C runs into a copy.
+// The tuner's timing (tune(), below): two rounds of kReps calls per candidate.
 constexpr int kRounds = 2, kReps = 5;
 constexpr double kMargin = 0.02;
 
-void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const void* A,
-          const void* B, float beta, void* C) {
-  p.tuned = true;
-  if (!p.probed) probe(ctx, s, p);
-  if (p.agreeing.size() < 2) return;
+// What DIVLAB_GEMM_TUNING asks for (0: off; 1 or unset: on; log: on, each decision on stderr),
+// read once; experiments/main.cpp refuses other values before anything runs.
+enum class TuningMode { off, on, logged };
+TuningMode tuning_mode() {
+  static const TuningMode mode = [] {
+    const char* v = std::getenv("DIVLAB_GEMM_TUNING");
+    if (v && std::string(v) == "0") return TuningMode::off;
+    if (v && std::string(v) == "log") return TuningMode::logged;
+    return TuningMode::on;
+  }();
+  return mode;
+}
+
+// One line per tuned shape: the problem, the candidates timed (those with the first choice's
+// bits, by index in the heuristic's order) with their best time per call, and the one kept. What a
+// timing decided, and how close it was, without a profiler (bench_gemm_tuning times the choices
+// again on its own operands).
+void log_decision(const GemmShape& s, const Plan& p, const std::vector<double>& best_seconds) {
+  const auto op = [](cublasOperation_t t) { return t == CUBLAS_OP_N ? 'N' : 'T'; };
+  std::string line = "divlab: gemm tuning: " + std::string{op(s.ta), op(s.tb)} + " m " +
+                     std::to_string(s.m) + " n " + std::to_string(s.n) + " k " +
+                     std::to_string(s.k) + (s.accumulate ? " (adds into C)" : "") + ", " +
+                     std::to_string(p.candidates.size()) + " offered, us per call:";
+  for (size_t j = 0; j < best_seconds.size(); ++j)
+    line += " #" + std::to_string(p.agreeing[j]) + " " +
+            std::to_string(int(std::lround(1e6 * best_seconds[j] / kReps)));
+  if (best_seconds.empty())
+    line += " none timed (" + std::to_string(p.agreeing.size()) + " with the first choice's bits)";
+  line += "; runs #" + std::to_string(p.chosen);
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+// Each agreeing candidate's time on the real problem, in p.agreeing's order: two rounds, each
+// candidate's best round. A GEMM that only writes C runs into C itself (the final call
+// overwrites it with the same bits); one that adds to C runs into a copy. Empty where there is
+// nothing to choose between, or no memory for the copy.
+std::vector<double> time_agreeing(const OpContext& ctx, const GemmShape& s, const Plan& p,
+                                  float alpha, const void* A, const void* B, float beta, void* C) {
+  if (p.agreeing.size() < 2) return {};
   const cudaStream_t stream = stream_of(ctx);
   const size_t bytes =
       (size_t(s.ldc) * size_t(s.n - 1) + size_t(s.m)) * size_t(element_bytes(s.out));
@@ -268,7 +301,7 @@ void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const 
   void* target = C;
   if (s.accumulate) {
     copy = std::make_unique<TunerMemory>(ctx, bytes);
-    if (!*copy) return;
+    if (!*copy) return {};
     target = copy->get();
     DIVLAB_CUDA_CHECK(cudaMemcpyAsync(target, C, bytes, cudaMemcpyDeviceToDevice, stream));
   }
@@ -282,19 +315,21 @@ void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const 
       });
       if (round == 0 || seconds < best[j]) best[j] = seconds;
     }
+  return best;
+}
+
+// Keeps the fastest agreeing candidate, the first choice unless another beats it by kMargin (a
+// timing's noise must not swap algorithms for nothing).
+void tune(const OpContext& ctx, const GemmShape& s, Plan& p, float alpha, const void* A,
+          const void* B, float beta, void* C) {
+  p.tuned = true;
+  if (!p.probed) probe(ctx, s, p);
+  const std::vector<double> best = time_agreeing(ctx, s, p, alpha, A, B, beta, C);
   size_t fastest = 0;
   for (size_t j = 1; j < best.size(); ++j)
     if (best[j] < best[fastest]) fastest = j;
-  if (best[fastest] < (1.0 - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
-}
-
-// Whether this process tunes (DIVLAB_GEMM_TUNING=0 says no), read once.
-bool tuning_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("DIVLAB_GEMM_TUNING");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
+  if (!best.empty() && best[fastest] < (1.0 - kMargin) * best[0]) p.chosen = p.agreeing[fastest];
+  if (tuning_mode() == TuningMode::logged) log_decision(s, p, best);
 }
 
 // The plan of `s`, tuned first where it is due (tuning on, a GEMM large enough, not while
@@ -302,7 +337,8 @@ bool tuning_on() {
 Plan& tuned_plan(const OpContext& ctx, const GemmShape& s, float alpha, const void* A,
                  const void* B, float beta, void* C) {
   Plan& p = plan_for(s);
-  if (!p.tuned && tuning_on() && s.flops() >= kTunedFlops && !capturing(stream_of(ctx)))
+  if (!p.tuned && tuning_mode() != TuningMode::off && s.flops() >= kTunedFlops &&
+      !capturing(stream_of(ctx)))
     tune(ctx, s, p, alpha, A, B, beta, C);
   return p;
 }

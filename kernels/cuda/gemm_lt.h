@@ -15,8 +15,9 @@
 // runs op by op for such things), for GEMMs of at least kTunedFlops; a call while capturing, or a
 // smaller GEMM, uses the first choice. Choices are kept for the process (shape -> algorithm,
 // like cuDNN's plans), guarded by a mutex. DIVLAB_GEMM_TUNING=0 in the environment turns tuning
-// off (the same bits, only slower GEMMs; 1 or unset: on; divlab refuses other values): check's
-// racecheck pass sets it, where every timing call of every candidate would run instrumented.
+// off (the same bits, only slower GEMMs; 1 or unset: on; log: on, with one line per tuned shape
+// on stderr, the candidates' times and the one kept; divlab refuses other values): check's
+// racecheck pass sets 0, where every timing call of every candidate would run instrumented.
 #pragma once
 
 #include <cublasLt.h>
