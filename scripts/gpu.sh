@@ -109,9 +109,9 @@ fi
 echo
 echo "divlab GPU-machine run: $(cat "$out/gpu.txt" | head -1)"
 printf '%-12s %s\n' step result
-for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu profile_gpu \
-  bench_gpu bench_gpu_small profile_gpt2 torch_gemm_gpt2 torch_profile_gpt2 bench_gpt2 sanitize reproduce nccl_tests \
-  bench_nccl; do
+for k in configure build cpu_tests gpu_tests gpu_bands check_gpu check_gpu_bf16 bench_cpu gemm_tuning \
+  profile_gpu bench_gpu bench_gpu_small profile_gpt2 gemm_tuning_gpt2 torch_gemm_gpt2 torch_profile_gpt2 \
+  bench_gpt2 sanitize reproduce nccl_tests bench_nccl; do
   [ -n "${result[$k]:-}" ] && printf '%-12s %s\n' "$k" "${result[$k]}"
 done
 grep -E "tests passed|tests failed" "$out"/cpu_tests.log 2>/dev/null | tail -1
@@ -121,6 +121,8 @@ grep -E "max relative loss gap" "$out/gpu_bands.log" 2>/dev/null
 grep -E "^(tokens|verdict|compute-sanitizer)" "$out/check_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpu.log" 2>/dev/null
 grep -A20 "^op time" "$out/profile_gpt2.log" 2>/dev/null
+tail -1 "$out/gemm_tuning.log" 2>/dev/null
+grep -A17 "^GEMM tuning" "$out/gemm_tuning_gpt2.log" 2>/dev/null
 grep -A16 "^PyTorch" "$out/torch_profile_gpt2.log" 2>/dev/null
 grep -A17 "^PyTorch" "$out/torch_gemm_gpt2.log" 2>/dev/null
 grep -E "^verdict|FAIL" "$out/check_gpu_bf16.log" 2>/dev/null | head -12
