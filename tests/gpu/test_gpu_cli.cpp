@@ -178,6 +178,53 @@ TEST(GpuTrain, RefusesAModelThatCannotFitBeforeWritingAnything) {
   rmdir(dir.c_str());
 }
 
+// The GEMM tuner picks among algorithms by timing, but only among those with its first choice's
+// bits (kernels/cuda/gemm_lt.h): a run tuned (DIVLAB_GEMM_TUNING=log, which also names each
+// tuned shape's candidates, times and choice on stderr) gives the losses of a run that is not
+// (0), bit for bit. The bench size's GEMMs are past the tuner's 1 GFLOP; the op-level test
+// (GpuOps.GemmTuningChangesNoBits) compares each candidate's output, this one a whole run.
+TEST(GpuTrain, TuningTheGemmsChangesNoLossAndLogsEachChoice) {
+  REQUIRE_GPU();
+  const std::string dir = temp_dir("gpu_tuning");
+  const std::string sets =
+      " --set backend=cuda --set train.precision=bf16 --set model.vocab=8192 "
+      "--set model.d_model=512 --set model.n_layers=2 --set model.n_heads=8 "
+      "--set model.seq_len=256 --set train.batch=32 --set train.steps=4 "
+      "--set train.seed=" +
+      std::to_string(test_seed() % 1000);
+  const auto run = [&](const std::string& tuning) {
+    const std::string out = dir + "/" + tuning + ".h5", log = dir + "/" + tuning + ".log";
+    const std::string cmd = "DIVLAB_GEMM_TUNING=" + tuning + " " + DIVLAB_BIN + " train --quiet" +
+                            sets + " --out " + out + " > " + log + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::pair{TraceReader(out).floats("/metrics/loss"), text};
+  };
+  const auto [untuned, quiet] = run("0");
+  const auto [tuned, logged] = run("log");
+  ASSERT_EQ(untuned.size(), 4u);
+  ASSERT_EQ(tuned.size(), untuned.size());
+  for (size_t i = 0; i < tuned.size(); ++i)
+    EXPECT_EQ(tuned[i], untuned[i]) << "step " << i << " (seed " << test_seed() << ")";
+  EXPECT_EQ(quiet.find("gemm tuning:"), std::string::npos) << quiet;
+  // Each linear layer's three GEMMs at 8 192 tokens (qkv, projection, MLP up and down, the head)
+  // and each choice one of the candidates timed.
+  size_t lines = 0;
+  for (size_t at = logged.find("divlab: gemm tuning: "); at != std::string::npos;
+       at = logged.find("divlab: gemm tuning: ", at + 1)) {
+    const std::string line = logged.substr(at, logged.find('\n', at) - at);
+    const size_t runs = line.rfind("; runs #");
+    ASSERT_NE(runs, std::string::npos) << line;
+    const std::string chosen = " #" + line.substr(runs + 8) + " ";
+    EXPECT_TRUE(line.find(chosen) < runs || line.find("none timed") != std::string::npos)
+        << "the kept candidate was not among those timed: " << line;
+    ++lines;
+  }
+  EXPECT_GE(lines, 12u) << logged;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace divlab
 
 namespace divlab {
