@@ -4,10 +4,6 @@
 #ifndef DIVLAB_HAVE_NCCL
 namespace divlab {
 
-bool nccl_built() {
-  return false;
-}
-
 std::unique_ptr<Communicator> open_nccl(const World&, const std::string&, const std::string&,
                                         double) {
   throw CommunicatorError(

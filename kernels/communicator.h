@@ -37,9 +37,6 @@ class Communicator {
   virtual void all_gather_host(const void* mine, void* all, size_t bytes, void* stream) = 0;
 };
 
-// Whether this build can run ranks over NCCL (the cuda preset, where NCCL was found).
-bool nccl_built();
-
 // Joins the world of ranks as processes on this host's CPU (train.data_parallel =
 // "processes"; kernels/socket_communicator.cpp): rank 0 listens on a socket named by `nonce`,
 // the others connect within `timeout_s`. The arrays are host memory. Throws CommunicatorError.

@@ -65,10 +65,6 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-bool nccl_built() {
-  return true;
-}
-
 std::unique_ptr<Communicator> open_nccl(const World& world, const std::string& rendezvous,
                                         const std::string& nonce, double timeout_s) {
   ncclUniqueId id{};
