@@ -17,7 +17,6 @@ four runs on the CPU at configs/tiny.toml's model (T 64), the ranks as processes
 (train.data_parallel = "processes"), each on its share of the cores, and 4's tokens/s over 1's
 (the same cores either way).
 """
-import argparse
 import os
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import tempfile
 
 import h5py
 import numpy as np
+
+from bench_args import Parser, at_least, executable  # bench/, beside this file
 
 GPT2_SMALL = ["backend=cuda", "train.precision=bf16", "data=uniform", "model.vocab=50304",
               "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.seq_len=1024",
@@ -58,13 +59,16 @@ def run(divlab, keys, steps, cpu=False):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--divlab", required=True)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--batch", type=int, default=16, help="sequences per step of rows 1-3")
-    p.add_argument("--steps", type=int, default=20)
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--divlab", required=True, type=executable)
+    p.add_argument("--ranks", type=at_least(2), default=2)
+    p.add_argument("--batch", type=at_least(1), default=16, help="sequences per step of rows 1-3")
+    p.add_argument("--steps", type=at_least(5), default=20,
+                   help="at least 5: each timing is the median over the steps after the first 3")
     p.add_argument("--cpu", action="store_true", help="the CPU, ranks as processes")
     a = p.parse_args()
+    if a.batch % a.ranks:
+        p.error(f"argument --batch: {a.batch} sequences do not split over --ranks {a.ranks}")
     R, B, T = a.ranks, a.batch, 64 if a.cpu else 1024
     transport = "processes" if a.cpu else "nccl"
     where = "CPU processes" if a.cpu else "GPUs"

@@ -40,10 +40,12 @@ import h5py
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "py"))
+import bench_args  # noqa: E402  (bench/, beside this file)
 import divlab_torch  # noqa: E402
 import llmc  # noqa: E402  (bench/, beside this file)
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+MIN_STEPS = 6  # each timing is the median over the steps after the first 5 (or first quarter)
 
 
 def run_divlab(args, extra, steps=None):
@@ -161,21 +163,22 @@ def run_torch(cfg, steps, mode):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--divlab")
-    p.add_argument("--config")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--shadow-steps", type=int, default=400,
+    p = bench_args.Parser()
+    p.add_argument("--divlab", type=bench_args.executable)
+    p.add_argument("--config", type=bench_args.existing_file)
+    p.add_argument("--steps", type=bench_args.at_least(MIN_STEPS), default=60,
+                   help=f"at least {MIN_STEPS}: the median is over the steps after the first 5")
+    p.add_argument("--shadow-steps", type=bench_args.at_least(0), default=400,
                    help="steps of each run that measures shadow mode's cost (0: not measured)")
     p.add_argument("--shadow-references", default="fp32_device,fp64",
                    help="the shadow.reference values whose cost is measured, comma-separated")
-    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--set", action="append", default=[], type=bench_args.key_value)
     p.add_argument("--torch-modes",
                    default="eager,default,reduce-overhead,reduce-overhead+deterministic",
                    help="comma-separated: eager and torch.compile modes (default, "
                         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs), each "
                         "optionally +deterministic (torch.use_deterministic_algorithms)")
-    p.add_argument("--torch-timeout", type=float, default=900,
+    p.add_argument("--torch-timeout", type=bench_args.positive_seconds, default=900,
                    help="seconds one PyTorch mode may take, compilation included")
     p.add_argument("--llmc", help="an llm.c checkout (github.com/karpathy/llm.c) to build and time")
     p.add_argument("--cudnn-frontend", help="cudnn-frontend's include folder for llm.c's build "

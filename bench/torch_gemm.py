@@ -14,24 +14,9 @@ mode: the weight gradient written in bf16, PyTorch's autocast), the mean us per 
 operands and, for the LM head's two gradients, on a softmax-like gradient (1/V plus noise a
 hundredth of it), which is what a profiled early step feeds them.
 """
-import argparse
-import sys
-
 import torch
 
-
-class Parser(argparse.ArgumentParser):
-    """A bad command line: one line naming what is wrong, exit 2."""
-
-    def error(self, message):
-        sys.stderr.write(f"torch_gemm.py: {message}\n")
-        sys.exit(2)
-
-
-def positive(text):
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
+from bench_args import Parser, at_least  # bench/, beside this file
 
 
 def mean_us(call, reps=20, warmups=3):
@@ -52,10 +37,10 @@ def uniform(*shape):
 
 def main():
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=positive, default=16384)
-    ap.add_argument("--d-model", type=positive, default=768)
-    ap.add_argument("--vocab", type=positive, default=50304)
-    ap.add_argument("--reps", type=positive, default=20)
+    ap.add_argument("--tokens", type=at_least(1), default=16384)
+    ap.add_argument("--d-model", type=at_least(1), default=768)
+    ap.add_argument("--vocab", type=at_least(1), default=50304)
+    ap.add_argument("--reps", type=at_least(1), default=20)
     args = ap.parse_args()
     N, C, V = args.tokens, args.d_model, args.vocab
     print(f"PyTorch {torch.__version__} GEMMs on {torch.cuda.get_device_name()}: tokens {N}, C {C},"
@@ -77,7 +62,7 @@ def main():
             if soft is not None and gemm != "forward":
                 extra = f"{mean_us(lambda: call(soft), args.reps):16.1f}"
             print(f"{name:10s} {gemm:8s} {t:10.1f} {extra}")
-        del x, w, dy, soft
+        x = w = dy = soft = None  # the layer's tensors freed before the next layer's
         torch.cuda.empty_cache()
 
 

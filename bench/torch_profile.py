@@ -15,7 +15,6 @@ device milliseconds per step by category and the kernels that take the most time
 backend PyTorch chose. Kernels inside CUDA graphs (mode reduce-overhead) are counted where the
 CUPTI in use reports graph nodes; the line "kernels seen" says how many it saw per step.
 """
-import argparse
 import collections
 import re
 import subprocess
@@ -24,7 +23,12 @@ import tomllib
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench_args import Parser, at_least, executable, existing_file, key_value  # bench/
 from gpu_vs_torch import torch_step  # bench/, beside this file: the timed run's step
+
+MODES = [base + suffix for suffix in ("", "+deterministic")
+         for base in ("eager", "default", "reduce-overhead", "max-autotune",
+                      "max-autotune-no-cudagraphs")]
 
 GEMM = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "triton_tem", "mm_", "_mm", "matmul")
 ATTENTION = ("flash", "fmha", "attention", "sdpa", "cudnn", "mha")
@@ -67,15 +71,17 @@ def load_config(divlab, path, overrides):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--divlab", required=True, help="the divlab binary (for its defaults)")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides, as divlab's")
-    ap.add_argument("--mode", default="default", help="eager | default | reduce-overhead | "
-                    "max-autotune")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--top", type=int, default=12)
+    ap = Parser(description=__doc__.split("\n")[0])
+    ap.add_argument("--divlab", required=True, type=executable,
+                    help="the divlab binary (for its defaults)")
+    ap.add_argument("--config", required=True, type=existing_file)
+    ap.add_argument("--set", nargs="*", default=[], type=key_value,
+                    help="KEY=VALUE overrides, as divlab's")
+    ap.add_argument("--mode", default="default", choices=MODES,
+                    help=" | ".join(MODES) + " (each with +deterministic too)")
+    ap.add_argument("--steps", type=at_least(1), default=10)
+    ap.add_argument("--warmup", type=at_least(0), default=8)
+    ap.add_argument("--top", type=at_least(1), default=12)
     ap.add_argument("--gemm-shapes", action="store_true",
                     help="also each GEMM call's device time by operand shapes (aten::mm and "
                     "kin; host activity recorded too)")

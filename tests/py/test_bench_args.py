@@ -1,0 +1,81 @@
+"""The Python benchmarks' bad command lines (bench/bench_args.py): each is refused before any
+GPU work, with one line on stderr naming the script, the option and the value, exit code 2,
+and nothing written where it ran. Runs on the CPU: every refusal comes before CUDA is touched."""
+import os
+import subprocess
+import sys
+import unittest
+
+from cli import BIN, ROOT, tmpdir
+
+BENCH = os.path.join(ROOT, "bench")
+CONFIG = os.path.join(ROOT, "configs", "bench-gpu.toml")
+
+
+class BenchCommandLines(unittest.TestCase):
+    def refused(self, script, args, needle):
+        work = tmpdir()
+        r = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], cwd=work,
+                           capture_output=True, text=True, timeout=120)
+        said = r.stderr.strip()
+        self.assertEqual(r.returncode, 2, f"{script} {args}: {r.stdout}{r.stderr}")
+        self.assertEqual(len(said.splitlines()), 1, f"{script} {args}: {said}")
+        self.assertTrue(said.startswith(f"{script}: "), said)
+        self.assertIn(needle, said, f"{script} {args}")
+        self.assertEqual(r.stdout, "", f"{script} {args}")
+        self.assertEqual(os.listdir(work), [], f"{script} {args} wrote there")
+
+    def test_gpu_vs_torch(self):
+        good = ["--divlab", BIN, "--config", CONFIG]
+        for args, needle in [
+                (["--steps", "5", *good], "--steps: expected an integer of at least 6, got '5'"),
+                (["--steps", "ten", *good], "--steps: expected an integer of at least 6"),
+                (["--shadow-steps", "-1", *good], "--shadow-steps: expected an integer of at"),
+                (["--torch-timeout", "0", *good], "--torch-timeout: expected a positive number"),
+                (["--torch-timeout", "nan", *good], "--torch-timeout: expected a positive"),
+                (["--set", "train.steps", *good], "--set: expected KEY=VALUE, got 'train.steps'"),
+                (["--torch-modes", "eager,fast", *good], "unknown mode 'fast'"),
+                (["--torch-modes", "default+determinism", *good], "default+determinism"),
+                (["--shadow-references", "fp16", *good], "unknown reference 'fp16'"),
+                (["--llmc", ROOT, *good], "is no llm.c checkout"),
+                (["--divlab", "/no/such/divlab", "--config", CONFIG], "not an executable file"),
+                (["--divlab", BIN, "--config", "/no/such.toml"], "no such file: '/no/such.toml'"),
+                (["--divlab", BIN], "--divlab and --config are required"),
+                (["--bogus", "1", *good], "unrecognized arguments: --bogus 1"),
+                (["--steps", *good[1:]], "argument --steps: expected an integer")]:
+            with self.subTest(args=args):
+                self.refused("gpu_vs_torch.py", args, needle)
+
+    def test_torch_gemm(self):
+        for args, needle in [(["--tokens", "0"], "--tokens: expected an integer of at least 1"),
+                             (["--d-model", "12x"], "--d-model: expected an integer"),
+                             (["--reps", "-3"], "--reps: expected an integer of at least 1"),
+                             (["--layers", "2"], "unrecognized arguments: --layers 2")]:
+            with self.subTest(args=args):
+                self.refused("torch_gemm.py", args, needle)
+
+    def test_torch_profile(self):
+        good = ["--divlab", BIN, "--config", CONFIG]
+        for args, needle in [
+                (["--mode", "fast", *good], "argument --mode: invalid choice: 'fast'"),
+                (["--steps", "0", *good], "--steps: expected an integer of at least 1"),
+                (["--warmup", "-1", *good], "--warmup: expected an integer of at least 0"),
+                (["--set", "model.vocab", *good], "--set: expected KEY=VALUE"),
+                (["--config", CONFIG], "the following arguments are required: --divlab"),
+                (["--divlab", BIN, "--config", ROOT], "no such file"),
+                (["--divlab", CONFIG, "--config", CONFIG], "not an executable file")]:
+            with self.subTest(args=args):
+                self.refused("torch_profile.py", args, needle)
+
+    def test_data_parallel(self):
+        for args, needle in [(["--ranks", "1"], "--ranks: expected an integer of at least 2"),
+                             (["--steps", "4"], "--steps: expected an integer of at least 5"),
+                             (["--batch", "15"], "15 sequences do not split over --ranks 2"),
+                             (["--batch", "0"], "--batch: expected an integer of at least 1")]:
+            with self.subTest(args=args):
+                self.refused("data_parallel.py", ["--divlab", BIN, *args], needle)
+        self.refused("data_parallel.py", ["--ranks", "2"], "required: --divlab")
+
+
+if __name__ == "__main__":
+    unittest.main()
