@@ -14,6 +14,8 @@ N(mu, sigma) per element, mu / sigma = the signal-to-noise of one contribution. 
     python3 analysis/bf16_sum.py [--doses 600,2500,10000,40000,160000,640000] [--snr 0,0.01,0.1]
 """
 import argparse
+import math
+import sys
 
 import numpy as np
 
@@ -33,18 +35,54 @@ def bf16_sum(terms):
     return acc
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad command line: one line naming the option and value, exit 2 (as divlab's)."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        sys.exit(2)
+
+
+def number_list(convert, least, what):
+    """A comma-separated list of numbers, each at least `least`, as an argparse type."""
+    def parse(text):
+        try:
+            values = [convert(x) for x in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or not all(math.isfinite(v) and v >= least for v in values):
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        return values
+    return parse
+
+
+def one_number(convert, least, what):
+    """One number of at least `least`, as an argparse type."""
+    many = number_list(convert, least, what)
+
+    def parse(text):
+        values = many(text)
+        if len(values) != 1:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        return values[0]
+    return parse
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--doses", default="600,2500,10000,40000,160000,640000")
-    ap.add_argument("--snr", default="0,0.01,0.1", help="mu / sigma of one contribution")
-    ap.add_argument("--columns", type=int, default=64, help="independent elements per dose")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = Parser(description=__doc__.split("\n")[0])
+    ap.add_argument("--doses", default="600,2500,10000,40000,160000,640000",
+                    type=number_list(int, 1, "positive integers, comma-separated"))
+    ap.add_argument("--snr", default="0,0.01,0.1", help="mu / sigma of one contribution",
+                    type=number_list(float, 0, "non-negative numbers, comma-separated"))
+    ap.add_argument("--columns", default=64, help="independent elements per dose",
+                    type=one_number(int, 1, "a positive integer"))
+    ap.add_argument("--seed", default=0, type=one_number(int, 0, "a non-negative integer"))
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     sigma = 1e-6  # the scale of a mean-loss gradient term; bf16 has fp32's exponent range
     print(f"{'dose':>8} {'mu/sigma':>9} {'err / noise':>12} {'kept':>7}")
-    for d in (int(x) for x in a.doses.split(",")):
-        for snr in (float(x) for x in a.snr.split(",")):
+    for d in a.doses:
+        for snr in a.snr:
             terms = rng.normal(snr * sigma, sigma, size=(d, a.columns)).astype(np.float32)
             exact = terms.astype(np.float64).sum(axis=0)
             low = bf16_sum(terms).astype(np.float64)

@@ -1,6 +1,7 @@
-"""The Python benchmarks' bad command lines (bench/bench_args.py): each is refused before any
-GPU work, with one line on stderr naming the script, the option and the value, exit code 2,
-and nothing written where it ran. Runs on the CPU: every refusal comes before CUDA is touched."""
+"""The Python tools' bad command lines (the benchmarks through bench/bench_args.py, and
+analysis/bf16_sum.py): each is refused before any GPU work, with one line on stderr naming the
+script, the option and the value, exit code 2, and nothing written where it ran. Runs on the
+CPU: every refusal comes before CUDA is touched."""
 import os
 import subprocess
 import sys
@@ -8,14 +9,16 @@ import unittest
 
 from cli import BIN, ROOT, tmpdir
 
-BENCH = os.path.join(ROOT, "bench")
 CONFIG = os.path.join(ROOT, "configs", "bench-gpu.toml")
 
 
-class BenchCommandLines(unittest.TestCase):
+class ToolCommandLines(unittest.TestCase):
     def refused(self, script, args, needle):
+        """`script`: bench/NAME.py, or FOLDER/NAME.py from the repository's root."""
+        path = os.path.join(ROOT, script if "/" in script else os.path.join("bench", script))
+        script = os.path.basename(script)
         work = tmpdir()
-        r = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], cwd=work,
+        r = subprocess.run([sys.executable, path, *args], cwd=work,
                            capture_output=True, text=True, timeout=120)
         said = r.stderr.strip()
         self.assertEqual(r.returncode, 2, f"{script} {args}: {r.stdout}{r.stderr}")
@@ -75,6 +78,16 @@ class BenchCommandLines(unittest.TestCase):
             with self.subTest(args=args):
                 self.refused("data_parallel.py", ["--divlab", BIN, *args], needle)
         self.refused("data_parallel.py", ["--ranks", "2"], "required: --divlab")
+
+    def test_bf16_sum(self):
+        for args, needle in [(["--doses", "100,abc"], "--doses: expected positive integers"),
+                             (["--doses", "0"], "--doses: expected positive integers"),
+                             (["--snr", "nan"], "--snr: expected non-negative numbers"),
+                             (["--snr", "-0.1"], "--snr: expected non-negative numbers"),
+                             (["--columns", "3,4"], "--columns: expected a positive integer"),
+                             (["--seed", "1.5"], "--seed: expected a non-negative integer")]:
+            with self.subTest(args=args):
+                self.refused("analysis/bf16_sum.py", args, needle)
 
 
 if __name__ == "__main__":
