@@ -33,7 +33,8 @@ GPT2_SMALL = ["backend=cuda", "train.precision=bf16", "data=uniform", "model.voc
               "train.lr=1e-4", "checkpoint.every=0", "eval.every=0"]
 
 
-TINY_CPU = ["--config", "configs/tiny.toml", "--set", "backend=cpu", "train.precision=fp32",
+TINY_CPU = ["--config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
+                                      "tiny.toml"), "--set", "backend=cpu", "train.precision=fp32",
             "checkpoint.every=0", "eval.every=0", "train.schedule=constant",
             "train.warmup_steps=0"]
 
