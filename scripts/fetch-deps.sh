@@ -3,6 +3,7 @@
 # the git-ignored .deps/, to be carried there with the working tree (run carry: [".deps"]);
 # scripts/gpu.sh unpacks them into a private prefix. Today: toml++ (libtomlplusplus-dev).
 set -euo pipefail
+[ $# -eq 0 ] || { echo "fetch-deps.sh: takes no arguments (got: $*)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 mkdir -p .deps
 cd .deps

@@ -12,6 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]] || [ $# -gt 1 ]; then
+  echo "fuzz.sh: expected one positive number of seconds per target, got: $*" >&2
+  exit 2
+fi
 out=${OUT:-build/fuzz/findings}
 cmake --preset fuzz > /dev/null
 cmake --build --preset fuzz -j "$(nproc)" --target fuzz_config fuzz_trace divlab

@@ -19,6 +19,16 @@
 # bench/data_parallel.py, and --nccl-only runs those alone after the build.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400 torch_modes= core=1 nccl=0
+for a in "$@"; do
+  case $a in
+    --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;;
+    --gpt2-small) gpt2=1 ;; --gpt2-only) gpt2=1 core=0 ;; --no-shadow-cost) shadow_steps=0 ;;
+    --torch-modes=*) torch_modes="--torch-modes=${a#*=}" ;;
+    --nccl) nccl=1 ;; --nccl-only) nccl=1 core=0 ;;
+    *) echo "gpu.sh: unknown option '$a' (see the usage at the top of scripts/gpu.sh)" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-/tmp/divlab-gpu}
 mkdir -p "$out"
 declare -A result
@@ -40,15 +50,6 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure cmake --preset cuda
 step build cmake --build --preset cuda -j "$(nproc)"
-all_tests=0 reproduce=0 sanitize=0 gpt2=0 shadow_steps=400 torch_modes= core=1 nccl=0
-for a in "$@"; do
-  case $a in
-    --all-tests) all_tests=1 ;; --reproduce) reproduce=1 ;; --sanitize) sanitize=1 ;;
-    --gpt2-small) gpt2=1 ;; --gpt2-only) gpt2=1 core=0 ;; --no-shadow-cost) shadow_steps=0 ;;
-    --torch-modes=*) torch_modes="--torch-modes=${a#*=}" ;;
-    --nccl) nccl=1 ;; --nccl-only) nccl=1 core=0 ;;
-  esac
-done
 py=$(command -v python3)
 # llm.c and the cuDNN frontend headers it builds with, where fetched into the git-ignored .deps/
 # (bench/llmc.py builds a copy; docs/performance.md says how to fetch them).

@@ -2,6 +2,7 @@
 # Installs what divlab needs on Debian 12 / Ubuntu 24.04, skipping what is already there.
 # Safe to run repeatedly. Uses sudo when not root.
 set -euo pipefail
+[ $# -eq 0 ] || { echo "setup.sh: takes no arguments (got: $*)" >&2; exit 2; }
 
 packages=(build-essential cmake libeigen3-dev libhdf5-dev libcli11-dev libtomlplusplus-dev libgtest-dev
           libsentencepiece-dev python3-numpy python3-h5py python3-matplotlib python3-torch

@@ -13,6 +13,7 @@
 # 13 min 46 s on 2 cores on 2026-11-30 and 35 min 42 s on a slow day of the same VM (2026-11-29;
 # a fresh machine adds ~80 s of apt and npm: docs/performance.md).
 set -euo pipefail
+[ $# -eq 0 ] || { echo "test.sh: takes no arguments (got: $*)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 # Each phase's wall time, so that a slow CI run shows where its minutes went.
 last=$SECONDS
