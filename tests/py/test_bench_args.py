@@ -1,7 +1,7 @@
-"""The Python tools' bad command lines (the benchmarks through bench/bench_args.py, and
-analysis/bf16_sum.py): each is refused before any GPU work, with one line on stderr naming the
-script, the option and the value, exit code 2, and nothing written where it ran. Runs on the
-CPU: every refusal comes before CUDA is touched."""
+"""The bad command lines of the tools beside divlab (the Python benchmarks through
+bench/bench_args.py, analysis/bf16_sum.py, scripts/*.sh): each is refused before any GPU work,
+build or install, with one line on stderr naming the script and what is wrong, exit code 2, and
+nothing written where it ran. Runs on the CPU: every refusal comes before CUDA is touched."""
 import os
 import subprocess
 import sys
@@ -18,8 +18,9 @@ class ToolCommandLines(unittest.TestCase):
         path = os.path.join(ROOT, script if "/" in script else os.path.join("bench", script))
         script = os.path.basename(script)
         work = tmpdir()
-        r = subprocess.run([sys.executable, path, *args], cwd=work,
-                           capture_output=True, text=True, timeout=120)
+        shell = ["bash"] if script.endswith(".sh") else [sys.executable]
+        r = subprocess.run([*shell, path, *args], cwd=work, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, OUT=os.path.join(work, "out")))
         said = r.stderr.strip()
         self.assertEqual(r.returncode, 2, f"{script} {args}: {r.stdout}{r.stderr}")
         self.assertEqual(len(said.splitlines()), 1, f"{script} {args}: {said}")
@@ -88,6 +89,20 @@ class ToolCommandLines(unittest.TestCase):
                              (["--seed", "1.5"], "--seed: expected a non-negative integer")]:
             with self.subTest(args=args):
                 self.refused("analysis/bf16_sum.py", args, needle)
+
+
+    def test_scripts(self):
+        for script, args, needle in [
+                ("scripts/gpu.sh", ["--gpt2_small"], "unknown option '--gpt2_small'"),
+                ("scripts/test.sh", ["--quick"], "takes no arguments (got: --quick)"),
+                ("scripts/quickstart.sh", ["now"], "takes no arguments"),
+                ("scripts/setup.sh", ["-y"], "takes no arguments"),
+                ("scripts/fetch-deps.sh", ["all"], "takes no arguments"),
+                ("scripts/fuzz.sh", ["0"], "one positive number of seconds per target, got: 0"),
+                ("scripts/fuzz.sh", ["10", "20"], "got: 10 20"),
+                ("scripts/build.sh", ["cpu", "cuda"], "at most one preset, got: cpu cuda")]:
+            with self.subTest(script=script, args=args):
+                self.refused(script, args, needle)
 
 
 if __name__ == "__main__":
