@@ -29,6 +29,10 @@ class ToolCommandLines(unittest.TestCase):
         self.assertEqual(r.stdout, "", f"{script} {args}")
         self.assertEqual(os.listdir(work), [], f"{script} {args} wrote there")
 
+    def each_refused(self, script, args, needle):
+        with self.subTest(script=script, args=args):
+            self.refused(script, args, needle)
+
     def test_gpu_vs_torch(self):
         good = ["--divlab", BIN, "--config", CONFIG]
         for args, needle in [
@@ -47,16 +51,14 @@ class ToolCommandLines(unittest.TestCase):
                 (["--divlab", BIN], "--divlab and --config are required"),
                 (["--bogus", "1", *good], "unrecognized arguments: --bogus 1"),
                 (["--steps", *good[1:]], "argument --steps: expected an integer")]:
-            with self.subTest(args=args):
-                self.refused("gpu_vs_torch.py", args, needle)
+            self.each_refused("gpu_vs_torch.py", args, needle)
 
     def test_torch_gemm(self):
         for args, needle in [(["--tokens", "0"], "--tokens: expected an integer of at least 1"),
                              (["--d-model", "12x"], "--d-model: expected an integer"),
                              (["--reps", "-3"], "--reps: expected an integer of at least 1"),
                              (["--layers", "2"], "unrecognized arguments: --layers 2")]:
-            with self.subTest(args=args):
-                self.refused("torch_gemm.py", args, needle)
+            self.each_refused("torch_gemm.py", args, needle)
 
     def test_torch_profile(self):
         good = ["--divlab", BIN, "--config", CONFIG]
@@ -68,8 +70,7 @@ class ToolCommandLines(unittest.TestCase):
                 (["--config", CONFIG], "the following arguments are required: --divlab"),
                 (["--divlab", BIN, "--config", ROOT], "no such file"),
                 (["--divlab", CONFIG, "--config", CONFIG], "not an executable file")]:
-            with self.subTest(args=args):
-                self.refused("torch_profile.py", args, needle)
+            self.each_refused("torch_profile.py", args, needle)
 
     def test_data_parallel(self):
         for args, needle in [(["--ranks", "1"], "--ranks: expected an integer of at least 2"),
