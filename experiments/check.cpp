@@ -673,12 +673,6 @@ struct Checker {
 
 }  // namespace
 
-// Memory that kept growing after the first calls (check_conditions.h: "call 257"): a kernel that
-// allocates at every call and never releases (a workspace of its own instead of its context's)
-// ends a long run out of memory. Below the bars: allocator noise, a cache that settled. The
-// device's reading counts every process on the GPU, so its growth must show in every quarter of
-// the calls, net of what it grew in an equal wait after them (op_cases.h): another process's
-// allocations are steps in one or two quarters, or go on while the probe waits.
 std::vector<ConditionInfo> check_conditions(const CheckOptions& opt) {
   std::vector<ConditionInfo> out;
   for (const Condition& c : check_condition_list(!opt.trace.empty()))

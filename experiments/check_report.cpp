@@ -31,6 +31,12 @@ const char* kCriteria =
     "shown elsewhere";
 }  // namespace
 
+// Memory that kept growing after the first calls (check_conditions.h: "call 257"): a kernel that
+// allocates at every call and never releases (a workspace of its own instead of its context's)
+// ends a long run out of memory. Below the bars: allocator noise, a cache that settled. The
+// device's reading counts every process on the GPU, so its growth must show in every quarter of
+// the calls, net of what it grew in an equal wait after them (op_cases.h): another process's
+// allocations are steps in one or two quarters, or go on while the probe waits.
 constexpr int64_t kLeakHostBytes = 64 << 10, kLeakHostBytesPerCall = 256;
 constexpr int64_t kLeakDeviceBytes = 16 << 20;        // the device's pages are 2 MiB
 constexpr int64_t kLeakDeviceQuarterBytes = 2 << 20;  // at least a page in each quarter
